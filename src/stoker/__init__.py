@@ -1,0 +1,1 @@
+"""stoker: keeps the accelerator fed. A drop-in, faster, safer torch DataLoader."""
