@@ -1,1 +1,26 @@
 """stoker: keeps the accelerator fed. A drop-in, faster, safer torch DataLoader."""
+
+from stoker.collate import default_collate, default_convert
+from stoker.errors import (
+    LoaderTimeoutError,
+    RemoteTraceback,
+    StokerError,
+    WorkerDiedError,
+    WorkerError,
+)
+from stoker.executors.worker_info import get_worker_info
+from stoker.loader import DataLoader
+
+__all__ = [
+    "DataLoader",
+    "LoaderTimeoutError",
+    "RemoteTraceback",
+    "StokerError",
+    "WorkerDiedError",
+    "WorkerError",
+    "default_collate",
+    "default_convert",
+    "get_worker_info",
+]
+
+__version__ = "0.1.0"

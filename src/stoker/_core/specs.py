@@ -1,0 +1,33 @@
+"""Frozen specs handed from the loader to executors (one object instead of many arguments)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+DatasetKind = Literal["map", "iterable"]
+
+
+@dataclass(frozen=True)
+class FetchSpec:
+    """What a fetcher needs to turn an index (or batch of indices) into a collated batch."""
+
+    dataset: Any
+    kind: DatasetKind
+    auto_collation: bool
+    collate_fn: Callable[[Any], Any]
+    drop_last: bool
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker process needs; built once per worker start."""
+
+    worker_id: int
+    num_workers: int
+    fetch: FetchSpec
+    base_seed: int
+    worker_init_fn: Callable[[int], None] | None
+    max_idle_slabs: int
+    parent_pid: int

@@ -1,0 +1,1 @@
+"""Wires a loader to executors and transport: ordering, backpressure, shutdown."""

@@ -1,0 +1,232 @@
+"""num_workers>0: tasks go to worker processes, batches come back through shared memory.
+
+Ordering follows torch exactly. With ``in_order=True`` batches are yielded in sampler order.
+For an IterableDataset each task goes round-robin to the next worker still running (its data
+depends on which worker serves it), and a worker's end is announced once; its later tasks are
+skipped. Map-style tasks go to the least-loaded worker instead: the output is the same and a
+slow batch does not queue more work behind it. At most ``prefetch_factor * num_workers`` tasks
+are in flight; one new task is sent per batch yielded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing.connection
+import os
+import weakref
+from collections import deque
+from typing import Any
+
+from stoker._core.specs import WorkerSpec
+from stoker.device.pin import pin_batch
+from stoker.errors import LoaderTimeoutError
+from stoker.executors import messages as msg
+from stoker.executors.process_pool import default_context, start_worker
+from stoker.executors.remote_errors import describe_indices, rebuild
+from stoker._runtime.base_iter import BaseIterator
+from stoker._runtime.shutdown import WorkerGroup, receive_slab
+from stoker._runtime.worker_death import check_workers_alive
+
+_LIVENESS_POLL_S = 5.0  # only a fallback: worker sentinels wake the wait at once on death
+
+
+class ProcessIterator(BaseIterator):
+    def __init__(self, loader: Any) -> None:
+        super().__init__(loader)
+        self._prefetch = loader.prefetch_factor
+        self._in_order = loader.in_order
+        self._persistent = loader.persistent_workers
+        self._is_iterable = self._fetch_spec.kind == "iterable"
+        ctx = loader.multiprocessing_context or default_context()
+        self._group = WorkerGroup()
+        self._finalizer = weakref.finalize(self, self._group.stop)
+        for wid in range(self._num_workers):
+            spec = WorkerSpec(
+                worker_id=wid,
+                num_workers=self._num_workers,
+                fetch=self._fetch_spec,
+                base_seed=self._base_seed,
+                worker_init_fn=loader.worker_init_fn,
+                max_idle_slabs=self._prefetch + 2,
+                parent_pid=os.getpid(),
+            )
+            self._group.workers.append(start_worker(ctx, spec))
+        self._epoch = 0
+        self._begin_epoch(loader, first=True)
+
+    # -- epoch state -------------------------------------------------------------------------
+
+    def _begin_epoch(self, loader: Any, first: bool) -> None:
+        # torch calls iter(sampler) again here even on the first epoch; a sampler that draws
+        # from the generator eagerly in __iter__ must see the same calls.
+        super()._reset(loader)
+        n = self._num_workers
+        self._send_idx = 0
+        self._rcvd_idx = 0
+        self._task_worker: dict[int, int] = {}  # outstanding task -> worker
+        self._task_indices: dict[int, Any] = {}
+        self._ready: dict[int, tuple] = {}  # replies not yet yielded
+        self._arrivals: deque[int] = deque()  # completion order, for in_order=False
+        self._load = [0] * n
+        self._active = [True] * n
+        self._to_release: list[list[int]] = [[] for _ in range(n)]
+        self._rr = itertools.cycle(range(n))
+        if not first:
+            self._epoch += 1
+            self._collect_released()
+            for w in self._group.workers:
+                self._send(w.worker_id, (msg.RESET, self._epoch, self._take_release(w.worker_id)))
+        for _ in range(self._prefetch * n):
+            self._try_put_index()
+
+    def _reset(self, loader: Any) -> None:
+        """Next epoch on persistent workers (called by ``DataLoader.__iter__``)."""
+        self._begin_epoch(loader, first=False)
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def _send(self, wid: int, message: tuple) -> None:
+        self._group.workers[wid].conn.send(message)
+
+    def _collect_released(self) -> None:
+        for wid, ids in self._group.reader.take_released().items():
+            if wid < len(self._to_release):
+                self._to_release[wid].extend(ids)
+
+    def _take_release(self, wid: int) -> list[int]:
+        ids, self._to_release[wid] = self._to_release[wid], []
+        return ids
+
+    def _pick_worker(self) -> int | None:
+        n = self._num_workers
+        if self._is_iterable:
+            for _ in range(n):
+                wid = next(self._rr)
+                if self._active[wid] and (self._in_order or self._load[wid] < self._prefetch):
+                    return wid
+            return None
+        candidates = [w for w in range(n) if self._active[w] and self._load[w] < self._prefetch]
+        if not candidates:
+            candidates = [w for w in range(n) if self._active[w]]
+        return min(candidates, key=lambda w: self._load[w]) if candidates else None
+
+    def _try_put_index(self) -> None:
+        wid = self._pick_worker()
+        if wid is None:
+            return
+        try:
+            index = next(self._sampler_iter)
+        except StopIteration:
+            return
+        self._collect_released()
+        task_id = self._send_idx
+        self._send(wid, (msg.TASK, self._epoch, task_id, index, self._take_release(wid)))
+        self._task_worker[task_id] = wid
+        self._task_indices[task_id] = index
+        self._load[wid] += 1
+        self._send_idx += 1
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    def _next_data(self) -> Any:
+        while True:
+            reply = self._next_ready()
+            if reply is not None:
+                self._try_put_index()
+                return self._deliver(reply)
+            if not self._task_worker:
+                self._end_epoch()
+                raise StopIteration
+            self._receive()
+
+    def _next_ready(self) -> tuple | None:
+        if not self._in_order:
+            return self._ready.pop(self._arrivals.popleft()) if self._arrivals else None
+        while self._rcvd_idx < self._send_idx:
+            tid = self._rcvd_idx
+            if tid in self._ready:
+                self._rcvd_idx += 1
+                return self._ready.pop(tid)
+            wid = self._task_worker.get(tid)
+            if wid is not None and self._active[wid]:
+                return None  # still being worked on
+            self._task_worker.pop(tid, None)  # its worker's iterable ended: skip
+            self._task_indices.pop(tid, None)
+            self._rcvd_idx += 1
+        return None
+
+    def _receive(self) -> None:
+        """Block until some worker replies (or dies, or the timeout passes); file the replies."""
+        group = self._group
+        conns = {w.conn: w for w in group.workers if self._load[w.worker_id] > 0}
+        sentinels = [w.process.sentinel for w in group.workers]
+        wait_s = self._timeout if self._timeout > 0 else _LIVENESS_POLL_S
+        ready = multiprocessing.connection.wait([*conns, *sentinels], timeout=wait_s)
+        got_reply = False
+        for r in ready:
+            w = conns.get(r)  # type: ignore[call-overload]
+            if w is not None:
+                while w.conn.poll():
+                    self._file(w, w.conn.recv())
+                got_reply = True
+        if not got_reply:
+            check_workers_alive(self, sentinels_ready=bool(ready))
+            if not ready and self._timeout > 0:
+                self._raise_timeout()
+
+    def _file(self, w: Any, reply: tuple) -> None:
+        tag = reply[0]
+        if tag == msg.SLAB:
+            receive_slab(self._group.reader, w, reply[1])
+            return
+        epoch, task_id = reply[1], reply[2]
+        if tag == msg.DONE:
+            self._group.reader.retire(w.worker_id, reply[6])
+        if epoch != self._epoch:  # a reply to an abandoned epoch: recycle its slab
+            if tag == msg.DONE:
+                self._group.reader.release_now(w.worker_id, reply[3])
+            return
+        self._load[w.worker_id] -= 1
+        self._task_worker.pop(task_id, None)
+        if tag == msg.EXHAUSTED:
+            self._active[w.worker_id] = False
+            self._task_indices.pop(task_id, None)
+            self._try_put_index()
+            return
+        self._ready[task_id] = (w.worker_id, reply)
+        if not self._in_order:
+            self._arrivals.append(task_id)
+
+    def _deliver(self, item: tuple) -> Any:
+        wid, reply = item
+        self._task_indices.pop(reply[2], None)
+        if reply[0] == msg.FAILED:
+            raise rebuild(reply[3])
+        _, _, _, segment_id, used, payload, _ = reply
+        data = self._group.reader.unpack(wid, segment_id, used, payload)
+        return pin_batch(data) if self._pin else data
+
+    # -- ending ------------------------------------------------------------------------------
+
+    def _raise_timeout(self) -> None:
+        # Like torch, the iterator stays usable: the caller may retry.
+        held = sorted(self._task_indices.items())[:4]
+        where = "; ".join(
+            f"worker {self._task_worker.get(t, '?')} holds {describe_indices(i)}" for t, i in held
+        )
+        raise LoaderTimeoutError(f"DataLoader timed out after {self._timeout} seconds" +
+                                 (f" ({where})" if where else ""))
+
+    def _end_epoch(self) -> None:
+        if not self._persistent:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._finalizer()
+
+    def _shutdown_workers(self) -> None:  # torch's name, for code that calls it
+        self._shutdown()
+
+    @property
+    def stopped(self) -> bool:
+        return self._group.stopped

@@ -1,0 +1,56 @@
+"""Owning and releasing an iterator's workers and segments.
+
+NOTE [ Loader shutdown ]
+Everything an iterator starts (worker processes, their sockets, the slab fds) belongs to one
+``WorkerGroup``. The iterator never holds the loader, and the group never holds the iterator,
+so a ``weakref.finalize`` on the iterator can stop the group when the iterator is collected.
+The group is stopped, exactly once, by whichever comes first:
+
+* the end of an epoch (non-persistent workers), an error the iterator raises for a dead
+  worker, or ``DataLoader.__del__``/collection of the iterator (``break``, exceptions, ``del``);
+* interpreter exit (the finalizer's atexit hook), e.g. after an uncaught KeyboardInterrupt.
+
+Stopping sends STOP, waits up to 5 s for exits while draining replies (a worker blocked on a
+full socket must not deadlock the wait), then terminates and kills the rest, joins every
+process and closes every fd. Workers ignore SIGINT (Ctrl-C reaches the whole process group;
+the main process decides) and leave on their own when the main process dies: end-of-file on
+their socket, or a watchdog thread that sees the parent pid change even while user code is
+stuck. Segments are memfds, freed by the kernel when the last holder goes, so no path leaves
+anything in /dev/shm. Batches the user still holds stay valid: their mappings outlive the fds.
+"""
+
+from __future__ import annotations
+
+from multiprocessing.reduction import recv_handle
+from typing import Any
+
+from stoker.executors import messages as msg
+from stoker.executors.process_pool import WorkerHandle, stop_workers
+from stoker.transport.slab_reader import SlabReader
+
+
+class WorkerGroup:
+    """The processes and segments of one iterator; ``stop()`` is idempotent."""
+
+    def __init__(self) -> None:
+        self.workers: list[WorkerHandle] = []
+        self.reader = SlabReader()
+        self.stopped = False
+
+    def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        try:
+            stop_workers(self.workers, drain=self._discard)
+        finally:
+            self.reader.close()
+
+    def _discard(self, w: WorkerHandle, message: Any) -> None:
+        if message[0] == msg.SLAB:
+            receive_slab(self.reader, w, message[1])
+
+
+def receive_slab(reader: SlabReader, w: WorkerHandle, ref: Any) -> None:
+    fd = recv_handle(w.conn) if ref.name is None else None
+    reader.adopt(w.worker_id, ref, fd)

@@ -1,0 +1,56 @@
+"""Notice a dead worker at once and say what probably killed it."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from stoker.errors import WorkerDiedError
+from stoker.executors.remote_errors import describe_indices
+
+_LIKELY_CAUSE = {
+    signal.SIGKILL: (
+        "SIGKILL usually comes from the out-of-memory killer (check `dmesg` or the container's "
+        "memory limit); reduce num_workers, batch_size or prefetch_factor, or hold dataset "
+        "metadata in numpy arrays instead of Python lists."
+    ),
+    signal.SIGBUS: (
+        "SIGBUS in a data loader usually means shared memory ran out (a small /dev/shm, e.g. "
+        "Docker's 64 MiB default); start the container with --shm-size=8g or --ipc=host."
+    ),
+    signal.SIGSEGV: (
+        "SIGSEGV is a crash in native code called by the dataset or collate_fn (an extension "
+        "module, OpenCV, a decoder); run with num_workers=0 to see it in the main process."
+    ),
+}
+
+
+def _describe_exit(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name}"
+    return f"exited with code {exitcode}"
+
+
+def check_workers_alive(it: Any, sentinels_ready: bool) -> None:
+    """Raise ``WorkerDiedError`` if any worker of iterator ``it`` has exited."""
+    dead = [w for w in it._group.workers if w.process.exitcode is not None]
+    if not dead:
+        return
+    lines = []
+    for w in dead:
+        held = [i for t, i in it._task_indices.items() if it._task_worker.get(t) == w.worker_id]
+        what = describe_indices([j for i in held for j in (i if isinstance(i, list) else [i])])
+        line = f"DataLoader worker {w.worker_id} (pid {w.pid}) {_describe_exit(w.process.exitcode)}"
+        line += f" while loading {what}." if held else "."
+        cause = _LIKELY_CAUSE.get(-w.process.exitcode) if w.process.exitcode < 0 else (
+            "A worker exits like this when dataset code calls sys.exit()/os._exit()."
+        )
+        if cause:
+            line += " " + cause
+        lines.append(line)
+    it._shutdown()
+    raise WorkerDiedError(" ".join(lines) + " The epoch cannot complete; no batch was skipped.")

@@ -1,0 +1,1 @@
+"""Host-to-device staging: pinned memory."""

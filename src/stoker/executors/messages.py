@@ -1,0 +1,20 @@
+"""The message protocol between the main process and a worker (one duplex socket each).
+
+main -> worker
+    (TASK, epoch, task_id, indices, released)  fetch and collate one batch; ``released`` lists
+                                               slab ids the main process no longer uses
+    (RESET, epoch, released)                   new epoch for persistent workers: restart the
+                                               iterable dataset, forget the old epoch
+    (STOP,)                                    exit now
+worker -> main
+    (SLAB, ref)        a new slab; on Linux its fd follows at once (SCM_RIGHTS)
+    (DONE, epoch, task_id, segment_id, used, payload, retired)
+    (FAILED, epoch, task_id, RemoteError)
+    (EXHAUSTED, epoch, task_id)  the iterable dataset ended in this worker
+
+Every reply carries its epoch so that replies to an abandoned epoch (``break`` with persistent
+workers) are recognised and their slabs recycled instead of being delivered.
+"""
+
+TASK, RESET, STOP = 0, 1, 2
+SLAB, DONE, FAILED, EXHAUSTED = 10, 11, 12, 13

@@ -1,0 +1,111 @@
+"""Start and stop worker processes; each gets one duplex socket to the main process."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import time
+import weakref
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
+from typing import Any
+
+from stoker._core.specs import WorkerSpec
+from stoker.executors import messages as msg
+
+# Main-process ends of every worker socket; a forked worker closes its copies so that the
+# death of the main process reaches every worker as end-of-file.
+_parent_ends: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+_JOIN_TIMEOUT_S = 5.0
+
+
+@dataclass
+class WorkerHandle:
+    worker_id: int
+    process: Any  # multiprocessing.process.BaseProcess
+    conn: Connection
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+
+def close_inherited_parent_ends() -> None:
+    for conn in list(_parent_ends):
+        try:
+            conn.close()
+        except OSError:
+            pass
+
+
+def default_context() -> BaseContext:
+    """``fork`` where it exists (instant start, datasets need not pickle); else the default."""
+    if "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context()
+
+
+def start_worker(ctx: BaseContext, spec: WorkerSpec) -> WorkerHandle:
+    from stoker.executors.worker_loop import worker_main
+
+    parent_end, child_end = ctx.Pipe(duplex=True)
+    process = ctx.Process(  # type: ignore[attr-defined]
+        target=worker_main, args=(spec, child_end), daemon=True,
+        name=f"stoker-worker-{spec.worker_id}",
+    )
+    _parent_ends.add(parent_end)
+    try:
+        process.start()
+    except BaseException:
+        parent_end.close()
+        child_end.close()
+        raise
+    child_end.close()
+    return WorkerHandle(spec.worker_id, process, parent_end)
+
+
+def stop_workers(workers: list[WorkerHandle], drain: Any = None) -> None:
+    """Ask every worker to stop, wait briefly, then terminate and kill what is left.
+
+    ``drain(handle, message)`` receives anything a worker sends while we wait, so that a worker
+    blocked writing a reply is never waited on forever.
+    """
+    for w in workers:
+        try:
+            w.conn.send((msg.STOP,))
+        except (OSError, ValueError):
+            pass
+    deadline = time.monotonic() + _JOIN_TIMEOUT_S
+    alive = [w for w in workers if w.process.exitcode is None]
+    while alive and time.monotonic() < deadline:
+        by_sentinel = {w.process.sentinel: w for w in alive}
+        by_conn = {w.conn: w for w in alive if not w.conn.closed}
+        ready = multiprocessing.connection.wait(
+            [*by_sentinel, *by_conn], timeout=max(0.0, deadline - time.monotonic())
+        )
+        for r in ready:
+            if r in by_conn:
+                _drain_one(by_conn[r], drain)
+        alive = [w for w in alive if w.process.exitcode is None]
+    for w in alive:
+        w.process.terminate()
+    for w in alive:
+        w.process.join(1.0)
+        if w.process.exitcode is None:
+            w.process.kill()
+    for w in workers:
+        w.process.join()
+        w.conn.close()
+        w.process.close()
+
+
+def _drain_one(w: WorkerHandle, drain: Any) -> None:
+    try:
+        message = w.conn.recv()
+    except (EOFError, OSError):
+        w.conn.close()
+        return
+    if drain is not None:
+        drain(w, message)

@@ -1,0 +1,1 @@
+"""Samplers, epoch and seed logic."""

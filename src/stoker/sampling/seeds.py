@@ -1,0 +1,65 @@
+"""Seeds, drawn and derived exactly the way torch's DataLoader does.
+
+torch draws one 64-bit ``base_seed`` per iterator from the loader's ``generator`` (or the
+global RNG), then seeds worker ``w`` with ``base_seed + w`` for ``random`` and torch, and with a
+SeedSequence-style hash of (base_seed, w) for numpy's legacy global RNG, so that ``random``
+and numpy do not produce correlated streams. Matching it bit for bit keeps augmentations
+identical when users switch loaders.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+def draw_base_seed(generator: torch.Generator | None) -> int:
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def numpy_seed_words(base_seed: int, worker_id: int) -> list[int]:
+    """Four 32-bit words for ``np.random.seed``: numpy's SeedSequence mixing, pool size 4."""
+    entropy = [worker_id, base_seed & _MASK32, base_seed >> 32, 0]
+    hash_mult = 0x43B0D7E5
+
+    def hashmix(value: int) -> int:
+        nonlocal hash_mult
+        value = (value ^ hash_mult) & _MASK32
+        hash_mult = (hash_mult * 0x931E8875) & _MASK32
+        value = (value * hash_mult) & _MASK32
+        return (value ^ (value >> 16)) & _MASK32
+
+    def mix(x: int, y: int) -> int:
+        result = (0xCA01F9DD * x - 0x4973F715 * y) & _MASK32
+        return (result ^ (result >> 16)) & _MASK32
+
+    pool = [hashmix(word) for word in entropy]
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hashmix(pool[src]))
+
+    out_mult = 0x8B51F9DD
+    words = []
+    for value in pool:
+        value = (value ^ out_mult) & _MASK32
+        out_mult = (out_mult * 0x58F38DED) & _MASK32
+        value = (value * out_mult) & _MASK32
+        words.append((value ^ (value >> 16)) & _MASK32)
+    return words
+
+
+def seed_worker_rngs(base_seed: int, worker_id: int) -> int:
+    """Seed ``random``, torch and numpy's global RNGs for a worker; returns its seed."""
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy is a dependency, but stay torch-like
+        return seed
+    np.random.seed(numpy_seed_words(base_seed, worker_id))
+    return seed

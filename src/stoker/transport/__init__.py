@@ -1,0 +1,1 @@
+"""Shared-memory transport between worker processes and the main process."""

@@ -1,0 +1,119 @@
+"""Shared-memory segments: the only code in stoker that creates, maps or unlinks them.
+
+A segment is an anonymous in-memory file. On Linux it is a ``memfd``: it has no name in
+``/dev/shm``, is not limited by the size of ``/dev/shm`` (Docker's 64 MiB default), and the
+kernel frees it when the last fd and mapping are gone, so a killed process cannot leak one.
+Its fd crosses to the main process over the worker's Unix socket (SCM_RIGHTS).
+
+Elsewhere it is a POSIX ``shm_open`` segment whose name travels instead; the receiver opens it
+and unlinks the name at once, so ``/dev/shm`` only holds it for that instant. Python's
+``multiprocessing.resource_tracker`` is deliberately not involved: it would unlink segments the
+other side still needs and warn about "leaked" ones at exit.
+
+NOTE [ Inherited segment fds ]
+Under ``fork`` a new worker inherits every fd of the main process, including the fds of slabs
+owned by other loaders' workers. Holding them would keep that memory alive for the worker's
+whole life, so a freshly forked worker closes every fd this module opened in its parent
+(``close_inherited``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import sys
+from dataclasses import dataclass
+
+_HAS_MEMFD = hasattr(os, "memfd_create") and sys.platform.startswith("linux")
+_PAGE = mmap.PAGESIZE
+
+# fds this process holds for segments; see NOTE [ Inherited segment fds ].
+_open_fds: set[int] = set()
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """How the receiving process finds a segment: an fd sent alongside, or a name."""
+
+    segment_id: int
+    nbytes: int
+    name: str | None  # None: the fd travels over the socket (memfd)
+
+
+def round_up(nbytes: int, to: int = _PAGE) -> int:
+    return max(to, (nbytes + to - 1) // to * to)
+
+
+def create(segment_id: int, nbytes: int) -> tuple[int, SegmentRef]:
+    """Create a segment of at least ``nbytes``; returns its fd and the ref to send."""
+    nbytes = round_up(nbytes)
+    if _HAS_MEMFD:
+        fd = os.memfd_create(f"stoker-slab-{segment_id}", os.MFD_CLOEXEC)
+        name = None
+    else:  # pragma: no cover - non-Linux fallback
+        import _posixshmem
+
+        name = f"/stoker-{os.getpid()}-{segment_id}-{secrets.token_hex(4)}"
+        fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+    except BaseException:
+        os.close(fd)
+        unlink(name)
+        raise
+    _open_fds.add(fd)
+    return fd, SegmentRef(segment_id, nbytes, name)
+
+
+def open_received(ref: SegmentRef, fd: int | None) -> int:
+    """Adopt a segment another process created: the fd it sent, or open and unlink its name."""
+    if ref.name is None:
+        assert fd is not None, "a memfd segment needs the fd sent with it"
+    else:  # pragma: no cover - non-Linux fallback
+        import _posixshmem
+
+        fd = _posixshmem.shm_open(ref.name, os.O_RDWR, mode=0o600)
+        unlink(ref.name)
+    _open_fds.add(fd)
+    return fd
+
+
+def map_segment(fd: int, nbytes: int) -> mmap.mmap:
+    """A shared read-write mapping of the first ``nbytes`` of the segment."""
+    return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def close(fd: int) -> None:
+    _open_fds.discard(fd)
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def unlink(name: str | None) -> None:
+    """Remove a named segment's name (no-op for memfd segments or names already gone)."""
+    if name is None:
+        return
+    import _posixshmem  # pragma: no cover - non-Linux fallback
+
+    try:  # pragma: no cover
+        _posixshmem.shm_unlink(name)
+    except FileNotFoundError:  # pragma: no cover
+        pass
+
+
+def close_inherited() -> None:
+    """Close the segment fds a forked child inherited (NOTE [ Inherited segment fds ])."""
+    for fd in list(_open_fds):
+        close(fd)
+
+
+def dev_shm_free_bytes() -> int | None:
+    """Free space of /dev/shm, where named segments (and torch's own) live; None if absent."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize

@@ -1,0 +1,260 @@
+"""Worker side of the transport: slabs that batches are collated into, and a pool that reuses them.
+
+A slab is one shared-memory segment holding one batch at a time. Collate allocates its output
+tensors from the slab (``SlabWriter.empty``, the ``Allocator`` protocol); ``pack`` then pickles
+the batch with every tensor and numpy array replaced by a descriptor (offset, dtype, shape), so
+the bytes that cross the pipe are a few hundred no matter how large the batch. A tensor that was
+not born in the slab is copied in once. See NOTE [ Slab lifecycle ] in ``slab_reader``.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from stoker.transport import segments
+from stoker.transport.segments import SegmentRef
+
+_ALIGN = 64
+_MIN_SLAB_BYTES = 1 << 16
+_HEADROOM = 1.25  # slack for batches that vary in size, so one slab fits the next batch too
+
+
+class SlabFull(Exception):
+    """Raised while packing when the slab cannot hold the batch."""
+
+
+def _aligned(nbytes: int) -> int:
+    return (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _sendable_tensor(t: torch.Tensor) -> bool:
+    return (
+        t.device.type == "cpu"
+        and t.layout == torch.strided
+        and not t.is_quantized
+        and t.numel() > 0
+        and (t.grad_fn is None)
+    )
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """True if ``t`` covers exactly ``numel`` elements in some dimension order (a permutation)."""
+    expected = 1
+    for d in sorted(range(t.dim()), key=t.stride):
+        if t.shape[d] == 1:
+            continue
+        if t.stride(d) != expected:
+            return False
+        expected *= t.shape[d]
+    return True
+
+
+def _sendable_array(a: np.ndarray) -> bool:
+    return a.size > 0 and not a.dtype.hasobject
+
+
+class SlabWriter:
+    """One slab: a bump allocator over a shared mapping, reset for every batch."""
+
+    def __init__(self, fd: int, ref: SegmentRef) -> None:
+        self.fd = fd
+        self.ref = ref
+        self.capacity = ref.nbytes
+        self._mm = segments.map_segment(fd, ref.nbytes)
+        self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)
+        self._base = self._bytes.data_ptr()
+        self.cursor = 0
+
+    @property
+    def segment_id(self) -> int:
+        return self.ref.segment_id
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> torch.Tensor | None:
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * dtype.itemsize
+        if numel == 0 or self.cursor + nbytes > self.capacity:
+            return None
+        start = self.cursor
+        self.cursor = _aligned(start + nbytes)
+        return self._bytes[start : start + nbytes].view(dtype).view(shape)
+
+    def offset_of(self, t: torch.Tensor) -> int | None:
+        """Offset of ``t``'s data in this slab, if it lies wholly inside and is contiguous."""
+        start = t.data_ptr() - self._base
+        if 0 <= start and start + t.numel() * t.element_size() <= self.capacity:
+            return start if t.is_contiguous() else None
+        return None
+
+    def close(self) -> None:
+        del self._bytes
+        self._mm.close()
+        segments.close(self.fd)
+
+
+class _PackingPickler(pickle.Pickler):
+    """Pickles a batch, swapping tensors and arrays for descriptors of their place in the slab."""
+
+    def __init__(self, file: io.BytesIO, slab: SlabWriter) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._slab = slab
+
+    def persistent_id(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is torch.Tensor and _sendable_tensor(obj):
+            return self._tensor_ref(obj)
+        if kind is np.ndarray and _sendable_array(obj):
+            return self._array_ref(obj)
+        return None
+
+    def _tensor_ref(self, t: torch.Tensor) -> tuple:
+        if t.is_conj() or t.is_neg():
+            t = t.resolve_conj().resolve_neg()
+        offset = self._slab.offset_of(t)
+        stride = None
+        if offset is None:
+            flat = self._slab.empty((t.numel(),), t.dtype)
+            if flat is None:
+                raise SlabFull
+            if not t.is_contiguous() and _dense(t):
+                stride = t.stride()
+                flat.as_strided(t.shape, stride).copy_(t)
+            else:
+                flat.view(t.shape).copy_(t)
+            offset = flat.data_ptr() - self._slab._base
+        return ("t", offset, t.dtype, tuple(t.shape), stride, t.requires_grad)
+
+    def _array_ref(self, a: np.ndarray) -> tuple:
+        flat = self._slab.empty((a.nbytes,), torch.uint8)
+        if flat is None:
+            raise SlabFull
+        np.copyto(flat.numpy().view(a.dtype).reshape(a.shape), a, casting="no")
+        return ("a", flat.data_ptr() - self._slab._base, a.dtype, a.shape)
+
+
+class _SizingPickler(pickle.Pickler):
+    """Adds up the slab bytes a batch needs, without copying anything."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.nbytes = 0
+
+    def persistent_id(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is torch.Tensor and _sendable_tensor(obj):
+            self.nbytes += _aligned(obj.numel() * obj.element_size())
+            return 0
+        if kind is np.ndarray and _sendable_array(obj):
+            self.nbytes += _aligned(obj.nbytes)
+            return 0
+        return None
+
+
+def batch_nbytes(batch: Any) -> int:
+    sizer = _SizingPickler(io.BytesIO())
+    sizer.dump(batch)
+    return sizer.nbytes
+
+
+def pack_into(slab: SlabWriter, batch: Any) -> bytes:
+    """Pickle ``batch`` with its tensors in ``slab``; raises ``SlabFull`` if it does not fit."""
+    buf = io.BytesIO()
+    with torch.no_grad():
+        _PackingPickler(buf, slab).dump(batch)
+    return buf.getvalue()
+
+
+class SlabPool:
+    """A worker's slabs: reuse the ones the main process has released, create more as needed.
+
+    ``announce(fd, ref)`` is called for every new slab, before any batch in it is sent, so the
+    main process can map it (the worker loop sends the fd over its socket).
+    """
+
+    def __init__(self, announce: Callable[[int, SegmentRef], None], max_idle: int) -> None:
+        self._announce = announce
+        self._max_idle = max(1, max_idle)
+        self._slabs: dict[int, SlabWriter] = {}
+        self._free: list[int] = []
+        self._next_id = 0
+        self._expected = _MIN_SLAB_BYTES
+
+    def acquire(self, nbytes: int | None = None) -> SlabWriter:
+        need = max(nbytes or 0, self._expected)
+        fits = [sid for sid in self._free if self._slabs[sid].capacity >= need]
+        if fits:
+            sid = min(fits, key=lambda s: self._slabs[s].capacity)
+            self._free.remove(sid)
+            slab = self._slabs[sid]
+        else:
+            slab = self._create(int(need * _HEADROOM))
+        slab.cursor = 0
+        return slab
+
+    def _create(self, nbytes: int) -> SlabWriter:
+        fd, ref = segments.create(self._next_id, max(nbytes, _MIN_SLAB_BYTES))
+        self._next_id += 1
+        try:
+            slab = SlabWriter(fd, ref)
+            self._announce(fd, ref)
+        except BaseException:
+            segments.close(fd)
+            raise
+        self._slabs[ref.segment_id] = slab
+        return slab
+
+    def note_used(self, nbytes: int) -> None:
+        """Remember how big batches are, so the next slab is sized right the first time."""
+        self._expected = max(_MIN_SLAB_BYTES, nbytes)
+
+    def release(self, segment_ids: list[int]) -> list[int]:
+        """Return slabs to the pool; retire idle ones beyond the cap. Returns retired ids."""
+        self._free.extend(sid for sid in segment_ids if sid in self._slabs)
+        retired: list[int] = []
+        while len(self._free) > self._max_idle:
+            sid = min(self._free, key=lambda s: self._slabs[s].capacity)
+            self._free.remove(sid)
+            self._slabs.pop(sid).close()
+            retired.append(sid)
+        return retired
+
+    def release_one(self, slab: SlabWriter) -> None:
+        """Give back a slab that was acquired but not sent."""
+        self._free.append(slab.segment_id)
+
+    def close(self) -> None:
+        for slab in self._slabs.values():
+            slab.close()
+        self._slabs.clear()
+        self._free.clear()
+
+
+def write_batch(pool: SlabPool, slab: SlabWriter, batch: Any) -> tuple[int | None, int, bytes]:
+    """Pack a batch collated (partly) into ``slab``; returns (segment id or None, used, payload).
+
+    If the batch does not fit, it goes into a slab sized for it. A batch with no tensors or
+    arrays gives its slab straight back and travels as a plain pickle.
+    """
+    try:
+        payload = pack_into(slab, batch)
+    except SlabFull:
+        # Acquire before giving the small slab back: the batch may still live in it.
+        small, slab = slab, pool.acquire(batch_nbytes(batch))
+        payload = pack_into(slab, batch)
+        pool.release_one(small)
+    used = slab.cursor
+    if used == 0:
+        pool.release_one(slab)
+        return None, 0, payload
+    pool.note_used(used)
+    return slab.segment_id, used, payload
+
+
