@@ -25,7 +25,7 @@ from stoker.executors.process_pool import default_context, start_worker
 from stoker.executors.remote_errors import describe_indices, rebuild
 from stoker._runtime.base_iter import BaseIterator
 from stoker._runtime.shutdown import WorkerGroup, receive_slab
-from stoker._runtime.worker_death import check_workers_alive
+from stoker._runtime.worker_death import check_workers_alive, lost_worker
 
 _LIVENESS_POLL_S = 5.0  # only a fallback: worker sentinels wake the wait at once on death
 
@@ -166,8 +166,11 @@ class ProcessIterator(BaseIterator):
         for r in ready:
             w = conns.get(r)  # type: ignore[call-overload]
             if w is not None:
-                while w.conn.poll():
-                    self._file(w, w.conn.recv())
+                try:
+                    while w.conn.poll():
+                        self._file(w, w.conn.recv())
+                except (EOFError, OSError):
+                    lost_worker(self, w)
                 got_reply = True
         if not got_reply:
             check_workers_alive(self, sentinels_ready=bool(ready))

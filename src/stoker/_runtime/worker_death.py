@@ -53,4 +53,14 @@ def check_workers_alive(it: Any, sentinels_ready: bool) -> None:
             line += " " + cause
         lines.append(line)
     it._shutdown()
-    raise WorkerDiedError(" ".join(lines) + " The epoch cannot complete; no batch was skipped.")
+    raise WorkerDiedError(" ".join(lines) + " The epoch stops here instead of silently ending short.")
+
+
+def lost_worker(it: Any, w: Any) -> None:
+    """A worker's socket broke: it died mid-reply. Wait for its exit status and report it."""
+    w.process.join(1.0)
+    check_workers_alive(it, sentinels_ready=True)
+    it._shutdown()
+    raise WorkerDiedError(
+        f"DataLoader worker {w.worker_id} (pid {w.pid}) closed its connection without exiting."
+    )

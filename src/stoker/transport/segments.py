@@ -19,8 +19,11 @@ whole life, so a freshly forked worker closes every fd this module opened in its
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
+import weakref
+from collections.abc import Callable
 import secrets
 import sys
 from dataclasses import dataclass
@@ -82,6 +85,40 @@ def open_received(ref: SegmentRef, fd: int | None) -> int:
 def map_segment(fd: int, nbytes: int) -> mmap.mmap:
     """A shared read-write mapping of the first ``nbytes`` of the segment."""
     return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (
+    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long
+)
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _unmap(address: int, nbytes: int, on_release: Callable[[], None]) -> None:
+    _libc.munmap(address, nbytes)
+    on_release()
+
+
+def map_lease(fd: int, nbytes: int, on_release: Callable[[], None]) -> ctypes.Array:
+    """Map ``nbytes`` of a segment for one batch; unmapped when the returned buffer is collected.
+
+    The buffer (a ctypes array) is what every tensor and array of the batch keeps alive, so its
+    collection means the user holds nothing of the batch any more; ``on_release`` then runs.
+    Unlike ``mmap.mmap``, which keeps a duplicate fd per mapping, a lease holds no fd, so a
+    user who keeps thousands of batches does not run out of file descriptors.
+    """
+    nbytes = round_up(nbytes)
+    address = _libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if address is None or address == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of a {nbytes}-byte batch segment failed: {os.strerror(err)}")
+    lease = (ctypes.c_ubyte * nbytes).from_address(address)
+    fin = weakref.finalize(lease, _unmap, address, nbytes, on_release)
+    fin.atexit = False
+    return lease
 
 
 def close(fd: int) -> None:

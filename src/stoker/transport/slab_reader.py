@@ -4,7 +4,7 @@ NOTE [ Slab lifecycle ]
 1. A worker creates a slab (``segments.create``) and announces it; the main process adopts the
    fd (``SlabReader.adopt``). Both keep the fd until the slab is retired.
 2. The worker collates a batch into a free slab and sends (segment id, bytes used, payload).
-3. ``SlabReader.unpack`` maps those bytes afresh (one ``mmap`` per batch: the *lease*) and
+3. ``SlabReader.unpack`` maps those bytes afresh (one mapping per batch: the *lease*) and
    rebuilds every tensor and array as a view of the lease. The user's tensors hold the lease
    alive; nothing is copied.
 4. When the last tensor of the batch dies, the lease is collected and a finalizer queues
@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import collections
 import io
-import mmap
+import ctypes
 import pickle
-import weakref
 from typing import Any
 
 import numpy as np
@@ -32,7 +31,7 @@ from stoker.transport.segments import SegmentRef
 
 
 class _LeaseUnpickler(pickle.Unpickler):
-    def __init__(self, payload: bytes, lease: mmap.mmap | None) -> None:
+    def __init__(self, payload: bytes, lease: ctypes.Array | None) -> None:
         super().__init__(io.BytesIO(payload))
         self._lease = lease
 
@@ -70,9 +69,9 @@ class SlabReader:
     def unpack(self, worker_id: int, segment_id: int | None, used: int, payload: bytes) -> Any:
         if segment_id is None:
             return pickle.loads(payload)
-        lease = segments.map_segment(self._fds[(worker_id, segment_id)], segments.round_up(used))
-        fin = weakref.finalize(lease, self.released.append, (worker_id, segment_id))
-        fin.atexit = False
+        fd = self._fds[(worker_id, segment_id)]
+        key = (worker_id, segment_id)
+        lease = segments.map_lease(fd, used, lambda: self.released.append(key))
         return _LeaseUnpickler(payload, lease).load()
 
     def release_now(self, worker_id: int, segment_id: int | None) -> None:
