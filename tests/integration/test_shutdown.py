@@ -1,0 +1,134 @@
+"""Shutdown paths: nothing survives break, exceptions, GC, Ctrl-C or a killed main process.
+
+The autouse leak check in conftest.py verifies processes, threads, fds and /dev/shm after every
+test here; these tests add the paths that need a separate main process.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+import torch
+
+import stoker
+
+WAIT_S = 30
+
+
+class Squares(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return {"x": torch.full((8,), float(i)), "i": i}
+
+
+class Failing(Squares):
+    def __getitem__(self, i):
+        if i == 20:
+            raise ValueError("bad sample 20")
+        return super().__getitem__(i)
+
+
+def test_break_mid_epoch_stops_workers():
+    loader = stoker.DataLoader(Squares(), batch_size=4, num_workers=2)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+
+
+def test_exception_mid_epoch_then_gc_stops_workers():
+    loader = stoker.DataLoader(Failing(), batch_size=4, num_workers=2)
+    with pytest.raises(ValueError, match="bad sample 20"):
+        for _ in loader:
+            pass
+
+
+def test_deleting_a_loader_with_persistent_workers_stops_them():
+    loader = stoker.DataLoader(Squares(), batch_size=4, num_workers=2, persistent_workers=True)
+    for _ in range(2):
+        assert sum(len(b["i"]) for b in loader) == 64
+    assert len(psutil.Process().children()) == 2
+    del loader
+    gc.collect()
+
+
+def test_batches_held_after_the_loader_is_gone_stay_valid_and_hold_no_fds():
+    fds_before = len(os.listdir("/proc/self/fd"))
+    loader = stoker.DataLoader(Squares(), batch_size=1, num_workers=2)
+    held = list(loader)
+    del loader
+    gc.collect()
+    assert len(held) == 64
+    assert all(torch.equal(b["x"], torch.full((1, 8), float(i))) for i, b in enumerate(held))
+    # 64 live batches, and not one fd for them (torch's file_descriptor strategy needs 64+)
+    assert len(os.listdir("/proc/self/fd")) <= fds_before
+
+
+def test_slabs_are_reused_across_an_epoch():
+    loader = stoker.DataLoader(Squares(), batch_size=2, num_workers=2, prefetch_factor=2)
+    it = iter(loader)
+    most = 0
+    for _ in it:
+        most = max(most, len(it._group.reader._fds))
+    # 32 batches went through; slabs in use stay near prefetch depth + the one held
+    assert most <= 2 * (2 + 2)
+
+
+_CHILD = textwrap.dedent(
+    """
+    import os, sys, threading, torch, stoker
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self): return 10_000
+        def __getitem__(self, i):
+            threading.Event().wait(0.05)  # keep the workers busy while the parent is stopped
+            return torch.ones(4)
+    loader = stoker.DataLoader(Slow(), batch_size=2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    print(" ".join(str(w.pid) for w in it._group.workers), flush=True)
+    for _ in it:
+        pass
+    """
+)
+
+
+def _start_child():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read()
+    return proc, [int(p) for p in line.split()]
+
+
+def _wait_gone(pids):
+    procs = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
+    _, alive = psutil.wait_procs(procs, timeout=WAIT_S)
+    return [p.pid for p in alive]
+
+
+def test_ctrl_c_in_the_main_process_stops_workers():
+    proc, pids = _start_child()
+    os.killpg(proc.pid, signal.SIGINT)  # like a terminal: the whole process group
+    _, err = proc.communicate(timeout=WAIT_S)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert _wait_gone(pids) == []
+
+
+def test_workers_exit_when_the_main_process_is_killed():
+    proc, pids = _start_child()
+    proc.kill()
+    proc.communicate(timeout=WAIT_S)
+    assert _wait_gone(pids) == []
