@@ -29,7 +29,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def __iter__(self) -> BaseIterator:  # type: ignore[override]
         if self.persistent_workers and self.num_workers > 0:
             it = self._iterator
-            if it is None or it.stopped:
+            if it is None or it.stopped:  # type: ignore[attr-defined]
                 self._iterator = self._get_iterator()
             else:
                 it._reset(self)

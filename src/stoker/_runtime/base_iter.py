@@ -1,4 +1,4 @@
-"""What every loader iterator shares: the sampler iterator, the base seed, torch's length warning."""
+"""What every loader iterator shares: sampler iterator, base seed, torch's length warning."""
 
 from __future__ import annotations
 

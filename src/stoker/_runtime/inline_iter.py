@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from stoker._runtime.base_iter import BaseIterator
 from stoker.device.pin import pin_batch
 from stoker.executors.fetch import make_fetcher
 from stoker.executors.remote_errors import add_note, describe_indices
-from stoker._runtime.base_iter import BaseIterator
 
 
 class InlineIterator(BaseIterator):

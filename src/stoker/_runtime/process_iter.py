@@ -18,14 +18,14 @@ from collections import deque
 from typing import Any
 
 from stoker._core.specs import WorkerSpec
+from stoker._runtime.base_iter import BaseIterator
+from stoker._runtime.shutdown import WorkerGroup, receive_slab
+from stoker._runtime.worker_death import check_workers_alive, lost_worker
 from stoker.device.pin import pin_batch
 from stoker.errors import LoaderTimeoutError
 from stoker.executors import messages as msg
 from stoker.executors.process_pool import default_context, start_worker
 from stoker.executors.remote_errors import describe_indices, rebuild
-from stoker._runtime.base_iter import BaseIterator
-from stoker._runtime.shutdown import WorkerGroup, receive_slab
-from stoker._runtime.worker_death import check_workers_alive, lost_worker
 
 _LIVENESS_POLL_S = 5.0  # only a fallback: worker sentinels wake the wait at once on death
 

@@ -44,7 +44,8 @@ def check_workers_alive(it: Any, sentinels_ready: bool) -> None:
     for w in dead:
         held = [i for t, i in it._task_indices.items() if it._task_worker.get(t) == w.worker_id]
         what = describe_indices([j for i in held for j in (i if isinstance(i, list) else [i])])
-        line = f"DataLoader worker {w.worker_id} (pid {w.pid}) {_describe_exit(w.process.exitcode)}"
+        exit_text = _describe_exit(w.process.exitcode)
+        line = f"DataLoader worker {w.worker_id} (pid {w.pid}) {exit_text}"
         line += f" while loading {what}." if held else "."
         cause = _LIKELY_CAUSE.get(-w.process.exitcode) if w.process.exitcode < 0 else (
             "A worker exits like this when dataset code calls sys.exit()/os._exit()."
@@ -53,7 +54,8 @@ def check_workers_alive(it: Any, sentinels_ready: bool) -> None:
             line += " " + cause
         lines.append(line)
     it._shutdown()
-    raise WorkerDiedError(" ".join(lines) + " The epoch stops here instead of silently ending short.")
+    lines.append("The epoch stops here instead of silently ending short.")
+    raise WorkerDiedError(" ".join(lines))
 
 
 def lost_worker(it: Any, w: Any) -> None:

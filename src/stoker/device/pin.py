@@ -65,10 +65,10 @@ def pin_batch(data: Any) -> Any:
         items = [pin_batch(v) for v in data]
         try:
             if isinstance(data, collections.abc.MutableSequence):
-                clone = copy.copy(data)
+                clone_seq = copy.copy(data)
                 for i, item in enumerate(items):
-                    clone[i] = item
-                return clone
+                    clone_seq[i] = item
+                return clone_seq
             return type(data)(items)  # type: ignore[call-arg]
         except TypeError:
             return items

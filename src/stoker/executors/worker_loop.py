@@ -24,8 +24,8 @@ from stoker.executors.remote_errors import RemoteError, capture, describe_indice
 from stoker.executors.worker_info import set_worker_info
 from stoker.sampling.seeds import seed_worker_rngs
 from stoker.transport import segments
-from stoker.transport.slab_writer import SlabPool, write_batch
 from stoker.transport.segments import SegmentRef
+from stoker.transport.slab_writer import SlabPool, write_batch
 
 _PARENT_CHECK_INTERVAL_S = 0.5
 
@@ -63,7 +63,9 @@ class _Worker:
                 spec.worker_init_fn(spec.worker_id)
             self.fetcher = make_fetcher(spec.fetch)
         except Exception as exc:
-            self.init_error = capture(exc, spec.worker_id, "starting (worker_init_fn or iter(dataset))")
+            self.init_error = capture(
+                exc, spec.worker_id, "starting (worker_init_fn or iter(dataset))"
+            )
 
     def reset(self, epoch: int, released: list[int]) -> None:
         self.epoch = epoch
@@ -73,7 +75,9 @@ class _Worker:
             try:
                 self.fetcher = make_fetcher(self.spec.fetch)
             except Exception as exc:
-                self.init_error = capture(exc, self.spec.worker_id, "starting an epoch (iter(dataset))")
+                self.init_error = capture(
+                    exc, self.spec.worker_id, "starting an epoch (iter(dataset))"
+                )
 
     def run_task(self, task_id: int, indices: Any) -> None:
         if self.exhausted:
@@ -95,7 +99,8 @@ class _Worker:
             return
         except Exception as exc:
             self.pool.release_one(slab)
-            self.conn.send((msg.FAILED, self.epoch, task_id, capture(exc, self.spec.worker_id, "loading " + describe_indices(indices))))
+            err = capture(exc, self.spec.worker_id, "loading " + describe_indices(indices))
+            self.conn.send((msg.FAILED, self.epoch, task_id, err))
             return
         del batch
         reply = (msg.DONE, self.epoch, task_id, segment_id, used, payload, self.retired)

@@ -22,10 +22,10 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import weakref
-from collections.abc import Callable
 import secrets
 import sys
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _HAS_MEMFD = hasattr(os, "memfd_create") and sys.platform.startswith("linux")

@@ -18,8 +18,8 @@ NOTE [ Slab lifecycle ]
 from __future__ import annotations
 
 import collections
-import io
 import ctypes
+import io
 import pickle
 from typing import Any
 
@@ -46,7 +46,8 @@ class _LeaseUnpickler(pickle.Unpickler):
             return t.requires_grad_() if requires_grad else t
         _, offset, dtype, shape = pid
         count = int(np.prod(shape, dtype=np.int64))
-        return np.frombuffer(self._lease, dtype=dtype, count=count, offset=offset).reshape(shape)
+        lease: Any = self._lease
+        return np.frombuffer(lease, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 
 class SlabReader:

@@ -10,7 +10,6 @@ not born in the slab is copied in once. See NOTE [ Slab lifecycle ] in ``slab_re
 from __future__ import annotations
 
 import io
-import mmap
 import pickle
 from collections.abc import Callable
 from typing import Any
