@@ -1,0 +1,471 @@
+"""Reusable pieces of `stoker demo` and `benchmarks/`: a synthetic JPEG dataset, an
+ImageNet-style augmentation, a process-tree memory sampler and an epoch timer.
+
+Needs the `demo` extra (Pillow and psutil): ``pip install 'stoker[demo]'``.
+
+Everything here takes the loader class as a parameter, so the same code measures
+``torch.utils.data.DataLoader`` and ``stoker.DataLoader`` on the same `Dataset` object.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+from PIL import Image
+
+__all__ = [
+    "BASELINE",
+    "CANDIDATE",
+    "CROP_SIZE",
+    "DemoOptions",
+    "DemoResult",
+    "EpochTiming",
+    "JpegDataset",
+    "ProgressBar",
+    "TreeMemorySampler",
+    "batch_size_of",
+    "decode_and_augment",
+    "format_table",
+    "load_class",
+    "loader_label",
+    "make_jpeg_files",
+    "random_resized_crop_box",
+    "run_demo",
+    "time_epoch",
+    "tree_pss_bytes",
+]
+
+BASELINE = "torch.utils.data:DataLoader"
+CANDIDATE = "stoker:DataLoader"
+CROP_SIZE = 224
+_MANIFEST = "manifest.json"
+_NUM_CLASSES = 10
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic JPEG files
+# ---------------------------------------------------------------------------------------------
+
+
+def _synthetic_image(rng: np.random.Generator) -> Image.Image:
+    """A photo-sized image (256..500 x 256..375) with smooth colour regions plus grain, so it
+    compresses and decodes like a natural photo rather than like pure noise."""
+    width = int(rng.integers(256, 501))
+    height = int(rng.integers(256, 376))
+    coarse = rng.integers(0, 256, size=(height // 32 + 2, width // 32 + 2, 3), dtype=np.uint8)
+    smooth = Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC)
+    grain = rng.integers(-12, 13, size=(height, width, 3), dtype=np.int16)
+    pixels = np.clip(np.asarray(smooth, dtype=np.int16) + grain, 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels)
+
+
+def make_jpeg_files(root: str | os.PathLike[str], count: int, seed: int = 0) -> list[str]:
+    """Write `count` synthetic JPEGs (PIL quality 90) under `root` and return their paths.
+
+    The set is cached: a manifest written last records (count, seed), and a later call with
+    the same arguments on the same `root` returns the existing files without rewriting them.
+    """
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    root_path = Path(root)
+    manifest = root_path / _MANIFEST
+    wanted = {"count": count, "seed": seed, "version": 1}
+    names = [f"img_{i:06d}.jpg" for i in range(count)]
+    if manifest.exists():
+        try:
+            if json.loads(manifest.read_text()) == wanted and all(
+                (root_path / name).exists() for name in names
+            ):
+                return [str(root_path / name) for name in names]
+        except (OSError, ValueError):
+            pass  # unreadable manifest: regenerate below
+    root_path.mkdir(parents=True, exist_ok=True)
+    manifest.unlink(missing_ok=True)
+    rng = np.random.default_rng(seed)
+    for name in names:
+        _synthetic_image(rng).save(root_path / name, format="JPEG", quality=90)
+    manifest.write_text(json.dumps(wanted))
+    return [str(root_path / name) for name in names]
+
+
+# ---------------------------------------------------------------------------------------------
+# Augmentation and dataset
+# ---------------------------------------------------------------------------------------------
+
+
+def random_resized_crop_box(
+    width: int,
+    height: int,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    rng: random.Random | None = None,
+) -> tuple[int, int, int, int]:
+    """The (left, upper, right, lower) box RandomResizedCrop would cut from a width x height
+    image: a random area fraction in `scale` and log-uniform aspect ratio in `ratio`, ten
+    tries, then a centre crop clamped to `ratio` (torchvision's sampling, in pure Python).
+
+    Draws from the `random` module unless `rng` is given, so loader worker seeding applies.
+    """
+    draw = rng if rng is not None else random
+    area = width * height
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target_area = area * draw.uniform(scale[0], scale[1])
+        aspect = math.exp(draw.uniform(log_lo, log_hi))
+        w = round(math.sqrt(target_area * aspect))
+        h = round(math.sqrt(target_area / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            top = draw.randint(0, height - h)
+            left = draw.randint(0, width - w)
+            return left, top, left + w, top + h
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, round(width / ratio[0])
+    elif in_ratio > ratio[1]:
+        w, h = round(height * ratio[1]), height
+    else:
+        w, h = width, height
+    left, top = (width - w) // 2, (height - h) // 2
+    return left, top, left + w, top + h
+
+
+def decode_and_augment(path: str, size: int = CROP_SIZE) -> torch.Tensor:
+    """Decode a JPEG with PIL, random-resized-crop it to size x size, flip it horizontally
+    half the time, and return a uint8 CHW tensor (like torchvision's PILToTensor)."""
+    with Image.open(path) as img:
+        rgb = img if img.mode == "RGB" else img.convert("RGB")
+        box = random_resized_crop_box(rgb.width, rgb.height)
+        out = rgb.resize((size, size), Image.Resampling.BILINEAR, box=box)
+    if random.random() < 0.5:
+        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return torch.from_numpy(np.array(out)).permute(2, 0, 1)
+
+
+class JpegDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """Map-style dataset over JPEG files: ``dataset[i] -> (uint8 [3, 224, 224], label)``."""
+
+    def __init__(self, paths: Sequence[str], size: int = CROP_SIZE) -> None:
+        self.paths = list(paths)
+        self.labels = [i % _NUM_CLASSES for i in range(len(self.paths))]
+        self.size = size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return decode_and_augment(self.paths[index], self.size), self.labels[index]
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement
+# ---------------------------------------------------------------------------------------------
+
+
+def tree_pss_bytes(pid: int | None = None) -> int:
+    """PSS of a process and all its descendants, in bytes (shared pages counted once)."""
+    root = psutil.Process(pid)
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            total += proc.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue  # exited between listing and reading: holds no memory any more
+    return total
+
+
+class TreeMemorySampler:
+    """Samples `tree_pss_bytes()` of this process every `interval_s` on a daemon thread and
+    keeps the peak. Use as a context manager; `reset()` starts a new peak."""
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        self.interval_s = interval_s
+        self._peak = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> TreeMemorySampler:
+        self.reset()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="stoker-pss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10.0)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def sample(self) -> int:
+        """Take one reading now (also done by the thread) and return it."""
+        value = tree_pss_bytes()
+        with self._lock:
+            self._peak = max(self._peak, value)
+        return value
+
+    def reset(self) -> None:
+        with self._lock:
+            self._peak = 0
+        self.sample()
+
+    @property
+    def peak_mib(self) -> float:
+        with self._lock:
+            return self._peak / 2**20
+
+
+@dataclass(frozen=True)
+class EpochTiming:
+    """One pass over a loader: seconds to the first batch, seconds for the pass, counts."""
+
+    time_to_first_batch_s: float
+    epoch_s: float
+    batches: int
+    samples: int
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.epoch_s if self.epoch_s > 0 else 0.0
+
+
+def batch_size_of(batch: Any) -> int:
+    """Number of samples in a collated batch: the leading size of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else 1
+    if isinstance(batch, dict) and batch:
+        return batch_size_of(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)) and batch:
+        first = batch[0]
+        nested = isinstance(first, (torch.Tensor, dict, list, tuple))
+        return batch_size_of(first) if nested else len(batch)
+    return 1
+
+
+def time_epoch(
+    loader: Iterable[Any],
+    *,
+    started: float | None = None,
+    max_batches: int | None = None,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> EpochTiming:
+    """Iterate `loader` once (or `max_batches` batches) and time it.
+
+    The clock starts at `started` (a `time.perf_counter()` value: pass the time before the
+    loader was built to count construction) or else just before ``iter(loader)``.
+    `on_batch(batches, samples)` is called after each batch (for a progress bar).
+    """
+    start = time.perf_counter() if started is None else started
+    first: float | None = None
+    batches = samples = 0
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter()
+        batches += 1
+        samples += batch_size_of(batch)
+        if on_batch is not None:
+            on_batch(batches, samples)
+        if max_batches is not None and batches >= max_batches:
+            break
+    end = time.perf_counter()
+    return EpochTiming(
+        time_to_first_batch_s=(first if first is not None else end) - start,
+        epoch_s=end - start,
+        batches=batches,
+        samples=samples,
+    )
+
+
+def load_class(spec: str) -> type[Any]:
+    """Import "package.module:Name" and return the attribute, raising ImportError that says
+    which half failed."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"loader spec must look like 'package.module:Name', got {spec!r}")
+    module = importlib.import_module(module_name)
+    try:
+        cls: type[Any] = getattr(module, attr)
+    except AttributeError:
+        raise ImportError(
+            f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no {attr!r}"
+        ) from None
+    return cls
+
+
+def loader_label(spec: str) -> str:
+    """Short name for a loader spec in tables: "stoker" for stoker's, "torch-2" for torch's
+    own class measured against itself (an A/A run), else the top-level package name."""
+    if spec == BASELINE:
+        return "torch-2"
+    return spec.partition(":")[0].split(".")[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# `stoker demo`
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """Arguments of `stoker demo` (see `stoker.cli`)."""
+
+    images: int = 512
+    epochs: int = 1
+    num_workers: int = 2
+    batch_size: int = 64
+    candidate: str = CANDIDATE
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """What one loader did in the demo: all epochs together, plus its stats() line if any."""
+
+    samples_per_s: float
+    time_to_first_batch_s: float
+    peak_pss_mib: float
+    stats_line: str | None
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr: redrawn in place at most 10 times a second on a
+    terminal, written once at the end otherwise (so logs and pipes stay readable).
+    `update()` takes counts within the current epoch; `end_epoch()` carries them over."""
+
+    def __init__(self, label: str, total_batches: int, stream: Any = None) -> None:
+        self.label, self.total = label, max(total_batches, 1)
+        self.stream = stream if stream is not None else sys.stderr
+        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.start = time.perf_counter()
+        self._drawn = 0.0
+        self._line = ""
+        self._done = [0, 0]  # batches, samples of finished epochs
+        self._epoch = [0, 0]  # batches, samples of the current epoch
+
+    def update(self, batches: int, samples: int) -> None:
+        self._epoch = [batches, samples]
+        done, seen = self._done[0] + batches, self._done[1] + samples
+        now = time.perf_counter()
+        filled = min(20, 20 * done // self.total)
+        self._line = (
+            f"{self.label:<7} [{'#' * filled}{'.' * (20 - filled)}] {done}/{self.total} batches"
+            f"  {seen / max(now - self.start, 1e-9):8.1f} samples/s"
+        )
+        if self.live and (now - self._drawn >= 0.1 or done >= self.total):
+            self._drawn = now
+            self.stream.write("\r" + self._line)
+            self.stream.flush()
+
+    def end_epoch(self) -> None:
+        self._done = [self._done[0] + self._epoch[0], self._done[1] + self._epoch[1]]
+        self._epoch = [0, 0]
+
+    def close(self) -> None:
+        self.stream.write(("\r" if self.live else "") + self._line + "\n")
+        self.stream.flush()
+
+
+def _stats_line(loader: Any) -> str | None:
+    """The first line of `loader.stats()` (its input-bound verdict), when the loader has it."""
+    if not hasattr(loader, "stats"):
+        return None
+    try:
+        stats = loader.stats()
+        text = stats.summary() if hasattr(stats, "summary") else str(stats)
+    except Exception as exc:  # the demo's measurements stand even if stats() is broken
+        return f"loader.stats() failed: {type(exc).__name__}: {exc}"
+    return text.strip().splitlines()[0] if text.strip() else None
+
+
+def _measure(
+    name: str, loader_cls: type[Any], dataset: JpegDataset, opts: DemoOptions, mem: Any
+) -> DemoResult:
+    batches_per_epoch = math.ceil(len(dataset) / opts.batch_size)
+    bar = ProgressBar(name, batches_per_epoch * opts.epochs)
+    mem.reset()
+    started = time.perf_counter()
+    loader = loader_cls(
+        dataset, batch_size=opts.batch_size, shuffle=True, num_workers=opts.num_workers
+    )
+    timings: list[EpochTiming] = []
+    for epoch in range(opts.epochs):
+        first = started if epoch == 0 else None
+        timings.append(time_epoch(loader, started=first, on_batch=bar.update))
+        bar.end_epoch()
+    bar.close()
+    stats_line = _stats_line(loader)
+    del loader
+    mem.sample()
+    total_s = sum(t.epoch_s for t in timings)
+    return DemoResult(
+        samples_per_s=sum(t.samples for t in timings) / total_s if total_s > 0 else 0.0,
+        time_to_first_batch_s=timings[0].time_to_first_batch_s,
+        peak_pss_mib=mem.peak_mib,
+        stats_line=stats_line,
+    )
+
+
+_TABLE_ROWS = (  # label, DemoResult field, value format, which way is better
+    ("samples/s", "samples_per_s", "{:.1f}", "higher is better"),
+    ("time to first batch", "time_to_first_batch_s", "{:.3f} s", "lower is better"),
+    ("peak memory (PSS)", "peak_pss_mib", "{:.0f} MiB", "lower is better"),
+)
+
+
+def format_table(base: DemoResult, cand: DemoResult, cand_name: str = "stoker") -> str:
+    """The demo's result table: one row per measure, both loaders, and cand/base ratio."""
+    rows = [("", "torch", cand_name, f"{cand_name}/torch", "")]
+    for label, name, fmt, better in _TABLE_ROWS:
+        a, b = getattr(base, name), getattr(cand, name)
+        ratio = f"{b / a:.2f}x" if a > 0 else "n/a"
+        rows.append((label, fmt.format(a), fmt.format(b), ratio, better))
+    lines = [f"{a:<20} {b:>12} {c:>12} {d:>13}  {e}" for a, b, c, d, e in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def run_demo(opts: DemoOptions) -> int:
+    """`stoker demo`: the same JPEG dataset through torch's DataLoader and stoker's."""
+    try:
+        candidate = load_class(opts.candidate)
+    except (ImportError, ValueError) as exc:
+        print(
+            f"stoker demo: cannot load the loader to compare, {opts.candidate!r}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    baseline = load_class(BASELINE)
+    cand_name = loader_label(opts.candidate)
+    with tempfile.TemporaryDirectory(prefix="stoker-demo-") as tmp:
+        print(f"writing {opts.images} synthetic JPEGs to {tmp} ...", file=sys.stderr)
+        dataset = JpegDataset(make_jpeg_files(tmp, opts.images))
+        with TreeMemorySampler() as mem:
+            base = _measure("torch", baseline, dataset, opts, mem)
+            cand = _measure(cand_name, candidate, dataset, opts, mem)
+    print(
+        f"stoker demo: {opts.images} JPEGs -> random-resized-crop {CROP_SIZE} + flip, "
+        f"batch_size={opts.batch_size}, num_workers={opts.num_workers}, "
+        f"epochs={opts.epochs}, {os.cpu_count()} CPUs, torch {torch.__version__}"
+    )
+    print(format_table(base, cand, cand_name))
+    if cand.stats_line is not None:
+        print(f"{cand_name} stats: {cand.stats_line}")
+    return 0

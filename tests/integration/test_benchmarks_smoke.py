@@ -1,0 +1,40 @@
+"""`benchmarks/run.py --quick` runs every workload, prints parseable JSON records for both
+loaders, and writes the same records with --json-out. Timings are never asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("PIL", reason="the jpeg workload needs pillow")
+pytest.importorskip("psutil", reason="PSS sampling needs psutil")
+
+RUNNER = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
+WORKLOADS = {"tiny", "jpeg", "remote_get", "startup", "paths_memory"}
+
+
+def test_quick_run_prints_a_record_per_workload_and_loader(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), "--quick", "--json-out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert {r["workload"] for r in records} == WORKLOADS
+    assert {r["loader"] for r in records} == {"torch", "stoker"}
+    for record in records:
+        assert record["samples_per_s"] > 0, record
+        assert record["time_to_first_batch_s"] > 0, record
+        assert record["peak_pss_mib"] > 0, record
+        assert set(record["machine"]) >= {"cpu_count", "python", "torch"}, record
+    pairs = {(r["workload"], r["variant"], r["loader"]) for r in records}
+    assert len(pairs) == len(records) == 2 * len({(w, v) for w, v, _ in pairs})
+    assert json.loads(out.read_text())["records"] == records
+    assert "stoker/torch ratios" in proc.stdout
