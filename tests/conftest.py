@@ -1,0 +1,75 @@
+"""Shared fixtures for every test directory.
+
+``STOKER_TEST_LOADER`` picks the loader class under test:
+
+* ``stoker`` (default): ``stoker.DataLoader``;
+* ``torch``: ``torch.utils.data.DataLoader``. Run the suite this way to check the tests
+  themselves: every test that states torch-compatible behaviour must pass against torch.
+  Tests of stoker-only behaviour (where stoker deliberately does better than torch) are
+  skipped in this mode via the ``stoker_only`` fixture.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch.utils.data
+
+LOADER_ENV = "STOKER_TEST_LOADER"
+_CHOICES = ("stoker", "torch")
+
+
+def loader_choice() -> str:
+    """The value of ``STOKER_TEST_LOADER`` (``stoker`` when unset)."""
+    choice = os.environ.get(LOADER_ENV, "stoker").strip().lower() or "stoker"
+    if choice not in _CHOICES:
+        raise pytest.UsageError(f"{LOADER_ENV}={choice!r}: expected one of {_CHOICES}")
+    return choice
+
+
+@pytest.fixture(scope="session")
+def loader_name() -> str:
+    return loader_choice()
+
+
+@pytest.fixture(scope="session")
+def Loader(loader_name: str) -> type:
+    """The DataLoader class under test."""
+    if loader_name == "torch":
+        return torch.utils.data.DataLoader
+    try:
+        from stoker import DataLoader
+    except Exception as exc:  # ImportError, or a broken module while stoker is being written
+        pytest.fail(
+            f"cannot import stoker.DataLoader ({type(exc).__name__}: {exc}); "
+            f"set {LOADER_ENV}=torch to check the tests against torch",
+            pytrace=False,
+        )
+    return DataLoader
+
+
+@pytest.fixture(scope="session")
+def TorchLoader() -> type:
+    """torch's DataLoader, the reference the loader under test is compared with."""
+    return torch.utils.data.DataLoader
+
+
+@pytest.fixture
+def stoker_only(loader_name: str) -> None:
+    """Skip a test of stoker-specific behaviour (torch does something worse there)."""
+    if loader_name != "stoker":
+        pytest.skip("stoker-specific behaviour; torch differs here on purpose")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator:
+    """Expose each phase's report as ``item.stoker_report_<phase>`` (setup, call, teardown).
+
+    Fixtures read ``request.node.stoker_report_call`` in their teardown, e.g. to skip a leak
+    check after a failed test whose traceback still holds the loader alive.
+    """
+    report = yield
+    setattr(item, f"stoker_report_{report.when}", report)
+    return report
