@@ -31,3 +31,5 @@ class WorkerSpec:
     worker_init_fn: Callable[[int], None] | None
     max_idle_slabs: int
     parent_pid: int
+    first_epoch: int  # the iterator's epoch counter when the worker starts
+    seed_per_batch: bool  # reseed the global RNGs from (base seed, epoch, position) per batch

@@ -1,15 +1,24 @@
-"""What every loader iterator shares: sampler iterator, base seed, torch's length warning."""
+"""What every loader iterator shares: opening an epoch (sampler, seeds, resume), delivery, warnings.
+
+Opening an epoch mirrors torch call for call, because a shared ``generator`` makes the order
+of draws observable: ``iter(sampler)``, then the base seed draw (once per iterator), then (for
+worker iterators) ``iter(sampler)`` again. See NOTE [ Resume state ] in ``progress``.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import warnings
 from typing import Any
 
 from torch.utils.data import IterableDataset
 
 from stoker._core.specs import FetchSpec
+from stoker._runtime.progress import EpochProgress
 from stoker.collate import default_collate, default_convert
 from stoker.device.pin import pin_target
+from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.seeds import draw_base_seed
 
 
@@ -34,20 +43,55 @@ def fetch_spec_of(loader: Any) -> FetchSpec:
     )
 
 
+def stateful_sampler_of(index_sampler: Any) -> Any:
+    """The sampler whose own ``state_dict`` captures the epoch position, if any."""
+    for obj in (index_sampler, getattr(index_sampler, "sampler", None)):
+        if obj is not None and callable(getattr(obj, "state_dict", None)) and callable(
+            getattr(obj, "load_state_dict", None)
+        ):
+            return obj
+    return None
+
+
+_warned_fast_forward: set[int] = set()
+
+
+def warn_fast_forward(dataset: Any, batches: int, saved_workers: int, workers: int) -> None:
+    """Once per dataset: resuming an IterableDataset re-reads what was already delivered."""
+    if id(dataset) in _warned_fast_forward:
+        return
+    _warned_fast_forward.add(id(dataset))
+    message = (
+        f"Resuming {type(dataset).__name__} (an IterableDataset) by reading its first "
+        f"{batches} batches again and dropping them: an iterable cannot seek."
+    )
+    if saved_workers != workers:
+        message += (
+            f" The state was saved with num_workers={saved_workers} and is loaded with "
+            f"num_workers={workers}; each worker iterates its own copy, so the rest of the "
+            "epoch is only exact with the same num_workers."
+        )
+    warnings.warn(message, stacklevel=5)
+
+
 class BaseIterator:
-    def __init__(self, loader: Any) -> None:
+    # Worker iterators call iter(sampler) a second time after the seed draw, as torch does.
+    _reiter_after_seed = False
+
+    def __init__(self, loader: Any, resume: dict[str, Any] | None) -> None:
         self._dataset = loader.dataset
         self._fetch_spec = fetch_spec_of(loader)
         self._index_sampler = loader._index_sampler
         self._num_workers = loader.num_workers
         self._timeout = loader.timeout
-        self._len_reported = loader._IterableDataset_len_called
+        self._seeding = loader.seeding
         self._pin = pin_target(loader.pin_memory, loader.pin_memory_device) is not None
-        # Same order as torch: iter(sampler) first, then the base seed, so a shared generator
-        # yields the same shuffles and seeds.
-        self._sampler_iter = iter(self._index_sampler)
-        self._base_seed = draw_base_seed(loader.generator)
-        self._num_yielded = 0
+        self._rng = RngSnapshot(loader.generator, self._index_sampler)
+        self._stateful = stateful_sampler_of(self._index_sampler)
+        self._generator = loader.generator
+        self._base_seed = 0
+        self._epoch = -1
+        self._open_epoch(loader, resume, first=True)
 
     def __iter__(self) -> BaseIterator:
         return self
@@ -58,16 +102,96 @@ class BaseIterator:
     def __getstate__(self) -> Any:
         raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
 
-    def _reset(self, loader: Any) -> None:
-        self._sampler_iter = iter(self._index_sampler)
+    # -- opening an epoch --------------------------------------------------------------------
+
+    def _open_epoch(self, loader: Any, resume: dict[str, Any] | None, first: bool) -> None:
         self._num_yielded = 0
         self._len_reported = loader._IterableDataset_len_called
+        self._drop_below = 0  # iterable resume: positions fetched and dropped, not delivered
+        self._drop_set: set[int] = set()
+        self._epoch = resume["epoch"] if resume else self._epoch + 1
+        drew = first and not (resume and not resume["drew_base_seed"])
+        if resume:
+            ctx: Any = self._rng.restored(resume["rng"])
+        else:
+            self._rng.capture()
+            ctx = contextlib.nullcontext()
+        with ctx:
+            if resume and self._stateful is not None and resume["sampler_state"] is not None:
+                self._stateful.load_state_dict(resume["sampler_state"])
+            self._sampler_iter = iter(self._index_sampler)
+            if drew:
+                self._base_seed = draw_base_seed(self._generator)
+            elif resume:
+                self._base_seed = resume["base_seed"]
+            if first and self._reiter_after_seed:
+                self._sampler_iter = iter(self._index_sampler)
+            self._position = 0
+            self._skip: set[int] = set()
+            self._sampler_snaps: dict[int, Any] = {}
+            if resume:
+                self._skip_delivered(resume)
+        self._progress = EpochProgress(
+            rng=self._rng, base_seed=self._base_seed, drew_base_seed=drew, epoch=self._epoch,
+            iterations=loader._stoker_iterations, kind=self._fetch_spec.kind,
+            num_workers=self._num_workers, prefix=self._position, extras=set(self._skip),
+            sampler_state=resume["sampler_state"] if resume else None,
+            sampler_epoch=getattr(loader.sampler, "epoch", None),
+        )
+        loader._stoker_progress = self._progress
+
+    def _skip_delivered(self, resume: dict[str, Any]) -> None:
+        """Move past what was delivered before the save, without fetching (map-style)."""
+        prefix = resume["batches"]
+        self._skip = set(resume["extra_batches"])
+        if self._fetch_spec.kind == "iterable":
+            # An iterable cannot seek: read the delivered batches again and drop them.
+            self._drop_below, self._drop_set, self._skip = prefix, self._skip, set()
+            if prefix or self._drop_set:
+                warn_fast_forward(self._dataset, prefix, resume["num_workers"], self._num_workers)
+            return
+        if not (self._stateful is not None and resume["sampler_state"] is not None):
+            for _ in itertools.islice(self._sampler_iter, prefix):
+                pass
+        self._position = prefix
+        # Draw the next batch now, while a borrowed global RNG is still in place.
+        first = next(self._sampler_iter, None)
+        rest = () if first is None else itertools.chain([first], self._sampler_iter)
+        self._sampler_iter = iter(rest)
+
+    # -- drawing indices ---------------------------------------------------------------------
+
+    def _next_index(self) -> tuple[int, Any]:
+        """The next (position, indices) to fetch, skipping positions delivered before a resume."""
+        while True:
+            index = next(self._sampler_iter)  # StopIteration ends the epoch
+            position = self._position
+            self._position += 1
+            if position not in self._skip:
+                if self._stateful is not None:
+                    self._sampler_snaps[position] = self._stateful.state_dict()
+                return position, index
+
+    def _dropped(self, position: int) -> bool:
+        return position < self._drop_below or position in self._drop_set
+
+    def _delivered(self, position: int) -> None:
+        self._progress.delivered(position, self._sampler_snaps.pop(position, None))
+
+    def _finish_epoch(self) -> None:
+        self._progress.finished = True
+
+    # -- delivery ----------------------------------------------------------------------------
 
     def _next_data(self) -> Any:
         raise NotImplementedError
 
     def __next__(self) -> Any:
-        data = self._next_data()
+        try:
+            data = self._next_data()
+        except StopIteration:
+            self._finish_epoch()
+            raise
         self._num_yielded += 1
         if (
             self._fetch_spec.kind == "iterable"

@@ -5,7 +5,8 @@ For an IterableDataset each task goes round-robin to the next worker still runni
 depends on which worker serves it), and a worker's end is announced once; its later tasks are
 skipped. Map-style tasks go to the least-loaded worker instead: the output is the same and a
 slow batch does not queue more work behind it. At most ``prefetch_factor * num_workers`` tasks
-are in flight; one new task is sent per batch yielded.
+are in flight; one new task is sent per batch yielded. A task's id is its position in the
+epoch's sampler order (see NOTE [ Resume state ]).
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ _LIVENESS_POLL_S = 5.0  # only a fallback: worker sentinels wake the wait at onc
 
 
 class ProcessIterator(BaseIterator):
-    def __init__(self, loader: Any) -> None:
-        super().__init__(loader)
+    _reiter_after_seed = True
+
+    def __init__(self, loader: Any, resume: dict[str, Any] | None = None) -> None:
+        super().__init__(loader, resume)
         self._prefetch = loader.prefetch_factor
         self._in_order = loader.in_order
         self._persistent = loader.persistent_workers
@@ -49,20 +52,17 @@ class ProcessIterator(BaseIterator):
                 worker_init_fn=loader.worker_init_fn,
                 max_idle_slabs=self._prefetch + 2,
                 parent_pid=os.getpid(),
+                first_epoch=self._epoch,
+                seed_per_batch=self._seeding == "per_batch",
             )
             self._group.workers.append(start_worker(ctx, spec))
-        self._epoch = 0
-        self._begin_epoch(loader, first=True)
+        self._start_dispatch()
 
     # -- epoch state -------------------------------------------------------------------------
 
-    def _begin_epoch(self, loader: Any, first: bool) -> None:
-        # torch calls iter(sampler) again here even on the first epoch; a sampler that draws
-        # from the generator eagerly in __iter__ must see the same calls.
-        super()._reset(loader)
+    def _start_dispatch(self) -> None:
         n = self._num_workers
-        self._send_idx = 0
-        self._rcvd_idx = 0
+        self._order: deque[int] = deque()  # dispatched positions, in sampler order
         self._task_worker: dict[int, int] = {}  # outstanding task -> worker
         self._task_indices: dict[int, Any] = {}
         self._ready: dict[int, tuple] = {}  # replies not yet yielded
@@ -71,17 +71,17 @@ class ProcessIterator(BaseIterator):
         self._active = [True] * n
         self._to_release: list[list[int]] = [[] for _ in range(n)]
         self._rr = itertools.cycle(range(n))
-        if not first:
-            self._epoch += 1
-            self._collect_released()
-            for w in self._group.workers:
-                self._send(w.worker_id, (msg.RESET, self._epoch, self._take_release(w.worker_id)))
         for _ in range(self._prefetch * n):
             self._try_put_index()
 
     def _reset(self, loader: Any) -> None:
         """Next epoch on persistent workers (called by ``DataLoader.__iter__``)."""
-        self._begin_epoch(loader, first=False)
+        self._open_epoch(loader, None, first=False)
+        self._collect_released()
+        for w in self._group.workers:
+            release = self._take_release(w.worker_id)
+            self._send(w.worker_id, (msg.RESET, self._epoch, release))
+        self._start_dispatch()
 
     # -- sending -----------------------------------------------------------------------------
 
@@ -90,7 +90,7 @@ class ProcessIterator(BaseIterator):
 
     def _collect_released(self) -> None:
         for wid, ids in self._group.reader.take_released().items():
-            if wid < len(self._to_release):
+            if wid < len(self._group.workers):
                 self._to_release[wid].extend(ids)
 
     def _take_release(self, wid: int) -> list[int]:
@@ -115,25 +115,29 @@ class ProcessIterator(BaseIterator):
         if wid is None:
             return
         try:
-            index = next(self._sampler_iter)
+            position, index = self._next_index()
         except StopIteration:
             return
         self._collect_released()
-        task_id = self._send_idx
-        self._send(wid, (msg.TASK, self._epoch, task_id, index, self._take_release(wid)))
-        self._task_worker[task_id] = wid
-        self._task_indices[task_id] = index
+        self._send(wid, (msg.TASK, self._epoch, position, index, self._take_release(wid)))
+        self._order.append(position)
+        self._task_worker[position] = wid
+        self._task_indices[position] = index
         self._load[wid] += 1
-        self._send_idx += 1
 
     # -- receiving ---------------------------------------------------------------------------
 
     def _next_data(self) -> Any:
         while True:
-            reply = self._next_ready()
-            if reply is not None:
+            item = self._next_ready()
+            if item is not None:
                 self._try_put_index()
-                return self._deliver(reply)
+                wid, reply = item
+                if self._dropped(reply[2]):  # re-read after an iterable resume
+                    if reply[0] == msg.DONE:
+                        self._group.reader.release_now(wid, reply[3])
+                    continue
+                return self._deliver(wid, reply)
             if not self._task_worker:
                 self._end_epoch()
                 raise StopIteration
@@ -142,17 +146,17 @@ class ProcessIterator(BaseIterator):
     def _next_ready(self) -> tuple | None:
         if not self._in_order:
             return self._ready.pop(self._arrivals.popleft()) if self._arrivals else None
-        while self._rcvd_idx < self._send_idx:
-            tid = self._rcvd_idx
-            if tid in self._ready:
-                self._rcvd_idx += 1
-                return self._ready.pop(tid)
-            wid = self._task_worker.get(tid)
+        while self._order:
+            position = self._order[0]
+            if position in self._ready:
+                self._order.popleft()
+                return self._ready.pop(position)
+            wid = self._task_worker.get(position)
             if wid is not None and self._active[wid]:
                 return None  # still being worked on
-            self._task_worker.pop(tid, None)  # its worker's iterable ended: skip
-            self._task_indices.pop(tid, None)
-            self._rcvd_idx += 1
+            self._order.popleft()  # its worker's iterable ended: skip, as torch does
+            self._task_worker.pop(position, None)
+            self._task_indices.pop(position, None)
         return None
 
     def _receive(self) -> None:
@@ -182,7 +186,7 @@ class ProcessIterator(BaseIterator):
         if tag == msg.SLAB:
             receive_slab(self._group.reader, w, reply[1])
             return
-        epoch, task_id = reply[1], reply[2]
+        epoch, position = reply[1], reply[2]
         if tag == msg.DONE:
             self._group.reader.retire(w.worker_id, reply[6])
         if epoch != self._epoch:  # a reply to an abandoned epoch: recycle its slab
@@ -190,19 +194,20 @@ class ProcessIterator(BaseIterator):
                 self._group.reader.release_now(w.worker_id, reply[3])
             return
         self._load[w.worker_id] -= 1
-        self._task_worker.pop(task_id, None)
+        self._task_worker.pop(position, None)
         if tag == msg.EXHAUSTED:
             self._active[w.worker_id] = False
-            self._task_indices.pop(task_id, None)
+            self._task_indices.pop(position, None)
             self._try_put_index()
             return
-        self._ready[task_id] = (w.worker_id, reply)
+        self._ready[position] = (w.worker_id, reply)
         if not self._in_order:
-            self._arrivals.append(task_id)
+            self._arrivals.append(position)
 
-    def _deliver(self, item: tuple) -> Any:
-        wid, reply = item
-        self._task_indices.pop(reply[2], None)
+    def _deliver(self, wid: int, reply: tuple) -> Any:
+        position = reply[2]
+        self._task_indices.pop(position, None)
+        self._delivered(position)
         if reply[0] == msg.FAILED:
             raise rebuild(reply[3])
         _, _, _, segment_id, used, payload, _ = reply
@@ -217,8 +222,9 @@ class ProcessIterator(BaseIterator):
         where = "; ".join(
             f"worker {self._task_worker.get(t, '?')} holds {describe_indices(i)}" for t, i in held
         )
-        raise LoaderTimeoutError(f"DataLoader timed out after {self._timeout} seconds" +
-                                 (f" ({where})" if where else ""))
+        raise LoaderTimeoutError(
+            f"DataLoader timed out after {self._timeout} seconds" + (f" ({where})" if where else "")
+        )
 
     def _end_epoch(self) -> None:
         if not self._persistent:

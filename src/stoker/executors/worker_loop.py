@@ -22,7 +22,7 @@ from stoker.executors import messages as msg
 from stoker.executors.fetch import make_fetcher
 from stoker.executors.remote_errors import RemoteError, capture, describe_indices
 from stoker.executors.worker_info import set_worker_info
-from stoker.sampling.seeds import seed_worker_rngs
+from stoker.sampling.seeds import batch_seed, seed_global_rngs, seed_worker_rngs
 from stoker.transport import segments
 from stoker.transport.segments import SegmentRef
 from stoker.transport.slab_writer import SlabPool, write_batch
@@ -42,7 +42,7 @@ class _Worker:
     def __init__(self, spec: WorkerSpec, conn: Connection) -> None:
         self.spec = spec
         self.conn = conn
-        self.epoch = 0
+        self.epoch = spec.first_epoch
         self.retired: list[int] = []
         self.exhausted = False
         self.init_error: RemoteError | None = None
@@ -85,6 +85,8 @@ class _Worker:
         if self.init_error is not None:
             self.conn.send((msg.FAILED, self.epoch, task_id, self.init_error))
             return
+        if self.spec.seed_per_batch:
+            seed_global_rngs(batch_seed(self.spec.base_seed, self.epoch, task_id))
         slab = self.pool.acquire()
         try:
             with allocating_into(slab):

@@ -63,3 +63,35 @@ def seed_worker_rngs(base_seed: int, worker_id: int) -> int:
         return seed
     np.random.seed(numpy_seed_words(base_seed, worker_id))
     return seed
+
+
+def batch_seed(base_seed: int, epoch: int, batch_index: int) -> int:
+    """A 64-bit seed for one batch, the same whichever worker (or thread) runs it."""
+    words = numpy_seed_words(base_seed ^ (epoch << 40), batch_index)
+    return (words[0] << 32) | words[1]
+
+
+def seed_global_rngs(seed: int) -> None:
+    """Seed ``random``, numpy's global RNG and torch's default generator from one seed."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    import numpy as np
+
+    np.random.seed(numpy_seed_words(seed, 0))
+
+
+class GlobalRngGuard:
+    """Saves and restores the global RNGs around a fetch in the caller's own process."""
+
+    def __enter__(self) -> None:
+        import numpy as np
+
+        self._states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+
+    def __exit__(self, *exc: object) -> None:
+        import numpy as np
+
+        py, nps, ts = self._states
+        random.setstate(py)
+        np.random.set_state(nps)
+        torch.set_rng_state(ts)

@@ -1,0 +1,86 @@
+"""Snapshot and restore the random generators a sampler draws an epoch's order from.
+
+An epoch's order is fixed by the generator states at the moment the iterator is created:
+the loader's ``generator`` (or torch's global RNG when there is none: ``RandomSampler`` and the
+base seed then draw from it) and any ``torch.Generator`` a sampler keeps as an attribute.
+Saving those states is enough to recompute the order later without fetching anything.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+def _encode(state: torch.Tensor) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def _decode(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
+
+
+def sampler_generators(index_sampler: Any) -> dict[str, torch.Generator]:
+    """``torch.Generator`` attributes of the (batch) sampler and the sampler it wraps."""
+    found: dict[str, torch.Generator] = {}
+    inner = getattr(index_sampler, "sampler", None)
+    for path, obj in (("batch_sampler", index_sampler), ("sampler", inner)):
+        attrs = vars(obj) if obj is not None and hasattr(obj, "__dict__") else {}
+        for name, value in attrs.items():
+            if isinstance(value, torch.Generator) and value.device.type == "cpu":
+                found[f"{path}.{name}"] = value
+    return found
+
+
+class RngSnapshot:
+    """The generator states an epoch starts from, captured raw and encoded only when asked."""
+
+    def __init__(self, loader_generator: torch.Generator | None, index_sampler: Any) -> None:
+        self._loader_generator = loader_generator
+        self._named = {
+            k: g for k, g in sampler_generators(index_sampler).items() if g is not loader_generator
+        }
+        self._raw: dict[str, torch.Tensor] = {}
+        self._encoded: dict[str, str] | None = None
+
+    def capture(self) -> None:
+        raw = {k: g.get_state() for k, g in self._named.items()}
+        if self._loader_generator is not None:
+            raw["generator"] = self._loader_generator.get_state()
+        else:
+            raw["global_torch"] = torch.get_rng_state()
+        self._raw, self._encoded = raw, None
+
+    def encoded(self) -> dict[str, str]:
+        if self._encoded is None:
+            self._encoded = {k: _encode(v) for k, v in self._raw.items()}
+        return self._encoded
+
+    @contextlib.contextmanager
+    def restored(self, encoded: dict[str, str]) -> Iterator[None]:
+        """Put the saved states back for the epoch's draws.
+
+        The loader's and the samplers' generators keep the restored state (the rest of the run
+        continues from there, as it did originally). torch's global RNG is only borrowed: the
+        caller's current global state is put back on exit.
+        """
+        self._raw = {k: _decode(v) for k, v in encoded.items()}
+        self._encoded = dict(encoded)
+        for key, generator in self._named.items():
+            if key in self._raw:
+                generator.set_state(self._raw[key])
+        if self._loader_generator is not None and "generator" in self._raw:
+            self._loader_generator.set_state(self._raw["generator"])
+        saved_global = None
+        if "global_torch" in self._raw:
+            saved_global = torch.get_rng_state()
+            torch.set_rng_state(self._raw["global_torch"])
+        try:
+            yield
+        finally:
+            if saved_global is not None:
+                torch.set_rng_state(saved_global)
