@@ -115,7 +115,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return  # the user set an epoch before the first iteration
         if self._stoker_epoch_set is not None and current != self._stoker_epoch_set:
             return  # the user sets epochs themselves
-        sampler.set_epoch(self._stoker_iterations)  # type: ignore[union-attr]
+        sampler.set_epoch(self._stoker_iterations)  # type: ignore[union-attr,attr-defined]
         self._stoker_epoch_set = self._stoker_iterations
 
     # -- resume ------------------------------------------------------------------------------
