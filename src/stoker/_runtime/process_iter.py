@@ -27,6 +27,7 @@ from stoker.errors import LoaderTimeoutError
 from stoker.executors import messages as msg
 from stoker.executors.process_pool import default_context, start_worker
 from stoker.executors.remote_errors import describe_indices, rebuild
+from stoker.executors.thread_caps import pools_quiet_for_fork
 
 _LIVENESS_POLL_S = 5.0  # only a fallback: worker sentinels wake the wait at once on death
 
@@ -43,6 +44,11 @@ class ProcessIterator(BaseIterator):
         ctx = loader.multiprocessing_context or default_context()
         self._group = WorkerGroup()
         self._finalizer = weakref.finalize(self, self._group.stop)
+        with pools_quiet_for_fork(ctx.get_start_method()):
+            self._start_workers(loader, ctx)
+        self._start_dispatch()
+
+    def _start_workers(self, loader: Any, ctx: Any) -> None:
         for wid in range(self._num_workers):
             spec = WorkerSpec(
                 worker_id=wid,
@@ -56,7 +62,6 @@ class ProcessIterator(BaseIterator):
                 seed_per_batch=self._seeding == "per_batch",
             )
             self._group.workers.append(start_worker(ctx, spec))
-        self._start_dispatch()
 
     # -- epoch state -------------------------------------------------------------------------
 

@@ -14,13 +14,12 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
 from typing import Any
 
-import torch
-
 from stoker._core.specs import WorkerSpec
 from stoker.collate import allocating_into
 from stoker.executors import messages as msg
 from stoker.executors.fetch import make_fetcher
 from stoker.executors.remote_errors import RemoteError, capture, describe_indices
+from stoker.executors.thread_caps import cap_worker_threads
 from stoker.executors.worker_info import set_worker_info
 from stoker.sampling.seeds import batch_seed, seed_global_rngs, seed_worker_rngs
 from stoker.transport import segments
@@ -136,7 +135,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
 
     process_pool.close_inherited_parent_ends()
     threading.Thread(target=_watch_parent, args=(spec.parent_pid,), daemon=True).start()
-    torch.set_num_threads(1)
+    cap_worker_threads(1)
     worker = _Worker(spec, conn)
     try:
         worker.start()
