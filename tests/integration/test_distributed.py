@@ -1,0 +1,270 @@
+"""Real process groups (gloo on 127.0.0.1, ranks started by torch.multiprocessing): rank
+detection, ShardedSampler coverage under each evenness policy with a collective in every step
+(a rank that stopped early would hang it), the epoch autopilot, an IterableDataset read once
+across ranks × 2 workers, and an elastic resume saved at world size 3, finished at 2.
+
+Each rank writes what it read to a JSON file; the assertions run here, in the parent, on the
+union. Every blocking call has a timeout: the process group's (collectives) and the launcher's
+deadline (a hung rank is killed and reported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from stoker.distributed import (
+    DistContext,
+    EndOfData,
+    ShardedSampler,
+    begin_epoch,
+    detect,
+    even_batches,
+    shard_info,
+    shard_iterable,
+)
+
+# Ranks fork from this process: a spawned rank re-imports torch, 5-12 s each on 2 busy cores,
+# against milliseconds for a fork. Safe here because this process never joins a process group
+# (nothing distributed is inherited) and torch re-creates its thread pools after fork.
+# "spawn" works too (the functions below are importable), only slower.
+START_METHOD = "fork"
+LAUNCH_DEADLINE_S = 45.0  # two launches fit in pytest's 120 s per-test timeout
+COLLECTIVE_TIMEOUT_S = 30.0
+N, BATCH = 23, 4  # 23 is prime: no world size divides it, so every policy has a tail to handle
+ELASTIC_N, ELASTIC_BATCH, ELASTIC_STEPS = 23, 2, 2
+
+
+class Indices(Dataset[int]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class Stream(IterableDataset[tuple[int, int]]):
+    """Shards itself with stoker's helper; records which reader produced each element."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        shard = shard_info()
+        for x in shard_iterable(range(self.n), shard):
+            yield (x, shard.shard_id)
+
+
+# -- what each rank runs ---------------------------------------------------------------------
+
+
+def _read_epoch(sampler: ShardedSampler, rank: int) -> tuple[list[list[int]], int]:
+    """One epoch the way a DDP loop sees it; an all_reduce per step stands in for DDP's."""
+    loader = DataLoader(Indices(sampler.dataset_len), batch_size=BATCH, sampler=sampler)
+    batches: list[list[int]] = []
+    steps = 0
+    for batch in even_batches(loader, sampler.num_batches(BATCH), rank=rank):
+        real = [] if isinstance(batch, EndOfData) else batch.tolist()
+        step = torch.tensor([1, len(real)])
+        dist.all_reduce(step)  # would time out if some rank had stopped stepping
+        assert int(step[0]) == dist.get_world_size()
+        batches.append(real)
+        sampler.advance(BATCH)
+        steps += 1
+    return batches, steps
+
+
+def plan_shard(rank: int, world: int) -> dict[str, Any]:
+    ctx = detect()
+    out: dict[str, Any] = {"context": [ctx.rank, ctx.world_size, ctx.source]}
+    for even in ("pad", "drop", "exact"):
+        sampler = ShardedSampler(N, rank=ctx.rank, world_size=ctx.world_size, seed=1, even=even)
+        epochs = []
+        for _ in range(2):
+            begin_epoch(sampler)  # the autopilot: the second pass must reshuffle
+            batches, steps = _read_epoch(sampler, rank)
+            all_steps: list[Any] = [None] * world
+            dist.all_gather_object(all_steps, steps)
+            epochs.append({"epoch": sampler.epoch, "batches": batches, "all_steps": all_steps})
+        out[even] = epochs
+    # Forked workers, as under torchrun: they inherit the process group, so shard_info() sees
+    # the rank. (Spawned ranks would default to spawned workers, which inherit neither.)
+    loader = DataLoader(
+        Stream(N * 3), batch_size=None, num_workers=2, multiprocessing_context="fork"
+    )
+    out["stream"] = [list(x) for x in loader]
+    return out
+
+
+def plan_elastic_save(rank: int, world: int) -> dict[str, Any]:
+    sampler = ShardedSampler(ELASTIC_N, rank=rank, world_size=world, seed=4, even="exact")
+    loader = DataLoader(Indices(ELASTIC_N), batch_size=ELASTIC_BATCH, sampler=sampler)
+    read: list[int] = []
+    for step, batch in enumerate(loader):
+        if step == ELASTIC_STEPS:
+            break
+        read += batch.tolist()
+        sampler.advance(ELASTIC_BATCH)
+    dist.barrier()  # a checkpoint is taken with every rank at the same step
+    return {"read": read, "state": sampler.state_dict()}
+
+
+def plan_elastic_load(rank: int, world: int, state: dict[str, Any]) -> dict[str, Any]:
+    sampler = ShardedSampler(ELASTIC_N, rank=rank, world_size=world, seed=4, even="exact")
+    sampler.load_state_dict(state)
+    loader = DataLoader(Indices(ELASTIC_N), batch_size=ELASTIC_BATCH, sampler=sampler)
+    read: list[int] = []
+    steps = 0
+    for batch in even_batches(loader, sampler.num_batches(ELASTIC_BATCH), rank=rank):
+        real = [] if isinstance(batch, EndOfData) else batch.tolist()
+        dist.all_reduce(torch.tensor([len(real)]))
+        read += real
+        sampler.advance(ELASTIC_BATCH)
+        steps += 1
+    return {"read": read, "steps": steps, "state": sampler.state_dict()}
+
+
+def plan(rank: int, world: int, elastic_state: dict[str, Any] | None) -> dict[str, Any]:
+    """Everything one launch checks (a launch costs seconds: torch is imported per rank)."""
+    out = {"shard": plan_shard(rank, world)}
+    if elastic_state is None:
+        out["elastic_save"] = plan_elastic_save(rank, world)
+    else:
+        out["elastic_load"] = plan_elastic_load(rank, world, elastic_state)
+    return out
+
+
+def _rank_main(rank: int, world: int, port: int, out_dir: str, kwargs: dict[str, Any]) -> None:
+    torch.set_num_threads(1)  # 2 cores, up to 3 ranks: keep intra-op threads from thrashing
+    dist.init_process_group(
+        "gloo",
+        rank=rank,
+        world_size=world,
+        init_method=f"tcp://127.0.0.1:{port}",
+        timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+    )
+    try:
+        result = plan(rank, world, **kwargs)
+        dist.barrier()  # nobody tears the group down while a peer still uses it
+    finally:
+        dist.destroy_process_group()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+# -- the launcher ------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(world: int, out_dir: Path, **kwargs: Any) -> list[dict[str, Any]]:
+    """Run ``plan`` on ``world`` new ranks; their results, by rank."""
+    out_dir.mkdir()
+    args = (world, _free_port(), str(out_dir), kwargs)
+    ctx = tmp.start_processes(
+        _rank_main, args=args, nprocs=world, join=False, start_method=START_METHOD
+    )
+    deadline = time.monotonic() + LAUNCH_DEADLINE_S
+    try:
+        while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{world} ranks still running after {LAUNCH_DEADLINE_S} s")
+    finally:
+        for proc in ctx.processes:  # kill stragglers (timeout) and release the sentinel fds
+            if proc.is_alive():
+                proc.kill()
+            proc.join(timeout=10)
+            proc.close()
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+# -- tests -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[str, Any]]]:
+    """One launch at world size 3 (which also saves the elastic checkpoint), then one at 2
+    (which resumes it). Both finish, processes joined, before any test's leak check starts."""
+    root = tmp_path_factory.mktemp("distributed")
+    three = launch(3, root / "w3", elastic_state=None)
+    state = three[0]["elastic_save"]["state"]
+    two = launch(2, root / "w2", elastic_state=state)
+    return {3: three, 2: two}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_context_is_detected_from_the_process_group(
+    runs: dict[int, list[dict[str, Any]]], world: int
+) -> None:
+    assert [r["shard"]["context"] for r in runs[world]] == [
+        [rank, world, "process_group"] for rank in range(world)
+    ]
+
+
+@pytest.mark.parametrize("even", ["pad", "drop", "exact"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_cover_the_data_and_step_together(
+    runs: dict[int, list[dict[str, Any]]], world: int, even: str
+) -> None:
+    orders = []
+    for e in range(2):
+        per_rank = [r["shard"][even][e] for r in runs[world]]
+        assert {r["epoch"] for r in per_rank} == {e}, "the autopilot bumps the epoch once a pass"
+        steps = per_rank[0]["all_steps"]
+        assert len(set(steps)) == 1, f"ranks took different step counts: {steps}"
+        read = [i for r in per_rank for b in r["batches"] for i in b]
+        if even == "exact":
+            assert sorted(read) == list(range(N))
+        elif even == "pad":  # everything, plus the padding repeats and nothing else
+            assert set(read) == set(range(N)) and len(read) == -(-N // world) * world
+        else:
+            assert len(set(read)) == len(read) == N - N % world
+        orders.append(read)
+    assert orders[0] != orders[1], "epoch 1 repeated epoch 0's order"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_iterable_dataset_is_read_once_across_ranks_and_workers(
+    runs: dict[int, list[dict[str, Any]]], world: int
+) -> None:
+    stream = [tuple(x) for r in runs[world] for x in r["shard"]["stream"]]
+    assert sorted(x for x, _ in stream) == list(range(N * 3))
+    assert {shard for _, shard in stream} == set(range(2 * world))  # 2 workers per rank
+    assert all(x % (2 * world) == shard for x, shard in stream)
+
+
+def test_elastic_resume_from_three_ranks_to_two(runs: dict[int, list[dict[str, Any]]]) -> None:
+    saved = [r["elastic_save"] for r in runs[3]]
+    states = [r["state"] for r in saved]
+    assert all(s == states[0] for s in states), "every rank must save the same state"
+    assert states[0]["consumed_global"] == ELASTIC_STEPS * ELASTIC_BATCH * 3
+    resumed = [r["elastic_load"] for r in runs[2]]
+    before = [i for r in saved for i in r["read"]]
+    after = [i for r in resumed for i in r["read"]]
+    assert not set(before) & set(after), "a sample read before the checkpoint was read again"
+    assert sorted(before + after) == list(range(ELASTIC_N))
+    assert len({r["steps"] for r in resumed}) == 1
+    assert {r["state"]["consumed_global"] for r in resumed} == {ELASTIC_N}
+
+
+def test_context_outside_a_process_group_is_a_single_process() -> None:
+    if "RANK" in os.environ or dist.is_initialized():
+        pytest.skip("the test run itself is distributed")
+    assert detect() == DistContext(0, 1)
