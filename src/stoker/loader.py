@@ -34,6 +34,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         whichever process fetches it, so random augmentations do not depend on ``num_workers``
         and resume exactly. With ``num_workers=0`` the caller's RNG states are restored after
         each fetch. ``"per_worker"`` is torch's behaviour: each worker is seeded once at start.
+    stall_warning_s: with workers, if no batch arrives for this long, warn once (per stall)
+        naming the busy workers, the samples they hold and their current Python stacks, and
+        keep waiting. ``None`` turns it off. ``timeout`` still fails hard, with the same report.
     """
 
     def __init__(
@@ -57,10 +60,17 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         pin_memory_device: str = "",
         in_order: bool = True,
         seeding: Seeding = "per_batch",
+        stall_warning_s: float | None = 300.0,
     ) -> None:
         if seeding not in _SEEDINGS:
             raise ValueError(f"seeding={seeding!r}: expected one of {_SEEDINGS}.")
+        if stall_warning_s is not None and not stall_warning_s > 0:
+            raise ValueError(
+                f"stall_warning_s={stall_warning_s!r}: expected a positive number of seconds, "
+                "or None to never warn."
+            )
         self.seeding = seeding
+        self.stall_warning_s = stall_warning_s
         self._stoker_iterations = 0  # epochs begun (drives DistributedSampler.set_epoch)
         self._stoker_progress: Any = None
         self._stoker_resume: dict[str, Any] | None = None

@@ -14,19 +14,21 @@ from __future__ import annotations
 import itertools
 import multiprocessing.connection
 import os
+import time
 import weakref
 from collections import deque
 from typing import Any
 
 from stoker._core.specs import WorkerSpec
 from stoker._runtime.base_iter import BaseIterator
-from stoker._runtime.shutdown import WorkerGroup, receive_slab
+from stoker._runtime.shutdown import WorkerGroup
+from stoker._runtime.stall import describe_stall, warn_stall
 from stoker._runtime.worker_death import check_workers_alive, lost_worker
 from stoker.device.pin import pin_batch
 from stoker.errors import LoaderTimeoutError
 from stoker.executors import messages as msg
 from stoker.executors.process_pool import default_context, start_worker
-from stoker.executors.remote_errors import describe_indices, rebuild
+from stoker.executors.remote_errors import rebuild
 from stoker.executors.thread_caps import pools_quiet_for_fork
 
 _LIVENESS_POLL_S = 5.0  # only a fallback: worker sentinels wake the wait at once on death
@@ -41,6 +43,7 @@ class ProcessIterator(BaseIterator):
         self._in_order = loader.in_order
         self._persistent = loader.persistent_workers
         self._is_iterable = self._fetch_spec.kind == "iterable"
+        self._stall_warning_s = loader.stall_warning_s
         ctx = loader.multiprocessing_context or default_context()
         self._group = WorkerGroup()
         self._finalizer = weakref.finalize(self, self._group.stop)
@@ -76,6 +79,8 @@ class ProcessIterator(BaseIterator):
         self._active = [True] * n
         self._to_release: list[list[int]] = [[] for _ in range(n)]
         self._rr = itertools.cycle(range(n))
+        self._last_reply_at = time.monotonic()
+        self._stall_warned = False
         for _ in range(self._prefetch * n):
             self._try_put_index()
 
@@ -164,13 +169,27 @@ class ProcessIterator(BaseIterator):
             self._task_indices.pop(position, None)
         return None
 
+    def _wait_s(self) -> float:
+        if self._timeout > 0:
+            return self._timeout
+        if self._stall_warning_s is not None and not self._stall_warned:
+            until_stall = self._last_reply_at + self._stall_warning_s - time.monotonic()
+            return max(0.0, min(_LIVENESS_POLL_S, until_stall))
+        return _LIVENESS_POLL_S
+
+    def _check_stall(self) -> None:
+        waited = time.monotonic() - self._last_reply_at
+        limit = self._stall_warning_s
+        if limit is not None and waited >= limit and not self._stall_warned:
+            self._stall_warned = True
+            warn_stall(self, waited)
+
     def _receive(self) -> None:
         """Block until some worker replies (or dies, or the timeout passes); file the replies."""
         group = self._group
         conns = {w.conn: w for w in group.workers if self._load[w.worker_id] > 0}
         sentinels = [w.process.sentinel for w in group.workers]
-        wait_s = self._timeout if self._timeout > 0 else _LIVENESS_POLL_S
-        ready = multiprocessing.connection.wait([*conns, *sentinels], timeout=wait_s)
+        ready = multiprocessing.connection.wait([*conns, *sentinels], timeout=self._wait_s())
         got_reply = False
         for r in ready:
             w = conns.get(r)  # type: ignore[call-overload]
@@ -185,12 +204,14 @@ class ProcessIterator(BaseIterator):
             check_workers_alive(self, sentinels_ready=bool(ready))
             if not ready and self._timeout > 0:
                 self._raise_timeout()
+            self._check_stall()
 
     def _file(self, w: Any, reply: tuple) -> None:
+        if not self._group.file_control(w, reply):
+            self._file_reply(w, reply)
+
+    def _file_reply(self, w: Any, reply: tuple) -> None:
         tag = reply[0]
-        if tag == msg.SLAB:
-            receive_slab(self._group.reader, w, reply[1])
-            return
         epoch, position = reply[1], reply[2]
         if tag == msg.DONE:
             self._group.reader.retire(w.worker_id, reply[6])
@@ -200,6 +221,8 @@ class ProcessIterator(BaseIterator):
             return
         self._load[w.worker_id] -= 1
         self._task_worker.pop(position, None)
+        self._last_reply_at = time.monotonic()
+        self._stall_warned = False
         if tag == msg.EXHAUSTED:
             self._active[w.worker_id] = False
             self._task_indices.pop(position, None)
@@ -223,12 +246,9 @@ class ProcessIterator(BaseIterator):
 
     def _raise_timeout(self) -> None:
         # Like torch, the iterator stays usable: the caller may retry.
-        held = sorted(self._task_indices.items())[:4]
-        where = "; ".join(
-            f"worker {self._task_worker.get(t, '?')} holds {describe_indices(i)}" for t, i in held
-        )
+        where = describe_stall(self, with_stacks=True)
         raise LoaderTimeoutError(
-            f"DataLoader timed out after {self._timeout} seconds" + (f" ({where})" if where else "")
+            f"DataLoader timed out after {self._timeout} seconds" + (f": {where}" if where else "")
         )
 
     def _end_epoch(self) -> None:

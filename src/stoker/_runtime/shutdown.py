@@ -26,6 +26,7 @@ from typing import Any
 
 from stoker.executors import messages as msg
 from stoker.executors.process_pool import WorkerHandle, stop_workers
+from stoker.transport import segments
 from stoker.transport.slab_reader import SlabReader
 
 
@@ -35,6 +36,7 @@ class WorkerGroup:
     def __init__(self) -> None:
         self.workers: list[WorkerHandle] = []
         self.reader = SlabReader()
+        self.stack_logs: dict[int, int] = {}  # worker id -> fd of its faulthandler log
         self.stopped = False
 
     def stop(self) -> None:
@@ -42,13 +44,38 @@ class WorkerGroup:
             return
         self.stopped = True
         try:
-            stop_workers(self.workers, drain=self._discard)
+            stop_workers(self.workers, drain=self.file_control)
         finally:
             self.reader.close()
+            for fd in self.stack_logs.values():
+                segments.close(fd)
+            self.stack_logs.clear()
 
-    def _discard(self, w: WorkerHandle, message: Any) -> None:
-        if message[0] == msg.SLAB:
+    def file_control(self, w: WorkerHandle, message: Any) -> bool:
+        """Handle a message that carries an fd (slab, stack log); False for anything else."""
+        tag = message[0]
+        if tag == msg.SLAB:
             receive_slab(self.reader, w, message[1])
+        elif tag == msg.HELLO:
+            if message[1]:
+                fd = recv_handle(w.conn)
+                segments.open_received_log(fd)
+                self.stack_logs[w.worker_id] = fd
+        else:
+            return False
+        return True
+
+    def drain(self, w: WorkerHandle) -> list[tuple]:
+        """Read what a (possibly dead) worker left in its socket; returns the replies."""
+        replies = []
+        try:
+            while w.conn.poll():
+                message = w.conn.recv()
+                if not self.file_control(w, message):
+                    replies.append(message)
+        except (EOFError, OSError):
+            pass
+        return replies
 
 
 def receive_slab(reader: SlabReader, w: WorkerHandle, ref: Any) -> None:

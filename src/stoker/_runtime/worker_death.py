@@ -7,6 +7,7 @@ from typing import Any
 
 from stoker.errors import WorkerDiedError
 from stoker.executors.remote_errors import describe_indices
+from stoker.transport import segments
 
 _LIKELY_CAUSE = {
     signal.SIGKILL: (
@@ -35,6 +36,24 @@ def _describe_exit(exitcode: int) -> str:
     return f"exited with code {exitcode}"
 
 
+_FATAL_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT, signal.SIGILL}
+
+
+def _crash_stacks(it: Any, w: Any) -> str:
+    fd = it._group.stack_logs.get(w.worker_id)
+    if fd is None or w.process.exitcode >= 0 or -w.process.exitcode not in _FATAL_SIGNALS:
+        return ""
+    text = segments.read_log(fd).strip()
+    return f"\nThe worker's faulthandler output:\n{text}\n" if text else ""
+
+
+def _shm_note(exitcode: int) -> str:
+    if exitcode != -signal.SIGBUS:
+        return ""
+    free = segments.dev_shm_free_bytes()
+    return f" /dev/shm has {free / 2**20:.0f} MiB free now." if free is not None else ""
+
+
 def check_workers_alive(it: Any, sentinels_ready: bool) -> None:
     """Raise ``WorkerDiedError`` if any worker of iterator ``it`` has exited."""
     dead = [w for w in it._group.workers if w.process.exitcode is not None]
@@ -42,6 +61,8 @@ def check_workers_alive(it: Any, sentinels_ready: bool) -> None:
         return
     lines = []
     for w in dead:
+        for reply in it._group.drain(w):  # it may have replied before dying; keep those
+            it._file_reply(w, reply)
         held = [i for t, i in it._task_indices.items() if it._task_worker.get(t) == w.worker_id]
         what = describe_indices([j for i in held for j in (i if isinstance(i, list) else [i])])
         exit_text = _describe_exit(w.process.exitcode)
@@ -52,6 +73,7 @@ def check_workers_alive(it: Any, sentinels_ready: bool) -> None:
         )
         if cause:
             line += " " + cause
+        line += _shm_note(w.process.exitcode) + _crash_stacks(it, w)
         lines.append(line)
     it._shutdown()
     lines.append("The epoch stops here instead of silently ending short.")

@@ -7,6 +7,7 @@ main -> worker
                                                iterable dataset, forget the old epoch
     (STOP,)                                    exit now
 worker -> main
+    (HELLO, has_log)   first message; when ``has_log`` the fd of its stack log follows
     (SLAB, ref)        a new slab; on Linux its fd follows at once (SCM_RIGHTS)
     (DONE, epoch, task_id, segment_id, used, payload, retired)
     (FAILED, epoch, task_id, RemoteError)
@@ -17,4 +18,4 @@ workers) are recognised and their slabs recycled instead of being delivered.
 """
 
 TASK, RESET, STOP = 0, 1, 2
-SLAB, DONE, FAILED, EXHAUSTED = 10, 11, 12, 13
+SLAB, DONE, FAILED, EXHAUSTED, HELLO = 10, 11, 12, 13, 14

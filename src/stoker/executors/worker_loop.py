@@ -16,6 +16,7 @@ from typing import Any
 
 from stoker._core.specs import WorkerSpec
 from stoker.collate import allocating_into
+from stoker.executors import diagnostics
 from stoker.executors import messages as msg
 from stoker.executors.fetch import make_fetcher
 from stoker.executors.remote_errors import RemoteError, capture, describe_indices
@@ -138,6 +139,10 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     cap_worker_threads(1)
     worker = _Worker(spec, conn)
     try:
+        log_fd = diagnostics.install_in_worker()
+        conn.send((msg.HELLO, log_fd is not None))
+        if log_fd is not None:
+            send_handle(conn, log_fd, spec.parent_pid)
         worker.start()
         worker.serve()
     except (BrokenPipeError, ConnectionResetError, KeyboardInterrupt):

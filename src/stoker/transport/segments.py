@@ -69,6 +69,31 @@ def create(segment_id: int, nbytes: int) -> tuple[int, SegmentRef]:
     return fd, SegmentRef(segment_id, nbytes, name)
 
 
+def create_log() -> int | None:
+    """An anonymous in-memory file a worker's faulthandler writes its stacks to (Linux only).
+
+    Its fd goes to the main process once, so a crashed or stuck worker's Python stacks can be
+    read there even after the worker is gone.
+    """
+    if not _HAS_MEMFD:
+        return None  # pragma: no cover
+    fd = os.memfd_create("stoker-worker-stacks", os.MFD_CLOEXEC)
+    _open_fds.add(fd)
+    return fd
+
+
+def read_log(fd: int, start: int = 0, limit: int = 1 << 16) -> str:
+    """Text written to a log fd from ``start`` (at most ``limit`` bytes, the newest kept)."""
+    size = os.fstat(fd).st_size
+    begin = max(start, size - limit)
+    return os.pread(fd, size - begin, begin).decode("utf-8", "replace")
+
+
+def open_received_log(fd: int) -> None:
+    """Track a log fd received from a worker, so forked children close it too."""
+    _open_fds.add(fd)
+
+
 def open_received(ref: SegmentRef, fd: int | None) -> int:
     """Adopt a segment another process created: the fd it sent, or open and unlink its name."""
     if ref.name is None:

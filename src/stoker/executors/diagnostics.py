@@ -1,0 +1,49 @@
+"""Python stacks of a worker that crashed or is stuck, readable from the main process.
+
+Each worker points ``faulthandler`` at an in-memory log (``segments.create_log``) and sends its
+fd to the main process at start-up. A fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGABRT) dumps
+every thread's stack there before the worker dies; ``SIGUSR1`` dumps them on request without
+stopping it (that is how a stalled worker is shown). Both work when the worker is stuck in
+native code holding the GIL: the dump is done by faulthandler's C signal handler.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import time
+
+from stoker.transport import segments
+
+DUMP_SIGNAL = signal.SIGUSR1
+_DUMP_WAIT_S = 1.0
+_POLL_S = 0.02
+
+
+def install_in_worker() -> int | None:
+    """Route this worker's faulthandler output to a log; returns the log fd to send."""
+    fd = segments.create_log()
+    if fd is None:
+        return None  # pragma: no cover - non-Linux: stacks go to stderr as usual
+    faulthandler.enable(file=fd, all_threads=True)
+    faulthandler.register(DUMP_SIGNAL, file=fd, all_threads=True, chain=False)
+    return fd
+
+
+def request_stacks(pid: int, log_fd: int) -> str:
+    """Ask a live worker for its stacks and return them (empty if it does not answer in 1 s)."""
+    start = os.fstat(log_fd).st_size
+    try:
+        os.kill(pid, DUMP_SIGNAL)
+    except ProcessLookupError:
+        return ""
+    deadline = time.monotonic() + _DUMP_WAIT_S
+    last = start
+    while time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        size = os.fstat(log_fd).st_size
+        if size > start and size == last:
+            break  # written and no longer growing
+        last = size
+    return segments.read_log(log_fd, start) if last > start else ""
