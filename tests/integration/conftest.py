@@ -9,8 +9,10 @@ a bug.
 
 Not counted as leaks: the stdlib's process-wide singletons that start lazily and live for the
 rest of the session (``multiprocessing``'s resource tracker and forkserver, with the fd the
-parent keeps to each), and ``/dev/shm`` entries held open or mapped only by processes outside
-this test's process tree (another test run on the same machine).
+parent keeps to each); ``/dev/shm`` entries held open or mapped only by processes outside this
+test's process tree (another test run on the same machine); and named semaphores (``sem.*``)
+that no process maps any more, which cannot be attributed (a live SemLock of ours maps its
+semaphore; an orphaned one is unlinked by its creator's resource tracker).
 """
 
 from __future__ import annotations
@@ -118,27 +120,31 @@ def _singleton_fds() -> set[int]:
     return fds
 
 
-def _shm_held_outside(names: set[str], own_pids: set[int]) -> set[str]:
-    """The entries of ``names`` that some process outside ``own_pids`` has open or mapped."""
+def _shm_held(
+    names: set[str], only: set[int] | None = None, exclude: set[int] | None = None
+) -> set[str]:
+    """The entries of ``names`` that a process (in ``only``, or not in ``exclude``) has open
+    or mapped."""
     held: set[str] = set()
+    if not names:
+        return held
     paths = {os.path.join(SHM_DIR, n): n for n in names}
-    for pid_name in os.listdir("/proc"):
-        if not pid_name.isdigit() or int(pid_name) in own_pids:
-            continue
-        base = f"/proc/{pid_name}"
+    pids = only if only is not None else {int(p) for p in os.listdir("/proc") if p.isdigit()}
+    for pid in pids - (exclude or set()):
+        base = f"/proc/{pid}"
         try:
             with open(f"{base}/maps") as fh:
                 for line in fh:
-                    for path, n in paths.items():
-                        if path in line:
-                            held.add(n)
+                    path = line.rstrip("\n").split(maxsplit=5)[-1].removesuffix(" (deleted)")
+                    if path in paths:
+                        held.add(paths[path])
             for fd in os.listdir(f"{base}/fd"):
                 try:
-                    target = os.readlink(f"{base}/fd/{fd}")
+                    target = os.readlink(f"{base}/fd/{fd}").removesuffix(" (deleted)")
                 except OSError:
                     continue
-                if target.removesuffix(" (deleted)") in paths:
-                    held.add(paths[target.removesuffix(" (deleted)")])
+                if target in paths:
+                    held.add(paths[target])
         except OSError:
             continue
     return held
@@ -168,7 +174,12 @@ def leftovers(before: Snapshot, final: bool = False) -> list[str]:
     new_shm = set(_shm() - before.shm)
     if new_shm and final:
         own = {os.getpid()} | {pid for pid, _ in now_children}
-        new_shm -= _shm_held_outside(new_shm, own)
+        held_by_own = _shm_held(new_shm, only=own)
+        held_by_others = _shm_held(new_shm - held_by_own, exclude=own)
+        # A named semaphore nobody maps any more cannot be attributed: its creator's resource
+        # tracker unlinks it (one of ours would still be mapped here while its SemLock lives).
+        unheld_semaphores = {n for n in new_shm - held_by_own if n.startswith("sem.")}
+        new_shm -= held_by_others | unheld_semaphores
     problems.extend(f"/dev/shm entry {name}" for name in sorted(new_shm))
     return problems
 
