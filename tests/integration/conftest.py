@@ -22,8 +22,10 @@ import os
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 import pytest
@@ -228,3 +230,11 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[Snapshot]:
             f"{LEAK_DEADLINE_S:.0f} s after it ended:\n  " + "\n  ".join(left),
             pytrace=False,
         )
+
+
+@pytest.fixture
+def leak_tools() -> Any:
+    """This module's snapshot/leftovers/wait_for_baseline, for the leak check's own tests."""
+    return types.SimpleNamespace(
+        snapshot=snapshot, leftovers=leftovers, wait_for_baseline=wait_for_baseline
+    )

@@ -12,6 +12,7 @@ import collections
 import functools
 import multiprocessing
 import os
+import threading
 import time
 import warnings
 from typing import Any
@@ -297,6 +298,8 @@ def _outcome(loader_cls: type, **kw: Any) -> tuple[str, Any]:
     return ("ok", loader.prefetch_factor)
 
 
+# torch's iterator __del__ fails on the half-built iterator prefetch_factor=0 leaves behind.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize(
     "kw",
     [
@@ -415,3 +418,40 @@ def test_main_process_sees_no_worker_info_with_iterable_and_workers(Loader):
     ds = WorkerProbeIterDS(6)
     assert len(list(Loader(ds, batch_size=None, num_workers=2))) == 6
     assert [s[2] for s in ds] == [-1] * 6
+
+
+# --------------------------------------------------------------------------------------------
+# The leak check itself (conftest.py) sees each kind of leftover
+# --------------------------------------------------------------------------------------------
+
+
+def test_leak_check_sees_each_kind_of_leftover(leak_tools):
+    before = leak_tools.snapshot()
+    stop_thread, stop_process = threading.Event(), multiprocessing.Event()
+    thread = threading.Thread(target=stop_thread.wait, args=(EVENT_TIMEOUT_S,), name="probe-th")
+    thread.start()
+    proc = multiprocessing.get_context("fork").Process(
+        target=stop_process.wait, args=(EVENT_TIMEOUT_S,)
+    )
+    proc.start()
+    read_fd, write_fd = os.pipe()
+    memfd = os.memfd_create("leak-probe")
+    shm_path = f"/dev/shm/leak-probe-{os.getpid()}"
+    open(shm_path, "w").close()
+    try:
+        left = "\n".join(leak_tools.leftovers(before, final=True))
+        assert "'probe-th'" in left
+        assert f"child process pid {proc.pid} " in left
+        assert "-> /memfd:leak-probe" in left
+        assert f"fd {read_fd} -> pipe:[" in left
+        assert f"/dev/shm entry leak-probe-{os.getpid()}" in left
+    finally:
+        stop_thread.set()
+        stop_process.set()
+        thread.join(EVENT_TIMEOUT_S)
+        proc.join(EVENT_TIMEOUT_S)
+        proc.close()
+        for fd in (read_fd, write_fd, memfd):
+            os.close(fd)
+        os.unlink(shm_path)
+    assert leak_tools.wait_for_baseline(before) == []
