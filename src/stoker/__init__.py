@@ -1,6 +1,7 @@
 """stoker: keeps the accelerator fed. A drop-in, faster, safer torch DataLoader."""
 
 from stoker.collate import default_collate, default_convert
+from stoker.distributed import EndOfData
 from stoker.errors import (
     LoaderTimeoutError,
     RemoteTraceback,
@@ -13,6 +14,7 @@ from stoker.loader import DataLoader
 
 __all__ = [
     "DataLoader",
+    "EndOfData",
     "LoaderTimeoutError",
     "RemoteTraceback",
     "StokerError",

@@ -17,11 +17,16 @@ from stoker._runtime.base_iter import BaseIterator
 from stoker._runtime.inline_iter import InlineIterator
 from stoker._runtime.process_iter import ProcessIterator
 from stoker._runtime.progress import check_state
+from stoker.distributed import begin_epoch
+from stoker.distributed.context import detect
 from stoker.sampling.rng_state import RngSnapshot
+from stoker.sampling.sharded import ShardedSampler
 
 T_co = TypeVar("T_co", covariant=True)
 Seeding = Literal["per_batch", "per_worker"]
 _SEEDINGS = ("per_batch", "per_worker")
+ShardEven = Literal["pad", "drop", "exact"]
+_SHARD_EVENS = ("pad", "drop", "exact")
 
 
 class DataLoader(torch.utils.data.DataLoader[T_co]):
@@ -37,6 +42,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     stall_warning_s: with workers, if no batch arrives for this long, warn once (per stall)
         naming the busy workers, the samples they hold and their current Python stacks, and
         keep waiting. ``None`` turns it off. ``timeout`` still fails hard, with the same report.
+    shard: split a map-style dataset across ``torch.distributed`` ranks (or torchrun's
+        ``RANK``/``WORLD_SIZE``) without a sampler: each rank reads its share of every epoch's
+        order (shuffled when ``shuffle=True``). IterableDatasets shard themselves with
+        ``get_worker_info().shard_id``/``num_shards`` or ``stoker.distributed.shard_iterable``.
+    shard_even: how ranks get the same number of steps, so DDP never hangs at the end of an
+        epoch: ``"pad"`` repeats samples from the start (DistributedSampler's default),
+        ``"drop"`` drops the tail, ``"exact"`` reads every sample once and gives a short rank
+        ``stoker.EndOfData`` steps (for evaluation).
     """
 
     def __init__(
@@ -61,6 +74,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         in_order: bool = True,
         seeding: Seeding = "per_batch",
         stall_warning_s: float | None = 300.0,
+        shard: bool = False,
+        shard_even: ShardEven = "pad",
     ) -> None:
         if seeding not in _SEEDINGS:
             raise ValueError(f"seeding={seeding!r}: expected one of {_SEEDINGS}.")
@@ -69,24 +84,61 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 f"stall_warning_s={stall_warning_s!r}: expected a positive number of seconds, "
                 "or None to never warn."
             )
+        if shard_even not in _SHARD_EVENS:
+            raise ValueError(f"shard_even={shard_even!r}: expected one of {_SHARD_EVENS}.")
         self.seeding = seeding
         self.stall_warning_s = stall_warning_s
+        self.shard = shard
+        self.dist_context = detect()
+        self._stoker_pad_steps: Callable[[], int] | None = None
+        if shard and not isinstance(dataset, torch.utils.data.IterableDataset):
+            sampler = self._sharded_sampler(dataset, sampler, batch_sampler, shuffle, generator,
+                                            shard_even)
+            shuffle = None
         self._stoker_iterations = 0  # epochs begun (drives DistributedSampler.set_epoch)
         self._stoker_progress: Any = None
         self._stoker_resume: dict[str, Any] | None = None
-        self._stoker_epoch_set: int | None = None
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
             pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
+        if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):
+            bs, dl = self.batch_size or 1, self.drop_last
+            self._stoker_pad_steps = lambda: sampler.num_batches(bs, dl)
+
+    def _sharded_sampler(
+        self, dataset: Any, sampler: Any, batch_sampler: Any, shuffle: Any,
+        generator: torch.Generator | None, even: ShardEven,
+    ) -> ShardedSampler:
+        if sampler is not None or batch_sampler is not None:
+            raise ValueError(
+                "shard=True builds its own sampler (this rank's share of each epoch); "
+                "remove sampler=/batch_sampler=, or drop shard=True and pass a "
+                "DistributedSampler yourself."
+            )
+        # Every rank must draw the same order: seed from the generator (seeded alike on every
+        # rank) or 0, like DistributedSampler's default.
+        seed = 0 if generator is None else int(
+            torch.empty((), dtype=torch.int64).random_(generator=generator).item()
+        )
+        ctx = self.dist_context
+        return ShardedSampler(
+            len(dataset), rank=ctx.rank, world_size=ctx.world_size, shuffle=bool(shuffle),
+            seed=seed, even=even,
+        )
+
+    def __len__(self) -> int:
+        if self._stoker_pad_steps is not None:
+            return self._stoker_pad_steps()  # every rank takes the same number of steps
+        return super().__len__()
 
     # -- iteration ---------------------------------------------------------------------------
 
     def __iter__(self) -> BaseIterator:  # type: ignore[override]
         resume, self._stoker_resume = self._stoker_resume, None
-        self._auto_set_epoch()
+        begin_epoch(self.sampler, self.batch_sampler)
         if self.persistent_workers and self.num_workers > 0:
             it = self._iterator
             if it is None or it.stopped or resume is not None:  # type: ignore[attr-defined]
@@ -109,24 +161,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return InlineIterator(self, resume)
         self.check_worker_number_rationality()
         return ProcessIterator(self, resume)
-
-    def _auto_set_epoch(self) -> None:
-        """Call ``sampler.set_epoch`` each epoch, unless the user already set it themselves.
-
-        Forgetting ``DistributedSampler.set_epoch`` silently repeats one shuffle every epoch.
-        stoker sets it to the number of epochs begun, and stands back as soon as it sees a value
-        it did not set (the user's own schedule wins).
-        """
-        sampler = self.sampler
-        if not callable(getattr(sampler, "set_epoch", None)):
-            return
-        current = getattr(sampler, "epoch", None)
-        if self._stoker_epoch_set is None and current not in (None, 0):
-            return  # the user set an epoch before the first iteration
-        if self._stoker_epoch_set is not None and current != self._stoker_epoch_set:
-            return  # the user sets epochs themselves
-        sampler.set_epoch(self._stoker_iterations)  # type: ignore[union-attr,attr-defined]
-        self._stoker_epoch_set = self._stoker_iterations
 
     # -- resume ------------------------------------------------------------------------------
 
@@ -181,7 +215,5 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         epoch = state.get("sampler_epoch")
         if epoch is not None and callable(getattr(self.sampler, "set_epoch", None)):
             self.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
-            # The autopilot resumes only if it was driving (it sets epoch == iterations).
-            self._stoker_epoch_set = epoch if epoch == state["iterations"] else -1
         self._stoker_resume = state
         self._stoker_progress = None

@@ -33,3 +33,4 @@ class WorkerSpec:
     parent_pid: int
     first_epoch: int  # the iterator's epoch counter when the worker starts
     seed_per_batch: bool  # reseed the global RNGs from (base seed, epoch, position) per batch
+    dist: Any = None  # the main process's stoker.distributed.DistContext

@@ -8,6 +8,7 @@ worker iterators) ``iter(sampler)`` again. See NOTE [ Resume state ] in ``progre
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import warnings
 from typing import Any
@@ -16,18 +17,23 @@ from torch.utils.data import IterableDataset
 
 from stoker._core.specs import FetchSpec
 from stoker._runtime.progress import EpochProgress
-from stoker.collate import default_collate, default_convert
+from stoker.collate import collate, default_convert
 from stoker.device.pin import pin_target
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.seeds import draw_base_seed
 
 
 def resolve_collate(collate_fn: Any) -> Any:
-    """Swap torch's default collate/convert for ours (same results, writes into shared memory)."""
+    """Swap torch's default collate/convert for ours (same results, writes into shared memory).
+
+    torch's ``default_collate`` reads torch's ``default_collate_fn_map``, which users may have
+    extended in place as torch's docs suggest; ours is given that same map so their entries
+    keep working.
+    """
     from torch.utils.data import _utils
 
     if collate_fn is _utils.collate.default_collate:
-        return default_collate
+        return functools.partial(collate, collate_fn_map=_utils.collate.default_collate_fn_map)
     if collate_fn is _utils.collate.default_convert:
         return default_convert
     return collate_fn
@@ -51,6 +57,11 @@ def stateful_sampler_of(index_sampler: Any) -> Any:
         ):
             return obj
     return None
+
+
+def is_delivery_tracked(sampler: Any) -> bool:
+    """A sampler told of every delivered step (``advance``): its live state is the position."""
+    return sampler is not None and callable(getattr(sampler, "advance", None))
 
 
 _warned_fast_forward: set[int] = set()
@@ -88,6 +99,9 @@ class BaseIterator:
         self._pin = pin_target(loader.pin_memory, loader.pin_memory_device) is not None
         self._rng = RngSnapshot(loader.generator, self._index_sampler)
         self._stateful = stateful_sampler_of(self._index_sampler)
+        self._tracked = self._stateful if is_delivery_tracked(self._stateful) else None
+        self._step_slots = loader.batch_size or 1  # nominal slots per step, for ``advance``
+        self._pad_steps = loader._stoker_pad_steps
         self._generator = loader.generator
         self._base_seed = 0
         self._epoch = -1
@@ -131,12 +145,14 @@ class BaseIterator:
             self._sampler_snaps: dict[int, Any] = {}
             if resume:
                 self._skip_delivered(resume)
+        self._steps_target = self._pad_steps() if self._pad_steps is not None else None
         self._progress = EpochProgress(
             rng=self._rng, base_seed=self._base_seed, drew_base_seed=drew, epoch=self._epoch,
             iterations=loader._stoker_iterations, kind=self._fetch_spec.kind,
             num_workers=self._num_workers, prefix=self._position, extras=set(self._skip),
             sampler_state=resume["sampler_state"] if resume else None,
             sampler_epoch=getattr(loader.sampler, "epoch", None),
+            live_sampler=self._tracked,
         )
         loader._stoker_progress = self._progress
 
@@ -150,6 +166,9 @@ class BaseIterator:
             if prefix or self._drop_set:
                 warn_fast_forward(self._dataset, prefix, resume["num_workers"], self._num_workers)
             return
+        if self._tracked is not None:
+            self._position = prefix
+            return  # its own state already starts after what was delivered
         if not (self._stateful is not None and resume["sampler_state"] is not None):
             for _ in itertools.islice(self._sampler_iter, prefix):
                 pass
@@ -168,7 +187,7 @@ class BaseIterator:
             position = self._position
             self._position += 1
             if position not in self._skip:
-                if self._stateful is not None:
+                if self._stateful is not None and self._tracked is None:
                     self._sampler_snaps[position] = self._stateful.state_dict()
                 return position, index
 
@@ -177,6 +196,8 @@ class BaseIterator:
 
     def _delivered(self, position: int) -> None:
         self._progress.delivered(position, self._sampler_snaps.pop(position, None))
+        if self._tracked is not None:
+            self._tracked.advance(self._step_slots)
 
     def _finish_epoch(self) -> None:
         self._progress.finished = True
@@ -190,6 +211,8 @@ class BaseIterator:
         try:
             data = self._next_data()
         except StopIteration:
+            if self._steps_target is not None and self._num_yielded < self._steps_target:
+                return self._end_of_data()
             self._finish_epoch()
             raise
         self._num_yielded += 1
@@ -200,6 +223,17 @@ class BaseIterator:
         ):
             self._warn_length()
         return data
+
+    def _end_of_data(self) -> Any:
+        """A step without data on a rank whose share ran out (``shard_even="exact"``)."""
+        from stoker.distributed import EndOfData
+
+        step = self._num_yielded
+        self._num_yielded += 1
+        if self._tracked is not None:
+            self._tracked.advance(self._step_slots)
+        rank = getattr(self._tracked, "rank", 0)
+        return EndOfData(rank=rank, step=step, num_batches=self._steps_target or 0)
 
     def _warn_length(self) -> None:
         message = (

@@ -63,6 +63,7 @@ class ProcessIterator(BaseIterator):
                 parent_pid=os.getpid(),
                 first_epoch=self._epoch,
                 seed_per_batch=self._seeding == "per_batch",
+                dist=loader.dist_context,
             )
             self._group.workers.append(start_worker(ctx, spec))
 

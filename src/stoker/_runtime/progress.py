@@ -33,6 +33,7 @@ class EpochProgress:
     finished: bool = False
     sampler_state: Any = None
     sampler_epoch: int | None = None
+    live_sampler: Any = None  # a delivery-tracked sampler: its state_dict() is read live
 
     def delivered(self, position: int, sampler_state: Any = None) -> None:
         if position == self.prefix:
@@ -56,7 +57,10 @@ class EpochProgress:
             "base_seed": self.base_seed,
             "drew_base_seed": self.drew_base_seed,
             "rng": self.rng.encoded(),
-            "sampler_state": self.sampler_state,
+            "sampler_state": (
+                self.live_sampler.state_dict() if self.live_sampler is not None
+                else self.sampler_state
+            ),
             "sampler_epoch": self.sampler_epoch,
             "dataset_kind": self.kind,
             "num_workers": self.num_workers,

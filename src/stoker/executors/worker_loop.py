@@ -57,7 +57,14 @@ class _Worker:
     def start(self) -> None:
         spec = self.spec
         seed = seed_worker_rngs(spec.base_seed, spec.worker_id)
-        set_worker_info(spec.worker_id, spec.num_workers, seed, spec.fetch.dataset)
+        rank, world = 0, 1
+        if spec.dist is not None:
+            # Spawned workers inherit neither the process group nor torchrun's variables.
+            from stoker.distributed.context import set_context
+
+            set_context(spec.dist)
+            rank, world = spec.dist.rank, spec.dist.world_size
+        set_worker_info(spec.worker_id, spec.num_workers, seed, spec.fetch.dataset, rank, world)
         try:
             if spec.worker_init_fn is not None:
                 spec.worker_init_fn(spec.worker_id)
@@ -92,10 +99,8 @@ class _Worker:
             with allocating_into(slab):
                 batch = self.fetcher.fetch(indices)
             segment_id, used, payload = write_batch(self.pool, slab, batch)
-        except StopIteration:
+        except StopIteration:  # only iterables: map fetchers turn it into an error
             self.pool.release_one(slab)
-            if self.spec.fetch.kind != "iterable":
-                raise
             self.exhausted = True
             self.conn.send((msg.EXHAUSTED, self.epoch, task_id))
             return
