@@ -5,6 +5,7 @@ from stoker.distributed import EndOfData
 from stoker.errors import (
     LoaderTimeoutError,
     RemoteTraceback,
+    SkipBudgetExceeded,
     StokerError,
     WorkerDiedError,
     WorkerError,
@@ -17,6 +18,7 @@ __all__ = [
     "EndOfData",
     "LoaderTimeoutError",
     "RemoteTraceback",
+    "SkipBudgetExceeded",
     "StokerError",
     "WorkerDiedError",
     "WorkerError",

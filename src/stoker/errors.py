@@ -5,7 +5,8 @@
      │    └── StokerError
      │         ├── WorkerError          a worker failed and the original error could not travel
      │         ├── WorkerDiedError      a worker process exited or was killed mid-epoch
-     │         └── LoaderTimeoutError   no batch within ``timeout`` seconds (torch's message)
+     │         ├── LoaderTimeoutError   no batch within ``timeout`` seconds (torch's message)
+     │         └── SkipBudgetExceeded   on_error="skip" skipped more samples than allowed
      └── RemoteTraceback                the worker-side traceback, chained as ``__cause__``
 """
 
@@ -37,3 +38,7 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return self.tb_text
+
+
+class SkipBudgetExceeded(StokerError):
+    """``on_error="skip"`` skipped more samples in an epoch than ``skip_budget`` allows."""

@@ -26,6 +26,26 @@ T_co = TypeVar("T_co", covariant=True)
 Seeding = Literal["per_batch", "per_worker"]
 _SEEDINGS = ("per_batch", "per_worker")
 ShardEven = Literal["pad", "drop", "exact"]
+OnError = Literal["raise", "skip"]
+_ON_ERRORS = ("raise", "skip")
+
+
+def _check_error_policy(dataset: Any, on_error: str, skip_budget: int | float) -> None:
+    if on_error not in _ON_ERRORS:
+        raise ValueError(f"on_error={on_error!r}: expected one of {_ON_ERRORS}.")
+    if isinstance(skip_budget, bool) or not isinstance(skip_budget, (int, float)) or (
+        skip_budget < 0
+    ):
+        raise ValueError(
+            f"skip_budget={skip_budget!r}: expected a count of samples per epoch (int >= 0) "
+            "or a fraction of the epoch's samples (float in [0, 1))."
+        )
+    if on_error == "skip" and isinstance(dataset, torch.utils.data.IterableDataset):
+        raise ValueError(
+            "on_error='skip' needs a map-style dataset: an IterableDataset's iterator usually "
+            "cannot continue after it raises (a generator is closed by the exception), so "
+            "skipping would silently end its stream. Catch the error inside __iter__ instead."
+        )
 _SHARD_EVENS = ("pad", "drop", "exact")
 
 
@@ -46,6 +66,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         ``RANK``/``WORLD_SIZE``) without a sampler: each rank reads its share of every epoch's
         order (shuffled when ``shuffle=True``). IterableDatasets shard themselves with
         ``get_worker_info().shard_id``/``num_shards`` or ``stoker.distributed.shard_iterable``.
+    on_error: ``"raise"`` (torch's behaviour) or ``"skip"``: a sample whose fetch raises is left
+        out of its batch (a batch may come out smaller; one with no sample left is not
+        yielded), logged once on the ``stoker`` logger and counted; more than ``skip_budget``
+        skipped samples in an epoch raise ``SkipBudgetExceeded``. Map-style datasets only.
+    skip_budget: an int is a number of samples per epoch; a float in [0, 1) a fraction of the
+        epoch's samples. Default 0.01 (1%).
     shard_even: how ranks get the same number of steps, so DDP never hangs at the end of an
         epoch: ``"pad"`` repeats samples from the start (DistributedSampler's default),
         ``"drop"`` drops the tail, ``"exact"`` reads every sample once and gives a short rank
@@ -76,6 +102,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         stall_warning_s: float | None = 300.0,
         shard: bool = False,
         shard_even: ShardEven = "pad",
+        on_error: OnError = "raise",
+        skip_budget: int | float = 0.01,
     ) -> None:
         if seeding not in _SEEDINGS:
             raise ValueError(f"seeding={seeding!r}: expected one of {_SEEDINGS}.")
@@ -86,6 +114,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             )
         if shard_even not in _SHARD_EVENS:
             raise ValueError(f"shard_even={shard_even!r}: expected one of {_SHARD_EVENS}.")
+        _check_error_policy(dataset, on_error, skip_budget)
+        self.on_error = on_error
+        self.skip_budget = skip_budget
+        self._stoker_skip_logged: set[Any] = set()
         self.seeding = seeding
         self.stall_warning_s = stall_warning_s
         self.shard = shard

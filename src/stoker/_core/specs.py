@@ -18,6 +18,7 @@ class FetchSpec:
     auto_collation: bool
     collate_fn: Callable[[Any], Any]
     drop_last: bool
+    skip_errors: bool = False  # on_error="skip": leave out samples whose fetch raises
 
 
 @dataclass(frozen=True)

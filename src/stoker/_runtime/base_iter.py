@@ -17,6 +17,7 @@ from torch.utils.data import IterableDataset
 
 from stoker._core.specs import FetchSpec
 from stoker._runtime.progress import EpochProgress
+from stoker._runtime.skips import SkipLedger
 from stoker.collate import collate, default_convert
 from stoker.device.pin import pin_target
 from stoker.sampling.rng_state import RngSnapshot
@@ -46,6 +47,7 @@ def fetch_spec_of(loader: Any) -> FetchSpec:
         auto_collation=loader._auto_collation,
         collate_fn=resolve_collate(loader.collate_fn),
         drop_last=loader.drop_last,
+        skip_errors=loader.on_error == "skip",
     )
 
 
@@ -62,6 +64,15 @@ def stateful_sampler_of(index_sampler: Any) -> Any:
 def is_delivery_tracked(sampler: Any) -> bool:
     """A sampler told of every delivered step (``advance``): its live state is the position."""
     return sampler is not None and callable(getattr(sampler, "advance", None))
+
+
+def _epoch_samples(index_sampler: Any) -> int | None:
+    """Samples in an epoch (for a fractional skip budget); None when unknown."""
+    inner = getattr(index_sampler, "sampler", index_sampler)
+    try:
+        return len(inner)
+    except TypeError:
+        return None
 
 
 _warned_fast_forward: set[int] = set()
@@ -146,6 +157,9 @@ class BaseIterator:
             if resume:
                 self._skip_delivered(resume)
         self._steps_target = self._pad_steps() if self._pad_steps is not None else None
+        self._skips = SkipLedger(
+            loader.skip_budget, _epoch_samples(self._index_sampler), loader._stoker_skip_logged
+        )
         self._progress = EpochProgress(
             rng=self._rng, base_seed=self._base_seed, drew_base_seed=drew, epoch=self._epoch,
             iterations=loader._stoker_iterations, kind=self._fetch_spec.kind,

@@ -6,7 +6,7 @@ from typing import Any
 
 from stoker._runtime.base_iter import BaseIterator
 from stoker.device.pin import pin_batch
-from stoker.executors.fetch import make_fetcher
+from stoker.executors.fetch import EMPTY, make_fetcher
 from stoker.executors.remote_errors import add_note, describe_indices
 from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
 
@@ -41,7 +41,11 @@ class InlineIterator(BaseIterator):
                 add_note(exc, f"stoker: raised in the main process (num_workers=0) while loading "
                               f"{describe_indices(index)}.")
                 raise
+            if self._fetcher.skipped:
+                self._skips.record(self._fetcher.skipped)
             if self._dropped(position):
                 continue
             self._delivered(position)
+            if data is EMPTY:
+                continue
             return pin_batch(data) if self._pin else data

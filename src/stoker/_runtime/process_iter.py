@@ -27,10 +27,12 @@ from stoker._runtime.worker_death import check_workers_alive, lost_worker
 from stoker.device.pin import pin_batch
 from stoker.errors import LoaderTimeoutError
 from stoker.executors import messages as msg
+from stoker.executors.fetch import EmptyBatch
 from stoker.executors.process_pool import default_context, start_worker
 from stoker.executors.remote_errors import rebuild
 from stoker.executors.thread_caps import pools_quiet_for_fork
 
+_EMPTY_STEP = object()
 _LIVENESS_POLL_S = 5.0  # only a fallback: worker sentinels wake the wait at once on death
 
 
@@ -148,7 +150,10 @@ class ProcessIterator(BaseIterator):
                     if reply[0] == msg.DONE:
                         self._group.reader.release_now(wid, reply[3])
                     continue
-                return self._deliver(wid, reply)
+                data = self._deliver(wid, reply)
+                if data is _EMPTY_STEP:  # every sample of it was skipped
+                    continue
+                return data
             if not self._task_worker:
                 self._end_epoch()
                 raise StopIteration
@@ -239,8 +244,12 @@ class ProcessIterator(BaseIterator):
         self._delivered(position)
         if reply[0] == msg.FAILED:
             raise rebuild(reply[3])
-        _, _, _, segment_id, used, payload, _ = reply
+        _, _, _, segment_id, used, payload, _, skipped = reply
+        if skipped:
+            self._skips.record(skipped)
         data = self._group.reader.unpack(wid, segment_id, used, payload)
+        if isinstance(data, EmptyBatch):
+            return _EMPTY_STEP
         return pin_batch(data) if self._pin else data
 
     # -- ending ------------------------------------------------------------------------------

@@ -4,42 +4,110 @@ Semantics follow torch's fetchers: ``__getitems__`` is used when truthy; an iter
 last partial batch is dropped when ``drop_last``; an exhausted iterable raises
 ``StopIteration`` and stays exhausted. One deliberate difference: a ``StopIteration`` escaping a
 map-style ``__getitem__`` is an error here, where torch silently ends the epoch.
+
+With ``on_error="skip"`` a map fetcher loads samples one by one when the batch fails, leaves
+out the ones that raise, and reports them as ``Skipped`` (index, error text) next to the batch.
 """
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from stoker._core.specs import FetchSpec
 
 
+@dataclass(frozen=True)
+class Skipped:
+    index: Any
+    error: str  # "TypeName: message"
+
+
+class EmptyBatch:
+    """Every sample of the batch was skipped: there is nothing to deliver for this step."""
+
+
+EMPTY = EmptyBatch()
+
+
+def _stop_iteration_error(exc: StopIteration) -> RuntimeError:
+    # torch lets this end the epoch early without a word; like PEP 479 for generators, a
+    # StopIteration leaking out of __getitem__ is a bug to report.
+    err = RuntimeError(
+        "StopIteration raised by the map-style dataset (or collate_fn) while loading this "
+        "batch. A map-style dataset ends where len(dataset) says; raising StopIteration "
+        "would silently cut the epoch short, so stoker stops here. Raise IndexError (or fix "
+        "__len__) instead."
+    )
+    err.__cause__ = exc
+    return err
+
+
 class MapFetcher:
-    def __init__(self, spec: FetchSpec) -> None:
+    def __init__(self, spec: FetchSpec, skip_errors: bool = False) -> None:
         self._dataset = spec.dataset
         self._collate = spec.collate_fn
         self._auto = spec.auto_collation
+        self._skip = skip_errors
         getitems = getattr(spec.dataset, "__getitems__", None)
         self._getitems: Callable[[Any], Any] | None = getitems if getitems else None
+        self.skipped: list[Skipped] = []  # of the last fetch
+
+    def get_one(self, index: Any) -> Any:
+        """One sample (for per-sample executors); ``__getitems__`` datasets get a list of one."""
+        if self._getitems is not None:
+            return self._getitems([index])[0]
+        return self._dataset[index]
+
+    def samples(self, index: list[Any]) -> list[Any]:
+        if self._getitems is not None:
+            return self._getitems(index)
+        return [self._dataset[i] for i in index]
 
     def fetch(self, index: Any) -> Any:
+        self.skipped = []
         try:
             if not self._auto:
                 return self._collate(self._dataset[index])
-            if self._getitems is not None:
-                data = self._getitems(index)
-            else:
-                data = [self._dataset[i] for i in index]
+            try:
+                data = self.samples(index)
+            except Exception:
+                if not self._skip:
+                    raise
+                data = self._samples_skipping(index)
+                if not data:
+                    return EMPTY
             return self._collate(data)
         except StopIteration as exc:
-            # torch lets this end the epoch early without a word; like PEP 479 for
-            # generators, a StopIteration leaking out of __getitem__ is a bug to report.
-            raise RuntimeError(
-                "StopIteration raised by the map-style dataset (or collate_fn) while loading "
-                "this batch. A map-style dataset ends where len(dataset) says; raising "
-                "StopIteration would silently cut the epoch short, so stoker stops here. "
-                "Raise IndexError (or fix __len__) instead."
-            ) from exc
+            raise _stop_iteration_error(exc) from exc
+        except Exception as exc:
+            if self._skip and not self._auto:
+                self.skipped = [Skipped(index, _error_text(exc))]
+                return EMPTY
+            raise
+
+    def collate(self, data: list[Any]) -> Any:
+        try:
+            return self._collate(data)
+        except StopIteration as exc:
+            raise _stop_iteration_error(exc) from exc
+
+    def _samples_skipping(self, index: list[Any]) -> list[Any]:
+        kept = []
+        for i in index:
+            try:
+                kept.append(self.get_one(i))
+            except StopIteration as exc:
+                raise _stop_iteration_error(exc) from exc
+            except Exception as exc:
+                self.skipped.append(Skipped(i, _error_text(exc)))
+        return kept
+
+
+def _error_text(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
 class IterableFetcher:
@@ -49,6 +117,7 @@ class IterableFetcher:
         self._auto = spec.auto_collation
         self._drop_last = spec.drop_last
         self._ended = False
+        self.skipped: list[Skipped] = []
 
     def fetch(self, index: Any) -> Any:
         if self._ended:
@@ -68,4 +137,4 @@ class IterableFetcher:
 
 
 def make_fetcher(spec: FetchSpec) -> MapFetcher | IterableFetcher:
-    return MapFetcher(spec) if spec.kind == "map" else IterableFetcher(spec)
+    return MapFetcher(spec, spec.skip_errors) if spec.kind == "map" else IterableFetcher(spec)

@@ -110,7 +110,8 @@ class _Worker:
             self.conn.send((msg.FAILED, self.epoch, task_id, err))
             return
         del batch
-        reply = (msg.DONE, self.epoch, task_id, segment_id, used, payload, self.retired)
+        skipped = self.fetcher.skipped
+        reply = (msg.DONE, self.epoch, task_id, segment_id, used, payload, self.retired, skipped)
         self.conn.send(reply)
         self.retired = []
 

@@ -1,0 +1,44 @@
+"""The ``on_error="skip"`` ledger: log each skipped sample once, enforce the budget."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from stoker.errors import SkipBudgetExceeded
+from stoker.executors.fetch import Skipped
+
+logger = logging.getLogger("stoker")
+_SHOWN = 5
+
+
+def skip_limit(budget: int | float, epoch_samples: int | None) -> int:
+    """An int budget is a count per epoch; a float in (0, 1) a fraction of the epoch's samples."""
+    if isinstance(budget, float) and budget < 1:
+        return math.floor(budget * epoch_samples) if epoch_samples else 0
+    return int(budget)
+
+
+class SkipLedger:
+    def __init__(self, budget: int | float, epoch_samples: int | None, logged: set[Any]) -> None:
+        self.budget = budget
+        self.limit = skip_limit(budget, epoch_samples)
+        self.skipped: list[Skipped] = []
+        self._logged = logged  # the loader's: a sample bad every epoch is logged once
+
+    def record(self, skipped: list[Skipped]) -> None:
+        for s in skipped:
+            key = repr(s.index)
+            if key not in self._logged:
+                self._logged.add(key)
+                logger.warning("stoker skipped sample %s: %s", key, s.error)
+        self.skipped.extend(skipped)
+        if len(self.skipped) > self.limit:
+            shown = "; ".join(f"{s.index!r}: {s.error}" for s in self.skipped[:_SHOWN])
+            more = f" (and {len(self.skipped) - _SHOWN} more)" if len(self.skipped) > _SHOWN else ""
+            raise SkipBudgetExceeded(
+                f"on_error='skip' skipped {len(self.skipped)} samples this epoch, more than the "
+                f"budget of {self.limit} (skip_budget={self.budget!r}). First errors: "
+                f"{shown}{more}. Fix those samples, or raise skip_budget."
+            )
