@@ -55,7 +55,8 @@ def test_deleting_a_loader_with_persistent_workers_stops_them():
     loader = stoker.DataLoader(Squares(), batch_size=4, num_workers=2, persistent_workers=True)
     for _ in range(2):
         assert sum(len(b["i"]) for b in loader) == 64
-    assert len(psutil.Process().children()) == 2
+    pids = [w.pid for w in loader._iterator._group.workers]
+    assert all(psutil.pid_exists(p) for p in pids) and len(pids) == 2
     del loader
     gc.collect()
 
@@ -79,7 +80,7 @@ def test_slabs_are_reused_across_an_epoch():
     for _ in it:
         most = max(most, len(it._group.reader._fds))
     # 32 batches went through; slabs in use stay near prefetch depth + the one held
-    assert most <= 2 * (2 + 2)
+    assert most <= 2 * (2 + 3)  # per worker: prefetch + one held + one in transit back
 
 
 _CHILD = textwrap.dedent(
