@@ -1,4 +1,4 @@
 """Benchmark workloads. Each module defines its Dataset at module level (so it pickles for
 spawned workers) and `run(ctx) -> list[record]`."""
 
-NAMES = ("tiny", "jpeg", "remote_get", "startup", "paths_memory")
+NAMES = ("tiny", "jpeg", "remote_get", "startup", "paths_memory", "paths_memory_shared")

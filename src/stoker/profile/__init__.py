@@ -1,0 +1,1 @@
+"""Measuring the loader: worker memory watch (``memory_watch``)."""

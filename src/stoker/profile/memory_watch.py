@@ -1,0 +1,472 @@
+"""Notice worker memory that grows steadily (copy-on-read) and name the dataset attribute to fix.
+
+A forked worker that reads the items of a big Python list writes their reference counts, and
+the kernel copies every page written into that worker: each worker's private memory (USS)
+climbs towards the size of the list during its first epoch. ``MemoryWatch`` samples the
+workers' USS from the main process and, when one grows steadily, warns once with the
+dataset's largest Python container and the shared container to keep it in
+(``stoker.formats``).
+
+NOTE [ Memory watch sampling ]
+No thread: the loader calls ``watch.sample(worker_pids)`` after every batch it hands out. That
+call is a clock read and a comparison until a sample is due; then it reads ONE worker's USS
+(round-robin) from ``/proc/<pid>/smaps_rollup`` (Private_Clean + Private_Dirty; psutil's
+``memory_full_info`` elsewhere). The kernel walks the worker's page tables for that, and a
+forked worker maps every page of its parent, so a read costs about 10-25 ms per GiB of the
+parent's resident memory. The next sample is therefore due after ``interval_s`` or after 100
+times the last read's duration, whichever is longer: sampling takes about 1 % of the main
+process's time. The exception is a worker seen for the first time: it is read at once, so
+its series starts before copy-on-read has begun. Nothing is sampled after the warning, or
+with STOKER_MEMORY_WATCH=0.
+
+NOTE [ Memory watch decision ]
+One USS series per worker pid, from its first sample (``GrowthRule``). It *grows* when it has
+at least ``min_samples`` samples, at least 75 % of the steps between samples do not fall (a dip
+under 1 MiB counts as flat), and the last sample is at least max(64 MiB, 20 % of the first)
+above the first. 64 MiB keeps small datasets quiet. Then:
+
+* ``steady``: the growth without its largest single step still reaches that threshold: it is
+  spread over many samples. Warn, naming the largest Python container if there is one.
+* ``jump``: most of the growth happened between two samples and has held for at least two
+  more. A one-off jump on its own never warns (a worker that loads one big object). But with
+  ``shuffle=True`` copy-on-read *is* a jump: random reads touch every page of a list within
+  a second or two, faster than the sampling (measured: one worker went 14 -> 187 -> 196 MiB
+  on the 2,000,000-path list). So a jump warns only when the dataset holds a Python container
+  at least half the size of the growth, which it then names.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any, Literal
+
+MIB = 2**20
+ENV_SWITCH = "STOKER_MEMORY_WATCH"
+NOTEWORTHY_CONTAINER_BYTES = MIB  # smaller containers are not named in the warning
+JUMP_EXPLAINED_FRACTION = 0.5  # a jump warns if a container is at least this x the growth
+_MAX_POINTS = 64  # per worker; older points are thinned out, keeping the first and the last
+_MAX_OVERHEAD = 0.01  # fraction of the main process's time spent reading USS
+_WALK_DEPTH = 2  # dataset -> .dataset / .datasets[i] -> their attributes' objects
+_WALK_MAX_OBJECTS = 256
+_SIZE_SAMPLES = 16
+_STOKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+class CopyOnReadWarning(UserWarning):
+    """A DataLoader worker's private memory grows steadily (most often copy-on-read).
+
+    A ``UserWarning`` rather than a ``ResourceWarning``: Python's default filters hide every
+    ``ResourceWarning``, and this one is meant to be seen.
+    """
+
+
+# -- reading USS ---------------------------------------------------------------------------------
+
+_ROLLUP_OK = os.path.exists("/proc/self/smaps_rollup")
+
+
+def _uss_from_rollup(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+            text = fh.read()
+    except OSError:  # gone, or not ours to read
+        return None
+    total_kib = 0
+    for line in text.splitlines():
+        if line.startswith(b"Private_"):  # Private_Clean, Private_Dirty, Private_Hugetlb
+            total_kib += int(line.split()[1])
+    return total_kib * 1024
+
+
+def _uss_from_psutil(pid: int) -> int | None:
+    import psutil
+
+    try:
+        return int(psutil.Process(pid).memory_full_info().uss)
+    except (psutil.Error, OSError):
+        return None
+
+
+def _uss_reader() -> Callable[[int], int | None] | None:
+    if _ROLLUP_OK:
+        return _uss_from_rollup
+    try:
+        import psutil  # noqa: F401
+    except ImportError:
+        return None
+    return _uss_from_psutil
+
+
+def read_uss(pid: int) -> int | None:
+    """Private memory (USS) of process ``pid`` in bytes; None if it cannot be read."""
+    reader = _uss_reader()
+    return None if reader is None else reader(pid)
+
+
+# -- the decision --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GrowthRule:
+    """When a worker's USS series counts as growing steadily (see the module docstring)."""
+
+    min_samples: int = 5
+    min_growth_bytes: int = 64 * MIB
+    min_growth_fraction: float = 0.2
+    min_non_falling_fraction: float = 0.75
+    dip_tolerance_bytes: int = MIB
+
+    def threshold(self, first: int) -> float:
+        return max(self.min_growth_bytes, self.min_growth_fraction * first)
+
+
+def classify_growth(
+    series: Sequence[int], rule: GrowthRule = GrowthRule()
+) -> Literal["steady", "jump"] | None:
+    """``"steady"``, ``"jump"`` or None (no sustained growth) for the USS ``series`` (bytes,
+    oldest first); see NOTE [ Memory watch decision ]."""
+    if len(series) < max(3, rule.min_samples):
+        return None
+    steps = [b - a for a, b in zip(series, series[1:], strict=False)]
+    non_falling = sum(1 for s in steps if s > -rule.dip_tolerance_bytes)
+    if non_falling < rule.min_non_falling_fraction * len(steps):
+        return None
+    threshold = rule.threshold(series[0])
+    growth = series[-1] - series[0]
+    if growth < threshold:
+        return None
+    largest = max(steps)
+    if growth - largest >= threshold:
+        return "steady"
+    held = len(steps) - 1 - steps.index(largest)  # samples taken after the jump
+    return "jump" if held >= 2 else None
+
+
+def steady_growth(series: Sequence[int], rule: GrowthRule = GrowthRule()) -> bool:
+    """Whether the USS ``series`` grows steadily (spread over samples, not in one jump)."""
+    return classify_growth(series, rule) == "steady"
+
+
+@dataclass
+class _Series:
+    first_at: float
+    values: list[int] = field(default_factory=list)
+    count: int = 0
+
+    def add(self, uss: int) -> None:
+        if len(self.values) >= _MAX_POINTS:
+            last = self.values[-1]
+            self.values = self.values[::2]
+            if self.values[-1] is not last:
+                self.values.append(last)
+        self.values.append(uss)
+        self.count += 1
+
+
+# -- the watch -----------------------------------------------------------------------------------
+
+_UNSET: Any = object()
+
+
+class MemoryWatch:
+    """Samples workers' USS from the main process and warns once when one grows steadily.
+
+    One per DataLoader (so a loader warns once, across epochs and worker restarts). See
+    NOTE [ Memory watch sampling ] for the cost: ``max_overhead`` is the fraction of the
+    caller's time that reading USS may take. ``clock`` and ``read_uss`` are for tests.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        rule: GrowthRule = GrowthRule(),
+        *,
+        interval_s: float = 0.25,
+        max_overhead: float = _MAX_OVERHEAD,
+        clock: Callable[[], float] = time.monotonic,
+        read_uss: Callable[[int], int | None] | None = None,
+    ) -> None:
+        self._dataset = dataset
+        self._rule = rule
+        self._interval_s = interval_s
+        self._max_overhead = max_overhead
+        self._clock = clock
+        self._read = read_uss if read_uss is not None else _uss_reader()
+        self._series: dict[int, _Series] = {}
+        self._pids: tuple[int, ...] = ()
+        self._turn = 0
+        self._next_due = float("-inf")
+        self._finding: ContainerFinding | None = _UNSET
+        self.warned = False
+        self.enabled = self._read is not None and os.environ.get(ENV_SWITCH, "1") != "0"
+
+    def sample(self, worker_pids: Sequence[int]) -> None:
+        """Call after each batch; reads one worker's USS when a sample is due, else returns.
+
+        ``worker_pids``: the live workers' pids (a tuple the loader rebuilds only when its
+        workers change). See NOTE [ Memory watch sampling ].
+        """
+        if self.warned or not self.enabled:
+            return
+        pids = worker_pids if isinstance(worker_pids, tuple) else tuple(worker_pids)
+        if pids != self._pids:  # workers (re)started: forget the pids that are gone
+            self._new_workers(pids)
+            if self.warned:
+                return
+        now = self._clock()
+        if now < self._next_due or not self._pids:
+            return
+        self._turn = (self._turn + 1) % len(self._pids)
+        self._read_one(self._pids[self._turn], now)
+
+    def _new_workers(self, pids: tuple[int, ...]) -> None:
+        self._pids = pids
+        self._series = {p: s for p, s in self._series.items() if p in self._pids}
+        for pid in self._pids:
+            if pid not in self._series and not self.warned:  # its baseline, at once
+                self._read_one(pid, self._clock())
+
+    def _read_one(self, pid: int, now: float) -> None:
+        assert self._read is not None
+        uss = self._read(pid)
+        done = self._clock()
+        self._next_due = done + max(self._interval_s, (done - now) / self._max_overhead)
+        if uss is None:
+            self._series.pop(pid, None)
+        else:
+            self.record(pid, uss, now=done, num_workers=len(self._pids))
+
+    def record(
+        self, pid: int, uss_bytes: int, *, now: float | None = None, num_workers: int = 1
+    ) -> bool:
+        """Add one USS sample of worker ``pid``; warn (once) and return True when it grows
+        (NOTE [ Memory watch decision ])."""
+        at = self._clock() if now is None else now
+        series = self._series.get(pid)
+        if series is None:
+            series = self._series[pid] = _Series(first_at=at)
+        series.add(uss_bytes)
+        if self.warned:
+            return False
+        verdict = classify_growth(series.values, self._rule)
+        if verdict is None:
+            return False
+        finding = self._suspect()
+        if verdict == "jump":
+            growth = series.values[-1] - series.values[0]
+            if finding is None or finding.est_bytes < JUMP_EXPLAINED_FRACTION * growth:
+                return False  # a one-off jump that no container explains
+        self.warned = True
+        text = growth_message(pid, series.values, at - series.first_at, series.count, num_workers)
+        text += " " + advice(finding)
+        warnings.warn(text, CopyOnReadWarning, stacklevel=_stacklevel_outside_stoker())
+        return True
+
+    def _suspect(self) -> ContainerFinding | None:
+        """The dataset's largest Python container, looked for once (it costs milliseconds)."""
+        if self._finding is _UNSET:
+            self._finding = largest_container(self._dataset)
+        return self._finding
+
+
+def _stacklevel_outside_stoker() -> int:
+    """The ``stacklevel`` for the caller's ``warnings.warn`` that points at the user's code."""
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_STOKER_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+# -- the message ---------------------------------------------------------------------------------
+
+
+def growth_message(
+    pid: int, values: Sequence[int], elapsed_s: float, samples: int, num_workers: int
+) -> str:
+    each = (
+        f"and each of the {num_workers} workers can grow the same way"
+        if num_workers > 1
+        else "and every worker can grow the same way"
+    )
+    return (
+        f"stoker: DataLoader worker memory keeps growing: the private memory (USS) of worker "
+        f"pid {pid} rose from {values[0] / MIB:.1f} MiB to {values[-1] / MIB:.1f} MiB in "
+        f"{elapsed_s:.1f} s ({samples} samples), {each}."
+    )
+
+
+def advice(finding: ContainerFinding | None) -> str:
+    """What the warning says after the measurement: the suspect and the fix, or why none."""
+    switch = f"Set {ENV_SWITCH}=0 to turn this check off."
+    if finding is None or finding.est_bytes < NOTEWORTHY_CONTAINER_BYTES:
+        return (
+            "The dataset holds no Python container of 1 MiB or more, so this is not "
+            "copy-on-read of its attributes: look for objects that __getitem__ keeps across "
+            "calls (a cache, a list it appends to) or large module-level Python objects it "
+            f"reads. {switch}"
+        )
+    shared = {"str": "SharedStrList", "bytes": "SharedBytesList"}.get(finding.elem, "SharedList")
+    arg = f"self.{finding.attr}"
+    note = ""
+    if finding.container == "dict":
+        shared, arg = "SharedList", f"{arg}.items()"
+        note = " (stoker has no shared dict: this keeps its (key, value) pairs by position)"
+    elif finding.container in ("set", "frozenset"):
+        note = f" (a {finding.container} becomes a list: index it by position)"
+    return (
+        "The likely cause is copy-on-read: a forked worker that reads Python objects writes "
+        "their reference counts, and every memory page written is copied into that worker. "
+        f"The largest Python container on the dataset is {finding.path} ({finding.kind}, "
+        f"{finding.length:,} items, about {finding.est_bytes / MIB:.1f} MiB). Keep it in one "
+        f"shared buffer instead, in {finding.owner}.__init__{note}:\n"
+        f"    import stoker.formats\n"
+        f"    self.{finding.attr} = stoker.formats.{shared}({arg})\n"
+        f"{switch}"
+    )
+
+
+# -- finding the suspect -------------------------------------------------------------------------
+
+_CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
+_NOT_WALKED = (type, type(sys), type(len), type(advice))
+
+
+@dataclass(frozen=True)
+class ContainerFinding:
+    path: str  # from the dataset, e.g. "dataset.dataset.paths"
+    kind: str  # e.g. "list[str]", "dict[str, int]", "ndarray[object]"
+    length: int
+    est_bytes: int
+    owner: str  # class name of the object holding the attribute
+    attr: str  # the attribute's name on that object
+    container: str  # "list", "dict", "ndarray", ...
+    elem: str  # element type name ("str", "bytes", ... or "object" when mixed)
+
+
+def find_largest_python_container(dataset: Any) -> tuple[str, str, int] | None:
+    """``(attr_path, kind, est_bytes)`` of the largest Python container reachable from the
+    dataset's attributes (two levels deep: through ``Subset.dataset``, ``ConcatDataset.datasets``
+    and similar), or None if it holds none. Sizes are estimates: ``len`` x the mean deep size
+    of a few elements."""
+    finding = largest_container(dataset)
+    return None if finding is None else (finding.path, finding.kind, finding.est_bytes)
+
+
+def largest_container(dataset: Any) -> ContainerFinding | None:
+    found: list[ContainerFinding] = []
+    _walk(dataset, "dataset", 0, set(), found)
+    return max(found, key=lambda f: f.est_bytes, default=None)
+
+
+def _attributes(obj: Any) -> dict[str, Any]:
+    attrs = dict(getattr(obj, "__dict__", None) or {})
+    for cls in type(obj).__mro__:
+        slots = getattr(cls, "__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and name not in attrs and hasattr(obj, name):
+                attrs[name] = getattr(obj, name)
+    return attrs
+
+
+def _walkable(obj: Any) -> bool:
+    if isinstance(obj, _NOT_WALKED):  # classes, modules, functions
+        return False
+    return hasattr(obj, "__dict__") or bool(getattr(type(obj), "__slots__", ()))
+
+
+def _walk(obj: Any, path: str, depth: int, seen: set[int], found: list[ContainerFinding]) -> None:
+    if id(obj) in seen or len(seen) >= _WALK_MAX_OBJECTS:
+        return
+    seen.add(id(obj))
+    try:
+        attrs = _attributes(obj)
+    except Exception:  # a property or __getattr__ that raises: nothing to learn here
+        return
+    for name, value in attrs.items():
+        sub = f"{path}.{name}"
+        try:
+            finding = _describe(value, sub, type(obj).__qualname__, name)
+        except Exception:  # an odd container (len() or iteration raises): skip it
+            continue
+        if finding is not None:
+            found.append(finding)
+        if depth >= _WALK_DEPTH:
+            continue
+        if isinstance(value, (list, tuple)):  # e.g. ConcatDataset.datasets
+            for i, item in enumerate(value[:8]):
+                if _walkable(item):
+                    _walk(item, f"{sub}[{i}]", depth + 1, seen, found)
+        elif finding is None and _walkable(value):
+            _walk(value, sub, depth + 1, seen, found)
+
+
+def _is_object_array(value: Any) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, np.ndarray) and value.dtype == object
+
+
+def _describe(value: Any, path: str, owner: str, attr: str) -> ContainerFinding | None:
+    if isinstance(value, _CONTAINERS):
+        container = type(value).__name__
+        items = value.items() if isinstance(value, dict) else value
+    elif _is_object_array(value):
+        container, items = "ndarray", value.ravel()
+    else:
+        return None
+    n = len(items)
+    sample = _spread_sample(items, n)
+    if isinstance(value, dict):
+        keys = _type_name(k for k, _ in sample)
+        elem = _type_name(v for _, v in sample)
+        kind = f"dict[{keys}, {elem}]" if sample else "dict"
+        sizes = [_deep_size(k, 1) + _deep_size(v, 1) for k, v in sample]
+    else:
+        elem = _type_name(sample)
+        kind = (
+            f"{container}[{'object' if container == 'ndarray' else elem}]" if sample else container
+        )
+        sizes = [_deep_size(x, 1) for x in sample]
+    est = sys.getsizeof(value) + (n * sum(sizes) // len(sizes) if sizes else 0)
+    return ContainerFinding(path, kind, n, est, owner, attr, container, elem)
+
+
+def _spread_sample(items: Any, n: int) -> list[Any]:
+    if n == 0:
+        return []
+    if isinstance(items, (list, tuple)) or _is_object_array(items):
+        step = max(1, n // _SIZE_SAMPLES)
+        return [items[i] for i in range(0, n, step)][:_SIZE_SAMPLES]
+    return list(islice(items, _SIZE_SAMPLES))
+
+
+def _type_name(values: Iterable[Any]) -> str:
+    names = {type(v).__name__ for v in values}
+    return names.pop() if len(names) == 1 else "object"
+
+
+def _deep_size(x: Any, depth: int) -> int:
+    """``sys.getsizeof`` of ``x`` plus, ``depth`` levels down, its items (estimated from a
+    few) or an object's attribute dict."""
+    size = sys.getsizeof(x)
+    if depth <= 0 or isinstance(x, (str, bytes, bytearray)):
+        return size
+    if isinstance(x, dict):
+        pairs = list(islice(x.items(), _SIZE_SAMPLES))
+        sizes = [_deep_size(k, depth - 1) + _deep_size(v, depth - 1) for k, v in pairs]
+    elif isinstance(x, _CONTAINERS):
+        sizes = [_deep_size(p, depth - 1) for p in islice(x, _SIZE_SAMPLES)]
+    elif isinstance(getattr(x, "__dict__", None), dict):  # an object: its attribute values
+        attrs = vars(x)  # (the names are interned strings, shared by every instance)
+        values = [_deep_size(v, depth - 1) for v in islice(attrs.values(), _SIZE_SAMPLES)]
+        size += sys.getsizeof(attrs)
+        return size + (len(attrs) * sum(values) // len(values) if values else 0)
+    else:
+        return size
+    return size + (len(x) * sum(sizes) // len(sizes) if sizes else 0)
