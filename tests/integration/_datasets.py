@@ -219,7 +219,7 @@ def probe(dataset: object) -> tuple:
 
 
 class ContextProbeDS(Dataset):
-    """Samples carry (index, ppid, cmdline) so a test can tell how the worker was started."""
+    """Samples carry (index, pid, ppid, cmdline) so a test can tell how the worker started."""
 
     def __len__(self) -> int:
         return 4
@@ -227,7 +227,7 @@ class ContextProbeDS(Dataset):
     def __getitem__(self, i: int) -> tuple:
         with open("/proc/self/cmdline", "rb") as fh:
             cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        return (int(i), os.getppid(), cmdline)
+        return (int(i), os.getpid(), os.getppid(), cmdline)
 
 
 class GatedDS(Dataset):

@@ -17,6 +17,7 @@ import time
 import warnings
 from typing import Any
 
+import psutil
 import pytest
 import torch
 from _datasets import (
@@ -336,25 +337,42 @@ CONTEXTS = {
 }
 
 
+IDLE_WORKER_CHECK_S = 1.5
+
+
 @pytest.mark.parametrize("context_kind", list(CONTEXTS))
 def test_multiprocessing_context(Loader, context_kind):
+    """Workers start the asked way. With persistent workers (the "-str" cases) they also stay
+    up while the main process is busy elsewhere between epochs (a worker that wrongly decides
+    its parent is gone, e.g. by comparing getppid() with the main pid under forkserver, exits)."""
     method, make_context = CONTEXTS[context_kind]
     if method not in multiprocessing.get_all_start_methods():
         pytest.skip(f"{method} is not available on this platform")
+    persistent = context_kind.endswith("-str")
     loader = Loader(
-        ContextProbeDS(), batch_size=None, num_workers=2, multiprocessing_context=make_context()
+        ContextProbeDS(),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context=make_context(),
+        persistent_workers=persistent,
     )
     assert loader.multiprocessing_context.get_start_method() == method
     samples = list(loader)
     assert [s[0] for s in samples] == [0, 1, 2, 3]
     own_cmdline = " ".join(psutil_cmdline())
-    for _i, ppid, cmdline in samples:
+    for _i, _pid, ppid, cmdline in samples:
         if method == "fork":
             assert ppid == os.getpid() and cmdline == own_cmdline, (ppid, cmdline)
         elif method == "spawn":
             assert ppid == os.getpid() and "spawn_main" in cmdline, (ppid, cmdline)
         else:
             assert ppid != os.getpid() and "forkserver" in cmdline, (ppid, cmdline)
+    if persistent:
+        workers = [psutil.Process(pid) for pid in {s[1] for s in samples}]
+        gone, _alive = psutil.wait_procs(workers, timeout=IDLE_WORKER_CHECK_S)
+        assert not gone, f"idle persistent workers exited: {[(p.pid, p.returncode) for p in gone]}"
+        again = list(loader)
+        assert [s[:2] for s in again] == [s[:2] for s in samples], "same workers, same order"
 
 
 def psutil_cmdline() -> list[str]:
