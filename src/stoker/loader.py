@@ -17,7 +17,7 @@ from stoker._runtime.base_iter import BaseIterator
 from stoker._runtime.inline_iter import InlineIterator
 from stoker._runtime.process_iter import ProcessIterator
 from stoker._runtime.progress import check_state
-from stoker.distributed import begin_epoch
+from stoker.distributed import begin_epoch, next_epoch
 from stoker.distributed.context import detect
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.sharded import ShardedSampler
@@ -27,6 +27,20 @@ Seeding = Literal["per_batch", "per_worker"]
 _SEEDINGS = ("per_batch", "per_worker")
 ShardEven = Literal["pad", "drop", "exact"]
 OnError = Literal["raise", "skip"]
+WorkerType = Literal["auto", "process", "thread"]
+_WORKER_TYPES = ("auto", "process", "thread")
+
+
+def _check_executor(worker_type: str, concurrency: int | str) -> None:
+    if worker_type not in _WORKER_TYPES:
+        raise ValueError(f"worker_type={worker_type!r}: expected one of {_WORKER_TYPES}.")
+    if concurrency != "auto" and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise ValueError(
+            f"worker_concurrency={concurrency!r}: expected a number of samples fetched at once "
+            "per worker (int >= 1) or 'auto'."
+        )
 _ON_ERRORS = ("raise", "skip")
 
 
@@ -104,6 +118,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         shard_even: ShardEven = "pad",
         on_error: OnError = "raise",
         skip_budget: int | float = 0.01,
+        worker_type: WorkerType = "auto",
+        worker_concurrency: int | Literal["auto"] = "auto",
     ) -> None:
         if seeding not in _SEEDINGS:
             raise ValueError(f"seeding={seeding!r}: expected one of {_SEEDINGS}.")
@@ -115,6 +131,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if shard_even not in _SHARD_EVENS:
             raise ValueError(f"shard_even={shard_even!r}: expected one of {_SHARD_EVENS}.")
         _check_error_policy(dataset, on_error, skip_budget)
+        _check_executor(worker_type, worker_concurrency)
+        self.worker_type = worker_type
+        self.worker_concurrency = worker_concurrency
         self.on_error = on_error
         self.skip_budget = skip_budget
         self._stoker_skip_logged: set[Any] = set()
@@ -233,7 +252,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             "drew_base_seed": not persistent_alive,
             "rng": rng.encoded(),
             "sampler_state": None,
-            "sampler_epoch": getattr(self.sampler, "epoch", None),
+            # The epoch the next pass will run (the autopilot's next step after a finished one).
+            "sampler_epoch": (
+                next_epoch(self.sampler, self.batch_sampler) if finished is not None
+                else getattr(self.sampler, "epoch", None)
+            ),
             "dataset_kind": "iterable" if self._dataset_kind else "map",
             "num_workers": self.num_workers,
         }

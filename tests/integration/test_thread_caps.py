@@ -9,6 +9,7 @@ import torch
 import stoker
 
 cv2 = pytest.importorskip("cv2")
+threadpool_info = pytest.importorskip("threadpoolctl").threadpool_info
 
 
 class Resize(torch.utils.data.Dataset):
@@ -18,7 +19,10 @@ class Resize(torch.utils.data.Dataset):
     def __getitem__(self, i):
         image = np.full((512, 512, 3), i, dtype=np.uint8)
         out = cv2.resize(image, (300, 300), interpolation=cv2.INTER_LINEAR)
-        return torch.tensor([cv2.getNumThreads(), torch.get_num_threads(), int(out[0, 0, 0])])
+        blas = [p["num_threads"] for p in threadpool_info() if p["internal_api"] == "openblas"]
+        return torch.tensor(
+            [cv2.getNumThreads(), torch.get_num_threads(), int(out[0, 0, 0]), max(blas or [1])]
+        )
 
 
 def test_workers_resize_with_opencv_after_the_parent_used_its_thread_pool():
@@ -32,6 +36,7 @@ def test_workers_resize_with_opencv_after_the_parent_used_its_thread_pool():
         assert rows[:, 0].tolist() == [1] * 8  # OpenCV capped in the worker
         assert rows[:, 1].tolist() == [1] * 8  # torch intra-op capped
         assert rows[:, 2].tolist() == list(range(8))
+        assert rows[:, 3].tolist() == [1] * 8  # numpy's OpenBLAS capped too
         assert cv2.getNumThreads() == 4  # the parent's setting is untouched
     finally:
         cv2.setNumThreads(parent_threads)

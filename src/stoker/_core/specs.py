@@ -35,3 +35,4 @@ class WorkerSpec:
     first_epoch: int  # the iterator's epoch counter when the worker starts
     seed_per_batch: bool  # reseed the global RNGs from (base seed, epoch, position) per batch
     dist: Any = None  # the main process's stoker.distributed.DistContext
+    concurrency: int | str = "auto"  # samples fetched at once: an int, or "auto" (tuned)

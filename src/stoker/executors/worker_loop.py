@@ -1,15 +1,21 @@
-"""The worker process: a small loop that fetches, collates into shared memory and replies.
+"""The worker process: fetch, collate into shared memory, reply; concurrently when it helps.
 
 Setup mirrors torch's worker (seeding, ``get_worker_info``, one intra-op thread,
-``worker_init_fn`` once per start, its error deferred to the first task). See
-``messages`` for the protocol and NOTE [ Loader shutdown ] in ``_runtime.shutdown``.
+``worker_init_fn`` once per start, its error deferred to the first task). A reader thread
+turns socket messages into events on one queue, next to the "sample done" events of the
+fetch threads, so the main thread of the worker handles both in order and is the only one
+that sends. Batches run one at a time until the tuner raises the concurrency (NOTE
+[ Automatic concurrency ]); then ``SamplePipeline`` fetches samples of several batches at
+once. See ``messages`` for the protocol and NOTE [ Loader shutdown ] in ``_runtime.shutdown``.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
+import time
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
 from typing import Any
@@ -18,24 +24,62 @@ from stoker._core.specs import WorkerSpec
 from stoker.collate import allocating_into
 from stoker.executors import diagnostics
 from stoker.executors import messages as msg
-from stoker.executors.fetch import make_fetcher
+from stoker.executors.concurrency import (
+    ConcurrencyTuner,
+    SampleClock,
+    declared_thread_safe,
+    rng_fingerprint,
+    rng_touched,
+)
+from stoker.executors.fetch import EMPTY, make_fetcher
+from stoker.executors.pipeline import JOB_READY, SAMPLE_DONE, Job, SamplePipeline, settle
 from stoker.executors.remote_errors import RemoteError, capture, describe_indices
 from stoker.executors.thread_caps import cap_worker_threads
 from stoker.executors.worker_info import set_worker_info
+from stoker.sampling.sample_rng import set_sample_context
 from stoker.sampling.seeds import batch_seed, seed_global_rngs, seed_worker_rngs
 from stoker.transport import segments
 from stoker.transport.segments import SegmentRef
 from stoker.transport.slab_writer import SlabPool, write_batch
 
 _PARENT_CHECK_INTERVAL_S = 0.5
+_MESSAGE = "message"
+_EOF = "eof"
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _main_alive(main_pid: int, first_ppid: int) -> bool:
+    # Under fork the main process is our parent; under spawn/forkserver the parent may be a
+    # server process, so also ask whether the main pid still exists.
+    if os.getppid() != first_ppid:
+        return False
+    try:
+        os.kill(main_pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _watch_parent(main_pid: int) -> None:
     """Exit when the main process is gone, even if the user's code is stuck in a fetch."""
+    first_ppid = os.getppid()
     stop = threading.Event()
     while not stop.wait(_PARENT_CHECK_INTERVAL_S):
-        if os.getppid() != parent_pid:
+        if not _main_alive(main_pid, first_ppid):
             os._exit(0)
+
+
+def _read_socket(conn: Connection, events: queue.SimpleQueue) -> None:
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            events.put((_EOF, None))
+            return
+        events.put((_MESSAGE, message))
+        if message[0] == msg.STOP:
+            return
 
 
 class _Worker:
@@ -47,12 +91,17 @@ class _Worker:
         self.exhausted = False
         self.init_error: RemoteError | None = None
         self.pool = SlabPool(self._announce, spec.max_idle_slabs)
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.fetcher: Any = None
+        self.tuner: ConcurrencyTuner | None = None
+        self.pipeline: SamplePipeline | None = None
 
     def _announce(self, fd: int, ref: SegmentRef) -> None:
         self.conn.send((msg.SLAB, ref))
         if ref.name is None:
             send_handle(self.conn, fd, self.spec.parent_pid)
+
+    # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
         spec = self.spec
@@ -68,11 +117,25 @@ class _Worker:
         try:
             if spec.worker_init_fn is not None:
                 spec.worker_init_fn(spec.worker_id)
-            self.fetcher = make_fetcher(spec.fetch)
+            self._new_fetcher()
         except Exception as exc:
             self.init_error = capture(
                 exc, spec.worker_id, "starting (worker_init_fn or iter(dataset))"
             )
+
+    def _new_fetcher(self) -> None:
+        self.fetcher = make_fetcher(self.spec.fetch)
+        self.fetcher.on_sample = self._set_sample_context
+        if self.tuner is None:
+            self.tuner = ConcurrencyTuner(
+                self.spec.concurrency, declared_thread_safe(self.spec.fetch.dataset),
+                can_split=self.fetcher.splittable,
+            )
+        if self.pipeline is not None:
+            self.pipeline.set_fetcher(self.fetcher)
+
+    def _set_sample_context(self, index: Any) -> None:
+        set_sample_context(self.spec.base_seed, self.epoch, index)
 
     def reset(self, epoch: int, released: list[int]) -> None:
         self.epoch = epoch
@@ -80,11 +143,13 @@ class _Worker:
         self.exhausted = False
         if self.init_error is None:
             try:
-                self.fetcher = make_fetcher(self.spec.fetch)
+                self._new_fetcher()
             except Exception as exc:
                 self.init_error = capture(
                     exc, self.spec.worker_id, "starting an epoch (iter(dataset))"
                 )
+
+    # -- one batch at a time -----------------------------------------------------------------
 
     def run_task(self, task_id: int, indices: Any) -> None:
         if self.exhausted:
@@ -92,43 +157,130 @@ class _Worker:
         if self.init_error is not None:
             self.conn.send((msg.FAILED, self.epoch, task_id, self.init_error))
             return
+        assert self.tuner is not None
         if self.spec.seed_per_batch:
             seed_global_rngs(batch_seed(self.spec.base_seed, self.epoch, task_id))
-        slab = self.pool.acquire()
+        if self.fetcher.splittable and (self.tuner.concurrency > 1 or self.tuner.exploring):
+            job = Job(self.epoch, task_id, list(indices))
+            if self.tuner.exploring:
+                self._explore(job)
+            else:
+                self._pipeline().add(job)
+            return
         try:
-            with allocating_into(slab):
-                batch = self.fetcher.fetch(indices)
-            segment_id, used, payload = write_batch(self.pool, slab, batch)
+            t0, c0 = time.perf_counter(), time.thread_time()
+            data = self.fetcher.gather(indices)
+            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         except StopIteration:  # only iterables: map fetchers turn it into an error
-            self.pool.release_one(slab)
             self.exhausted = True
             self.conn.send((msg.EXHAUSTED, self.epoch, task_id))
             return
         except Exception as exc:
+            self._fail(task_id, indices, exc)
+            return
+        self._finish(task_id, indices, data, self.fetcher.skipped, (wall, cpu))
+
+    def _explore(self, job: Job) -> None:
+        """Fetch alone, sample by sample, measuring; hand the rest over once concurrency rises."""
+        assert self.tuner is not None
+        for k, index in enumerate(job.indices):
+            exploring = self.tuner.exploring
+            probe = rng_fingerprint() if self.tuner.probing else None
+            self._set_sample_context(index)
+            clock = SampleClock() if exploring else None
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                job.results[k] = self.fetcher.get_one_checked(index)
+            except Exception as exc:
+                job.errors[k] = exc
+                if not self.spec.fetch.skip_errors:
+                    self._fail(job.task_id, job.indices, exc)
+                    return
+            job.wall_s += time.perf_counter() - t0
+            job.cpu_s += time.thread_time() - c0
+            job.remaining -= 1
+            if clock is not None:
+                wall, cpu, queued = clock.stop()
+                touched = probe is not None and rng_touched(probe)
+                self.tuner.observe_sample(wall, cpu, touched, queued)
+                if self.tuner.concurrency > 1:
+                    self._pipeline().add(job, start=k + 1)
+                    return
+        self.job_done(job)
+
+    def _finish(self, task_id: int, indices: Any, data: Any, skipped: list, timing: tuple) -> None:
+        """Collate into a slab, pack, send; feed the tuner."""
+        slab = self.pool.acquire()
+        try:
+            with allocating_into(slab):
+                batch = self.fetcher.finish(data)
+            del data
+            segment_id, used, payload = write_batch(self.pool, slab, batch)
+        except Exception as exc:
             self.pool.release_one(slab)
-            err = capture(exc, self.spec.worker_id, "loading " + describe_indices(indices))
-            self.conn.send((msg.FAILED, self.epoch, task_id, err))
+            self._fail(task_id, indices, exc)
             return
         del batch
-        skipped = self.fetcher.skipped
-        reply = (msg.DONE, self.epoch, task_id, segment_id, used, payload, self.retired, skipped)
+        assert self.tuner is not None
+        starved = self.pipeline is not None and self.pipeline.take_starved_share() > 0.5
+        self.tuner.observe(len(indices) if isinstance(indices, list) else 1, used, starved)
+        if self.pipeline is not None:
+            self.pipeline.set_concurrency(self.tuner.concurrency)
+        info = (self.tuner.concurrency, timing[0], timing[1])
+        reply = (
+            msg.DONE, self.epoch, task_id, segment_id, used, payload, self.retired, skipped, info
+        )
         self.conn.send(reply)
         self.retired = []
 
+    def _fail(self, task_id: int, indices: Any, exc: BaseException) -> None:
+        err = capture(exc, self.spec.worker_id, "loading " + describe_indices(indices))
+        self.conn.send((msg.FAILED, self.epoch, task_id, err))
+
+    # -- many samples at once ----------------------------------------------------------------
+
+    def _pipeline(self) -> SamplePipeline:
+        if self.pipeline is None:
+            self.pipeline = SamplePipeline(self.fetcher, self.events, self.spec.base_seed)
+        assert self.tuner is not None
+        self.pipeline.set_concurrency(self.tuner.concurrency)
+        return self.pipeline
+
+    def job_done(self, job: Job) -> None:
+        kept, skipped, error = settle(job, self.spec.fetch.skip_errors)
+        if job.epoch != self.epoch:
+            return  # an abandoned epoch: the main process would drop it anyway
+        if error is not None:
+            self._fail(job.task_id, job.indices, error)
+            return
+        self._finish(job.task_id, job.indices, kept if kept else EMPTY, skipped,
+                     (job.wall_s, job.cpu_s))
+
+    # -- the event loop ----------------------------------------------------------------------
+
     def serve(self) -> None:
+        reader = threading.Thread(target=_read_socket, args=(self.conn, self.events), daemon=True)
+        reader.start()
         while True:
-            try:
-                message = self.conn.recv()
-            except (EOFError, OSError):
+            kind, item = self.events.get()
+            if kind == SAMPLE_DONE:
+                assert self.pipeline is not None
+                if self.pipeline.sample_done(item):
+                    self.job_done(item)
+                continue
+            if kind == JOB_READY:
+                self.job_done(item)
+                continue
+            if kind == _EOF:
                 return  # the main process is gone
-            tag = message[0]
+            tag = item[0]
             if tag == msg.TASK:
-                _, epoch, task_id, indices, released = message
+                _, epoch, task_id, indices, released = item
                 self.retired += self.pool.release(released)
                 if epoch == self.epoch:
                     self.run_task(task_id, indices)
             elif tag == msg.RESET:
-                self.reset(message[1], message[2])
+                self.reset(item[1], item[2])
             else:
                 return
 
@@ -154,5 +306,10 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     except (BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         pass
     finally:
+        if os.environ.get("STOKER_DEBUG_TUNER") and worker.tuner is not None:
+            for d in worker.tuner.decisions:
+                print(f"worker {spec.worker_id}: {d}", flush=True)
+        if worker.pipeline is not None:
+            worker.pipeline.close()
         worker.pool.close()
         conn.close()

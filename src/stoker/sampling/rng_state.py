@@ -60,14 +60,24 @@ class RngSnapshot:
             self._encoded = {k: _encode(v) for k, v in self._raw.items()}
         return self._encoded
 
+    def encoded_with_save_point(self) -> dict[str, str]:
+        """The epoch-start states, plus torch's global RNG now when the epoch drew from it."""
+        encoded = self.encoded()
+        if "global_torch" not in encoded:
+            return encoded
+        return {**encoded, "global_torch_at_save": _encode(torch.get_rng_state())}
+
     @contextlib.contextmanager
     def restored(self, encoded: dict[str, str]) -> Iterator[None]:
         """Put the saved states back for the epoch's draws.
 
         The loader's and the samplers' generators keep the restored state (the rest of the run
-        continues from there, as it did originally). torch's global RNG is only borrowed: the
-        caller's current global state is put back on exit.
+        continues from there, as it did originally). So does torch's global RNG (the source
+        when the loader has no ``generator``): after the epoch's draws it is set to its state
+        at the save point, so the following epochs draw what they drew in the original run.
         """
+        at_save = encoded.get("global_torch_at_save")
+        encoded = {k: v for k, v in encoded.items() if k != "global_torch_at_save"}
         self._raw = {k: _decode(v) for k, v in encoded.items()}
         self._encoded = dict(encoded)
         for key, generator in self._named.items():
@@ -75,12 +85,13 @@ class RngSnapshot:
                 generator.set_state(self._raw[key])
         if self._loader_generator is not None and "generator" in self._raw:
             self._loader_generator.set_state(self._raw["generator"])
-        saved_global = None
         if "global_torch" in self._raw:
-            saved_global = torch.get_rng_state()
             torch.set_rng_state(self._raw["global_torch"])
         try:
             yield
         finally:
-            if saved_global is not None:
-                torch.set_rng_state(saved_global)
+            # A mid-epoch state: the global RNG as it was when the state was saved. A state of
+            # an epoch not begun: its save point is the epoch start, so the epoch's draws leave
+            # the global RNG where they left it originally.
+            if at_save is not None:
+                torch.set_rng_state(_decode(at_save))

@@ -1,0 +1,211 @@
+"""How many samples a worker fetches at once: measured, raised while it helps, never unsafe.
+
+NOTE [ Automatic concurrency ]
+A worker starts fetching one sample at a time and measures, per window of batches, the wall
+time of its fetches, the CPU time its fetching threads used (``time.thread_time``: Python and
+C code alike, GIL held or not), and its throughput. A fetch that spends most of its wall time
+not on a CPU is waiting (network, disk, sleeps): more fetches at once will help. The tuner
+then runs samples on a thread pool, doubling the number in flight while throughput rises by
+at least 15%, and settles on the best level when it stops rising; CPU-bound datasets stay at
+one. The level is capped by ``_MAX_CONCURRENCY`` and by a memory budget (in-flight samples ×
+their measured size).
+
+It never changes results. Concurrent fetches in one process share the global RNGs, so a
+dataset whose ``__getitem__`` draws from ``random``, numpy's global RNG or torch's default
+generator (seen by comparing their states around a fetch) would get augmentations that depend
+on thread timing: it stays at one unless it declares ``stoker_thread_safe = True`` (e.g.
+because it draws only from ``stoker.sample_rng()``). Every decision is recorded with its
+reason and shown by ``loader.stats()``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+_MAX_CONCURRENCY = 64
+_MEMORY_BUDGET_BYTES = 512 << 20
+_WINDOW_S = 0.25
+_WINDOW_BATCHES = 2
+_WAIT_FRACTION = 0.5  # fetches waiting more than this share of their wall time are I/O-bound
+_MIN_SAMPLE_S = 200e-6  # below this, thread hand-offs cost more than they save
+_GAIN = 1.15
+_PROBE_SAMPLES = 6
+
+
+@dataclass(frozen=True)
+class Decision:
+    at_s: float  # seconds since the worker started
+    concurrency: int
+    reason: str
+
+
+def _read_schedstat() -> float | None:
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class SampleClock:
+    """Wall, CPU and run-queue time of one fetch on this thread.
+
+    Time spent runnable but not running (the machine is busy) is neither CPU nor waiting for
+    I/O: more threads would not help. Linux reports it per thread in /proc/thread-self/schedstat;
+    without it, that time counts as waiting.
+    """
+
+    __slots__ = ("_wall", "_cpu", "_queued")
+
+    def __init__(self) -> None:
+        self._queued = _read_schedstat()
+        self._wall = time.perf_counter()
+        self._cpu = time.thread_time()
+
+    def stop(self) -> tuple[float, float, float]:
+        """(wall, cpu, time waiting for a CPU) in seconds."""
+        wall = time.perf_counter() - self._wall
+        cpu = time.thread_time() - self._cpu
+        queued_now = _read_schedstat() if self._queued is not None else None
+        queued = queued_now - self._queued if queued_now is not None and self._queued else 0.0
+        return wall, cpu, queued
+
+
+def rng_fingerprint() -> tuple:
+    return (random.getstate(), np.random.get_state(legacy=False), torch.get_rng_state())
+
+
+def rng_touched(before: tuple) -> bool:
+    py, nps, ts = before
+    now_np = np.random.get_state(legacy=False)
+    return (
+        random.getstate() != py
+        or now_np["state"]["pos"] != nps["state"]["pos"]
+        or not np.array_equal(now_np["state"]["key"], nps["state"]["key"])
+        or not torch.equal(torch.get_rng_state(), ts)
+    )
+
+
+class ConcurrencyTuner:
+    """Per worker: explore sample by sample at one, then climb by windows of batches."""
+
+    def __init__(self, setting: int | str, thread_safe: bool, can_split: bool) -> None:
+        self._start = time.perf_counter()
+        self.decisions: list[Decision] = []
+        self._thread_safe = thread_safe
+        fixed = setting if isinstance(setting, int) else None
+        self.concurrency = fixed if fixed is not None else 1
+        self._settled = fixed is not None or not can_split
+        self._samples = 0
+        self._s_wall = 0.0
+        self._s_cpu = 0.0
+        self._s_queued = 0.0
+        self._best = (1, 0.0)
+        self._reset_window()
+        if fixed is not None:
+            self._decide(fixed, "set by worker_concurrency")
+        elif not can_split:
+            self._decide(1, "batches are fetched whole (an iterable or __getitems__ dataset)")
+
+    def _reset_window(self) -> None:
+        self._w_start = time.perf_counter()
+        self._w_batches = 0
+        self._w_samples = 0
+        self._w_bytes = 0
+
+    def _decide(self, concurrency: int, reason: str) -> None:
+        self.concurrency = concurrency
+        self.decisions.append(Decision(time.perf_counter() - self._start, concurrency, reason))
+
+    @property
+    def exploring(self) -> bool:
+        """Still at one sample at a time and undecided: fetch sample by sample and measure."""
+        return not self._settled and self.concurrency == 1
+
+    @property
+    def probing(self) -> bool:
+        """Whether the next sample should be checked for global-RNG use."""
+        return self.exploring and not self._thread_safe
+
+    def observe_sample(
+        self, wall_s: float, cpu_s: float, touched_rng: bool, queued_s: float = 0.0
+    ) -> None:
+        """One sample fetched alone (while exploring); ``queued_s``: waiting for a CPU."""
+        if not self.exploring:
+            return
+        if touched_rng:
+            self._settled = True
+            self._decide(
+                1,
+                "__getitem__ draws from a global RNG (random/numpy/torch); concurrent fetches "
+                "would make augmentations depend on thread timing. Declare "
+                "stoker_thread_safe = True on the dataset (drawing from stoker.sample_rng()) "
+                "to allow them",
+            )
+            return
+        self._samples += 1
+        self._s_wall += wall_s
+        self._s_cpu += cpu_s
+        self._s_queued += queued_s
+        if self._samples < _PROBE_SAMPLES:
+            return
+        busy = self._s_cpu + self._s_queued
+        wait = max(0.0, 1.0 - busy / self._s_wall) if self._s_wall > 0 else 0.0
+        per_sample = self._s_wall / self._samples
+        if wait < _WAIT_FRACTION or per_sample < _MIN_SAMPLE_S:
+            self._settled = True
+            self._decide(1, f"fetches keep a CPU busy (wait {wait:.0%}, "
+                            f"{per_sample * 1e6:.0f} us per sample)")
+            return
+        # A fetch taking w wall seconds per c CPU seconds can overlap about w/c times before
+        # the CPU is the limit: start there (within the caps); the climb checks it pays.
+        overlap = self._s_wall / max(self._s_cpu, 1e-9)
+        self._best = (1, 1.0 / per_sample)
+        self._decide(max(2, min(self._cap(), int(overlap))),
+                     f"fetches wait {wait:.0%} of their time ({per_sample * 1e3:.1f} ms each)")
+        self._reset_window()
+
+    def observe(self, samples: int, nbytes: int, starved: bool = False) -> None:
+        """One finished batch (while climbing); ``starved``: slots stood idle for lack of work."""
+        if starved and not self._settled and self.concurrency > 1:
+            self._reset_window()  # demand-limited: says nothing about this level
+            return
+        self._w_batches += 1
+        self._w_samples += samples
+        self._w_bytes += nbytes
+        elapsed = time.perf_counter() - self._w_start
+        if self._settled or self.concurrency == 1:
+            return
+        if elapsed < _WINDOW_S or self._w_batches < _WINDOW_BATCHES:
+            return
+        self._climb(self._w_samples / elapsed)
+        self._reset_window()
+
+    def _cap(self) -> int:
+        per_sample = self._w_bytes / self._w_samples if self._w_samples else 0
+        by_memory = int(_MEMORY_BUDGET_BYTES // per_sample) if per_sample else _MAX_CONCURRENCY
+        return max(1, min(_MAX_CONCURRENCY, by_memory))
+
+    def _climb(self, rate: float) -> None:
+        c = self.concurrency
+        best_c, best_rate = self._best
+        if rate >= best_rate * _GAIN and c < self._cap():
+            self._best = (c, rate)
+            self._decide(min(2 * c, self._cap()), f"{rate:.0f} samples/s at {c}: still rising")
+            return
+        if rate >= best_rate:
+            self._best = (c, rate)
+        self._settled = True
+        final = self._best[0]
+        self._decide(final, f"{rate:.0f} samples/s at {c} vs {best_rate:.0f} at {best_c}: "
+                            f"settled at {final}")
+
+
+def declared_thread_safe(dataset: Any) -> bool:
+    return bool(getattr(dataset, "stoker_thread_safe", False))

@@ -1,0 +1,60 @@
+"""Per-sample random generators that do not depend on which thread or process runs the sample.
+
+Inside a stoker loader, ``__getitem__`` can call ``stoker.sample_rng()`` (a numpy
+``Generator``) or ``stoker.sample_generator()`` (a ``torch.Generator``); both are seeded from
+(base seed, epoch, sample index), so augmentations drawn from them are identical with any
+``num_workers``, any ``worker_concurrency``, threads or processes, and after a resume. Unlike
+the global RNGs they are safe to use from concurrent fetches, so a dataset that draws only
+from them can declare ``stoker_thread_safe = True`` and get concurrent fetches.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from stoker.sampling.seeds import numpy_seed_words
+
+_context = threading.local()
+
+
+def set_sample_context(base_seed: int, epoch: int, index: Any) -> None:
+    _context.key = (base_seed, epoch, index)
+
+
+def clear_sample_context() -> None:
+    _context.key = None
+
+
+def _index_word(index: Any) -> int:
+    if isinstance(index, int):
+        return index & 0xFFFFFFFF
+    return zlib.crc32(repr(index).encode())  # not hash(): str hashing differs per process
+
+
+def sample_seed() -> int:
+    """A 64-bit seed for the sample being loaded in this thread."""
+    key = getattr(_context, "key", None)
+    if key is None:
+        raise RuntimeError(
+            "stoker.sample_seed()/sample_rng()/sample_generator() only work while a stoker "
+            "DataLoader is loading a sample (inside Dataset.__getitem__). Outside a loader, "
+            "create your own generator, e.g. numpy.random.default_rng(seed)."
+        )
+    base_seed, epoch, index = key
+    words = numpy_seed_words(base_seed ^ (epoch << 40) ^ (1 << 62), _index_word(index))
+    return (words[2] << 32) | words[3]
+
+
+def sample_rng() -> np.random.Generator:
+    """A numpy Generator seeded for this sample (deterministic under any executor)."""
+    return np.random.default_rng(sample_seed())
+
+
+def sample_generator() -> torch.Generator:
+    """A torch CPU Generator seeded for this sample (deterministic under any executor)."""
+    return torch.Generator().manual_seed(sample_seed() & ((1 << 63) - 1))
