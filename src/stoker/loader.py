@@ -13,12 +13,15 @@ from typing import Any, Literal, TypeVar
 
 import torch.utils.data
 
+from stoker._core.stats import LoaderStats
 from stoker._runtime.base_iter import BaseIterator
 from stoker._runtime.inline_iter import InlineIterator
 from stoker._runtime.process_iter import ProcessIterator
 from stoker._runtime.progress import check_state
+from stoker._runtime.stats import StatsAccumulator
 from stoker.distributed import begin_epoch, next_epoch
 from stoker.distributed.context import detect
+from stoker.profile.memory_watch import MemoryWatch
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.sharded import ShardedSampler
 
@@ -137,6 +140,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self.on_error = on_error
         self.skip_budget = skip_budget
         self._stoker_skip_logged: set[Any] = set()
+        self._stoker_stats = StatsAccumulator(num_workers)
+        self._stoker_memory_watch = MemoryWatch(dataset) if num_workers > 0 else None
         self.seeding = seeding
         self.stall_warning_s = stall_warning_s
         self.shard = shard
@@ -212,6 +217,16 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return InlineIterator(self, resume)
         self.check_worker_number_rationality()
         return ProcessIterator(self, resume)
+
+    # -- answers ---------------------------------------------------------------------------
+
+    def stats(self) -> LoaderStats:
+        """Where the time went so far, and whether the loop is input-bound and why.
+
+        ``print(loader.stats())`` gives the one-line verdict; the fields hold the figures
+        (see ``LoaderStats``), including every decision of the concurrency tuner.
+        """
+        return self._stoker_stats.snapshot()
 
     # -- resume ------------------------------------------------------------------------------
 

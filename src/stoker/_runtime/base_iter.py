@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import time
 import warnings
 from typing import Any
 
@@ -18,8 +19,9 @@ from torch.utils.data import IterableDataset
 from stoker._core.specs import FetchSpec
 from stoker._runtime.progress import EpochProgress
 from stoker._runtime.skips import SkipLedger
+from stoker._runtime.stats import batch_samples
 from stoker.collate import collate, default_convert
-from stoker.device.pin import pin_target
+from stoker.device.pin import pin_batch, pin_target
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.seeds import draw_base_seed
 
@@ -114,6 +116,7 @@ class BaseIterator:
         self._step_slots = loader.batch_size or 1  # nominal slots per step, for ``advance``
         self._pad_steps = loader._stoker_pad_steps
         self._generator = loader.generator
+        self._stats = loader._stoker_stats
         self._base_seed = 0
         self._epoch = -1
         self._open_epoch(loader, resume, first=True)
@@ -158,7 +161,8 @@ class BaseIterator:
                 self._skip_delivered(resume)
         self._steps_target = self._pad_steps() if self._pad_steps is not None else None
         self._skips = SkipLedger(
-            loader.skip_budget, _epoch_samples(self._index_sampler), loader._stoker_skip_logged
+            loader.skip_budget, _epoch_samples(self._index_sampler), loader._stoker_skip_logged,
+            loader._stoker_stats,
         )
         self._progress = EpochProgress(
             rng=self._rng, base_seed=self._base_seed, drew_base_seed=drew, epoch=self._epoch,
@@ -222,13 +226,16 @@ class BaseIterator:
         raise NotImplementedError
 
     def __next__(self) -> Any:
+        entered = self._stats.entered_next()
         try:
             data = self._next_data()
         except StopIteration:
             if self._steps_target is not None and self._num_yielded < self._steps_target:
                 return self._end_of_data()
             self._finish_epoch()
+            self._stats.epoch_ended()
             raise
+        self._stats.left_next(entered, batch_samples(data))
         self._num_yielded += 1
         if (
             self._fetch_spec.kind == "iterable"
@@ -236,6 +243,14 @@ class BaseIterator:
             and self._num_yielded > self._len_reported
         ):
             self._warn_length()
+        return data
+
+    def _pinned(self, data: Any) -> Any:
+        if not self._pin:
+            return data
+        t0 = time.perf_counter()
+        data = pin_batch(data)
+        self._stats.pin_s += time.perf_counter() - t0
         return data
 
     def _end_of_data(self) -> Any:

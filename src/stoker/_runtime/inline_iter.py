@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from stoker._runtime.base_iter import BaseIterator
-from stoker.device.pin import pin_batch
 from stoker.executors.fetch import EMPTY, make_fetcher
 from stoker.executors.remote_errors import add_note, describe_indices
+from stoker.sampling.sample_rng import set_sample_context
 from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
 
 
@@ -21,14 +22,27 @@ class InlineIterator(BaseIterator):
             )
         super().__init__(loader, resume)
         self._fetcher = make_fetcher(self._fetch_spec)
+        base_seed, epoch = self._base_seed, self._epoch
+        self._fetcher.on_sample = lambda i: set_sample_context(base_seed, epoch, i)
 
     def _fetch(self, position: int, index: Any) -> Any:
         if self._seeding != "per_batch":
-            return self._fetcher.fetch(index)
+            return self._timed_fetch(index)
         # The caller's own RNG streams (dropout, their augmentations) are left as they were.
         with GlobalRngGuard():
             seed_global_rngs(batch_seed(self._base_seed, self._epoch, position))
-            return self._fetcher.fetch(index)
+            return self._timed_fetch(index)
+
+    def _timed_fetch(self, index: Any) -> Any:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        data = self._fetcher.gather(index)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        batch = self._fetcher.finish(data)
+        stats = self._stats
+        stats.fetch_wall_s += t1 - t0
+        stats.fetch_cpu_s += c1 - c0
+        stats.collate_s += time.perf_counter() - t1
+        return batch
 
     def _next_data(self) -> Any:
         while True:
@@ -48,4 +62,4 @@ class InlineIterator(BaseIterator):
             self._delivered(position)
             if data is EMPTY:
                 continue
-            return pin_batch(data) if self._pin else data
+            return self._pinned(data)

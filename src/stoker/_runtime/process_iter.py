@@ -24,7 +24,6 @@ from stoker._runtime.base_iter import BaseIterator
 from stoker._runtime.shutdown import WorkerGroup
 from stoker._runtime.stall import describe_stall, warn_stall
 from stoker._runtime.worker_death import check_workers_alive, lost_worker
-from stoker.device.pin import pin_batch
 from stoker.errors import LoaderTimeoutError
 from stoker.executors import messages as msg
 from stoker.executors.fetch import EmptyBatch
@@ -53,6 +52,8 @@ class ProcessIterator(BaseIterator):
         method = ctx.get_start_method()
         with pools_quiet_for_fork(method), gc_frozen_for_fork(method):
             self._start_workers(loader, ctx)
+        self._worker_pids = tuple(w.pid for w in self._group.workers)
+        self._memory_watch = loader._stoker_memory_watch
         self._start_dispatch()
 
     def _start_workers(self, loader: Any, ctx: Any) -> None:
@@ -262,13 +263,18 @@ class ProcessIterator(BaseIterator):
         self._delivered(position)
         if reply[0] == msg.FAILED:
             raise rebuild(reply[3])
-        _, _, _, segment_id, used, payload, _, skipped, _ = reply
+        _, _, _, segment_id, used, payload, _, skipped, info = reply
+        self._stats.worker_batch(wid, info)
         if skipped:
             self._skips.record(skipped)
+        t0 = time.perf_counter()
         data = self._group.reader.unpack(wid, segment_id, used, payload)
+        self._stats.unpack_s += time.perf_counter() - t0
+        if self._memory_watch is not None:
+            self._memory_watch.sample(self._worker_pids)
         if isinstance(data, EmptyBatch):
             return _EMPTY_STEP
-        return pin_batch(data) if self._pin else data
+        return self._pinned(data)
 
     # -- ending ------------------------------------------------------------------------------
 

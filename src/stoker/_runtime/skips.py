@@ -21,7 +21,10 @@ def skip_limit(budget: int | float, epoch_samples: int | None) -> int:
 
 
 class SkipLedger:
-    def __init__(self, budget: int | float, epoch_samples: int | None, logged: set[Any]) -> None:
+    def __init__(
+        self, budget: int | float, epoch_samples: int | None, logged: set[Any], stats: Any
+    ) -> None:
+        self._stats = stats
         self.budget = budget
         self.limit = skip_limit(budget, epoch_samples)
         self.skipped: list[Skipped] = []
@@ -34,6 +37,7 @@ class SkipLedger:
                 self._logged.add(key)
                 logger.warning("stoker skipped sample %s: %s", key, s.error)
         self.skipped.extend(skipped)
+        self._stats.skipped += len(skipped)
         if len(self.skipped) > self.limit:
             shown = "; ".join(f"{s.index!r}: {s.error}" for s in self.skipped[:_SHOWN])
             more = f" (and {len(self.skipped) - _SHOWN} more)" if len(self.skipped) > _SHOWN else ""

@@ -10,8 +10,9 @@ worker -> main
     (HELLO, has_log)   first message; when ``has_log`` the fd of its stack log follows
     (SLAB, ref)        a new slab; on Linux its fd follows at once (SCM_RIGHTS)
     (DONE, epoch, task_id, segment_id, used, payload, retired, skipped, info)
-                       ``info`` = (concurrency, fetch wall s, fetch CPU s): the worker asks for
-                       more tasks in flight when its concurrency outgrows prefetch_factor
+                       ``info`` = (concurrency, fetch wall s, fetch CPU s, collate s, pack s,
+                       new tuner decisions): stats, and the worker asks for more tasks in
+                       flight when its concurrency outgrows prefetch_factor
     (FAILED, epoch, task_id, RemoteError)
     (EXHAUSTED, epoch, task_id)  the iterable dataset ended in this worker
 

@@ -94,6 +94,7 @@ class _Worker:
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.fetcher: Any = None
         self.tuner: ConcurrencyTuner | None = None
+        self._events_sent = 0
         self.pipeline: SamplePipeline | None = None
 
     def _announce(self, fd: int, ref: SegmentRef) -> None:
@@ -212,10 +213,13 @@ class _Worker:
         """Collate into a slab, pack, send; feed the tuner."""
         slab = self.pool.acquire()
         try:
+            t0 = time.perf_counter()
             with allocating_into(slab):
                 batch = self.fetcher.finish(data)
             del data
+            t1 = time.perf_counter()
             segment_id, used, payload = write_batch(self.pool, slab, batch)
+            t2 = time.perf_counter()
         except Exception as exc:
             self.pool.release_one(slab)
             self._fail(task_id, indices, exc)
@@ -226,7 +230,12 @@ class _Worker:
         self.tuner.observe(len(indices) if isinstance(indices, list) else 1, used, starved)
         if self.pipeline is not None:
             self.pipeline.set_concurrency(self.tuner.concurrency)
-        info = (self.tuner.concurrency, timing[0], timing[1])
+        events = self.tuner.decisions[self._events_sent:]
+        self._events_sent += len(events)
+        info = (
+            self.tuner.concurrency, timing[0], timing[1], t1 - t0, t2 - t1,
+            [(e.at_s, e.concurrency, e.reason) for e in events],
+        )
         reply = (
             msg.DONE, self.epoch, task_id, segment_id, used, payload, self.retired, skipped, info
         )

@@ -1,0 +1,44 @@
+"""Per-stage measurements of a loader, as plain frozen records (``loader.stats()``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TunerEvent:
+    """One decision of a worker's concurrency tuner (NOTE [ Automatic concurrency ])."""
+
+    worker_id: int
+    at_s: float  # seconds since that worker started
+    concurrency: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """Where the time went, summed over the epochs since the loader was created.
+
+    Times are seconds. ``wait_s`` is the time the training loop spent blocked in ``next()``;
+    ``loop_s`` the time between ``next()`` calls (the user's step). The fetch, collate and
+    pack figures are summed over all workers (CPU-seconds of work, not wall time).
+    """
+
+    batches: int = 0
+    samples: int = 0
+    skipped: int = 0
+    num_workers: int = 0
+    wait_s: float = 0.0
+    loop_s: float = 0.0
+    fetch_wall_s: float = 0.0
+    fetch_cpu_s: float = 0.0
+    collate_s: float = 0.0
+    pack_s: float = 0.0
+    unpack_s: float = 0.0
+    pin_s: float = 0.0
+    concurrency: tuple[int, ...] = ()
+    tuner: tuple[TunerEvent, ...] = field(default_factory=tuple)
+    summary: str = ""
+
+    def __str__(self) -> str:
+        return self.summary

@@ -1,0 +1,87 @@
+"""Accumulate ``LoaderStats`` as batches are delivered (main process, cheap per batch)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+from stoker._core.stats import LoaderStats, TunerEvent
+
+
+class StatsAccumulator:
+    """One per loader; iterators add to it. Worker figures arrive with each batch."""
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self.batches = 0
+        self.samples = 0
+        self.skipped = 0
+        self.wait_s = 0.0
+        self.loop_s = 0.0
+        self.fetch_wall_s = 0.0
+        self.fetch_cpu_s = 0.0
+        self.collate_s = 0.0
+        self.pack_s = 0.0
+        self.unpack_s = 0.0
+        self.pin_s = 0.0
+        self.concurrency: dict[int, int] = {}
+        self.tuner: list[TunerEvent] = []
+        self._left_next_at: float | None = None
+
+    def entered_next(self) -> float:
+        now = time.perf_counter()
+        if self._left_next_at is not None:
+            self.loop_s += now - self._left_next_at
+        return now
+
+    def left_next(self, entered_at: float, samples: int) -> None:
+        now = time.perf_counter()
+        self.wait_s += now - entered_at
+        self._left_next_at = now
+        self.batches += 1
+        self.samples += samples
+
+    def epoch_ended(self) -> None:
+        self._left_next_at = None  # the gap between epochs is not the user's step
+
+    def worker_batch(self, worker_id: int, info: tuple) -> None:
+        concurrency, fetch_wall, fetch_cpu, collate_s, pack_s, events = info
+        self.concurrency[worker_id] = concurrency
+        self.fetch_wall_s += fetch_wall
+        self.fetch_cpu_s += fetch_cpu
+        self.collate_s += collate_s
+        self.pack_s += pack_s
+        self.tuner.extend(TunerEvent(worker_id, *e) for e in events)
+
+    def snapshot(self) -> LoaderStats:
+        from stoker.profile.verdict import summarize
+
+        stats = LoaderStats(
+            batches=self.batches, samples=self.samples, skipped=self.skipped,
+            num_workers=self.num_workers, wait_s=self.wait_s, loop_s=self.loop_s,
+            fetch_wall_s=self.fetch_wall_s, fetch_cpu_s=self.fetch_cpu_s,
+            collate_s=self.collate_s, pack_s=self.pack_s, unpack_s=self.unpack_s,
+            pin_s=self.pin_s,
+            concurrency=tuple(self.concurrency[w] for w in sorted(self.concurrency)),
+            tuner=tuple(self.tuner),
+        )
+        return replace(stats, summary=summarize(stats))
+
+
+def batch_samples(data: Any) -> int:
+    """Samples in a delivered batch: the first dimension of its first tensor, else 1."""
+    import torch
+
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            return int(item.shape[0]) if item.dim() else 1
+        if isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, (list, tuple)) and item:
+            if isinstance(item[0], (str, bytes, int, float)):
+                return len(item)
+            stack.extend(reversed(item))
+    return 1

@@ -1,0 +1,56 @@
+"""The one-line answer to "is my training input-bound, and why?"."""
+
+from __future__ import annotations
+
+import os
+
+from stoker._core.stats import LoaderStats
+
+_INPUT_BOUND = 0.10  # the loop waits for data more than this share of its time
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def summarize(s: LoaderStats) -> str:
+    if s.batches == 0:
+        return "stoker: no batches yet."
+    total = s.wait_s + s.loop_s
+    share = s.wait_s / total if total > 0 else 0.0
+    rate = s.samples / total if total > 0 else 0.0
+    head = (f"stoker: {s.batches} batches, {rate:,.0f} samples/s; the loop waited for data "
+            f"{share:.0%} of the time")
+    if s.skipped:
+        head += f"; {s.skipped} samples skipped"
+    if share < _INPUT_BOUND:
+        return head + ". Not input-bound: the training step is the bottleneck."
+    return head + ". Input-bound: " + _why(s, total) + "."
+
+
+def _why(s: LoaderStats, total: float) -> str:
+    if s.num_workers == 0:
+        return ("batches are loaded in the training process (num_workers=0); "
+                f"set num_workers to use the machine's {_cores()} cores")
+    work = s.fetch_cpu_s + s.collate_s + s.pack_s
+    waiting = 1.0 - s.fetch_cpu_s / s.fetch_wall_s if s.fetch_wall_s > 0 else 0.0
+    conc = max(s.concurrency) if s.concurrency else 1
+    if waiting > 0.5:
+        return (f"fetches wait {waiting:.0%} of their time (I/O or remote storage) at up to "
+                f"{conc} concurrent fetches per worker; raise num_workers or "
+                "worker_concurrency, or move the data closer")
+    if s.unpack_s + s.pin_s > 0.3 * s.wait_s:
+        return ("the main process spends its time receiving batches (IPC/pinning); use larger "
+                "batches or fewer Python objects per batch")
+    busy = work / (total * s.num_workers) if total > 0 else 0.0
+    if s.collate_s > s.fetch_cpu_s:
+        return (f"workers spend most time collating ({s.collate_s:.1f} s vs {s.fetch_cpu_s:.1f} s "
+                "fetching); return tensors/arrays of one shape, or batch in __getitems__")
+    if busy > 0.8 and s.num_workers < _cores():
+        return (f"the {s.num_workers} workers are busy {busy:.0%} of the time on CPU work "
+                f"(decode/augment); raise num_workers (this machine has {_cores()} cores)")
+    return (f"the {s.num_workers} workers are CPU-bound (busy {busy:.0%}) and the machine has "
+            f"{_cores()} cores; make __getitem__ cheaper (faster decoding, smaller images)")
