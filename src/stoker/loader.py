@@ -19,6 +19,7 @@ from stoker._runtime.inline_iter import InlineIterator
 from stoker._runtime.process_iter import ProcessIterator
 from stoker._runtime.progress import check_state
 from stoker._runtime.stats import StatsAccumulator
+from stoker._runtime.thread_iter import ThreadIterator
 from stoker.distributed import begin_epoch, next_epoch
 from stoker.distributed.context import detect
 from stoker.profile.memory_watch import MemoryWatch
@@ -34,9 +35,15 @@ WorkerType = Literal["auto", "process", "thread"]
 _WORKER_TYPES = ("auto", "process", "thread")
 
 
-def _check_executor(worker_type: str, concurrency: int | str) -> None:
+def _check_executor(dataset: Any, worker_type: str, concurrency: int | str) -> None:
     if worker_type not in _WORKER_TYPES:
         raise ValueError(f"worker_type={worker_type!r}: expected one of {_WORKER_TYPES}.")
+    if worker_type == "thread" and isinstance(dataset, torch.utils.data.IterableDataset):
+        raise ValueError(
+            "worker_type='thread' needs a map-style dataset: an IterableDataset shards itself "
+            "by get_worker_info(), which is per process, so threads would all read the same "
+            "stream. Use worker_type='process' (or 'auto') with num_workers > 0."
+        )
     if concurrency != "auto" and (
         isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
     ):
@@ -134,7 +141,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if shard_even not in _SHARD_EVENS:
             raise ValueError(f"shard_even={shard_even!r}: expected one of {_SHARD_EVENS}.")
         _check_error_policy(dataset, on_error, skip_budget)
-        _check_executor(worker_type, worker_concurrency)
+        _check_executor(dataset, worker_type, worker_concurrency)
         self.worker_type = worker_type
         self.worker_concurrency = worker_concurrency
         self.on_error = on_error
@@ -213,6 +220,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return self._make_iterator(None)
 
     def _make_iterator(self, resume: dict[str, Any] | None) -> Any:
+        if self.worker_type == "thread":
+            return ThreadIterator(self, resume)
         if self.num_workers == 0:
             return InlineIterator(self, resume)
         self.check_worker_number_rationality()

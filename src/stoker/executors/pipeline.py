@@ -13,10 +13,17 @@ from __future__ import annotations
 import queue
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from stoker.executors.concurrency import (
+    ConcurrencyTuner,
+    SampleClock,
+    rng_fingerprint,
+    rng_touched,
+)
 from stoker.executors.fetch import MapFetcher, Skipped, error_text
 from stoker.sampling.sample_rng import clear_sample_context, set_sample_context
 
@@ -34,6 +41,7 @@ class Job:
     remaining: int = 0
     wall_s: float = 0.0
     cpu_s: float = 0.0
+    whole: bool = False  # results[0] is the whole gathered batch (a __getitems__ dataset)
 
     def __post_init__(self) -> None:
         self.results = [None] * len(self.indices)
@@ -123,3 +131,39 @@ def settle(job: Job, skip_errors: bool) -> tuple[list[Any], list[Skipped], BaseE
     kept = [r for k, r in enumerate(job.results) if k not in job.errors]
     skipped = [Skipped(job.indices[k], error_text(e)) for k, e in sorted(job.errors.items())]
     return kept, skipped, None
+
+
+def explore(
+    job: Job,
+    fetcher: MapFetcher,
+    tuner: ConcurrencyTuner,
+    set_context: Callable[[Any], None],
+    skip_errors: bool,
+) -> int:
+    """Fetch a job's samples alone, measuring for the tuner while it explores.
+
+    Returns how many samples were fetched: all of them, or fewer once the tuner raised the
+    concurrency (the caller hands the rest to a ``SamplePipeline``). Without ``skip_errors``
+    the first error is raised.
+    """
+    for k, index in enumerate(job.indices):
+        exploring = tuner.exploring
+        probe = rng_fingerprint() if tuner.probing else None
+        set_context(index)
+        clock = SampleClock() if exploring else None
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            job.results[k] = fetcher.get_one_checked(index)
+        except Exception as exc:
+            if not skip_errors:
+                raise
+            job.errors[k] = exc
+        job.wall_s += time.perf_counter() - t0
+        job.cpu_s += time.thread_time() - c0
+        job.remaining -= 1
+        if clock is not None:
+            wall, cpu, queued = clock.stop()
+            tuner.observe_sample(wall, cpu, probe is not None and rng_touched(probe), queued)
+            if tuner.concurrency > 1:
+                return k + 1
+    return len(job.indices)

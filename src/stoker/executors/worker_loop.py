@@ -24,15 +24,16 @@ from stoker._core.specs import WorkerSpec
 from stoker.collate import allocating_into
 from stoker.executors import diagnostics
 from stoker.executors import messages as msg
-from stoker.executors.concurrency import (
-    ConcurrencyTuner,
-    SampleClock,
-    declared_thread_safe,
-    rng_fingerprint,
-    rng_touched,
-)
+from stoker.executors.concurrency import ConcurrencyTuner, declared_thread_safe
 from stoker.executors.fetch import EMPTY, make_fetcher
-from stoker.executors.pipeline import JOB_READY, SAMPLE_DONE, Job, SamplePipeline, settle
+from stoker.executors.pipeline import (
+    JOB_READY,
+    SAMPLE_DONE,
+    Job,
+    SamplePipeline,
+    explore,
+    settle,
+)
 from stoker.executors.remote_errors import RemoteError, capture, describe_indices
 from stoker.executors.thread_caps import cap_worker_threads
 from stoker.executors.worker_info import set_worker_info
@@ -184,30 +185,16 @@ class _Worker:
     def _explore(self, job: Job) -> None:
         """Fetch alone, sample by sample, measuring; hand the rest over once concurrency rises."""
         assert self.tuner is not None
-        for k, index in enumerate(job.indices):
-            exploring = self.tuner.exploring
-            probe = rng_fingerprint() if self.tuner.probing else None
-            self._set_sample_context(index)
-            clock = SampleClock() if exploring else None
-            t0, c0 = time.perf_counter(), time.thread_time()
-            try:
-                job.results[k] = self.fetcher.get_one_checked(index)
-            except Exception as exc:
-                job.errors[k] = exc
-                if not self.spec.fetch.skip_errors:
-                    self._fail(job.task_id, job.indices, exc)
-                    return
-            job.wall_s += time.perf_counter() - t0
-            job.cpu_s += time.thread_time() - c0
-            job.remaining -= 1
-            if clock is not None:
-                wall, cpu, queued = clock.stop()
-                touched = probe is not None and rng_touched(probe)
-                self.tuner.observe_sample(wall, cpu, touched, queued)
-                if self.tuner.concurrency > 1:
-                    self._pipeline().add(job, start=k + 1)
-                    return
-        self.job_done(job)
+        try:
+            done = explore(job, self.fetcher, self.tuner, self._set_sample_context,
+                           self.spec.fetch.skip_errors)
+        except Exception as exc:
+            self._fail(job.task_id, job.indices, exc)
+            return
+        if done < len(job.indices):
+            self._pipeline().add(job, start=done)
+        else:
+            self.job_done(job)
 
     def _finish(self, task_id: int, indices: Any, data: Any, skipped: list, timing: tuple) -> None:
         """Collate into a slab, pack, send; feed the tuner."""

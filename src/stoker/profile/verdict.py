@@ -32,9 +32,6 @@ def summarize(s: LoaderStats) -> str:
 
 
 def _why(s: LoaderStats, total: float) -> str:
-    if s.num_workers == 0:
-        return ("batches are loaded in the training process (num_workers=0); "
-                f"set num_workers to use the machine's {_cores()} cores")
     work = s.fetch_cpu_s + s.collate_s + s.pack_s
     waiting = 1.0 - s.fetch_cpu_s / s.fetch_wall_s if s.fetch_wall_s > 0 else 0.0
     conc = max(s.concurrency) if s.concurrency else 1
@@ -42,6 +39,9 @@ def _why(s: LoaderStats, total: float) -> str:
         return (f"fetches wait {waiting:.0%} of their time (I/O or remote storage) at up to "
                 f"{conc} concurrent fetches per worker; raise num_workers or "
                 "worker_concurrency, or move the data closer")
+    if s.num_workers == 0:
+        return ("batches are loaded in the training process (num_workers=0); "
+                f"set num_workers to use the machine's {_cores()} cores")
     if s.unpack_s + s.pin_s > 0.3 * s.wait_s:
         return ("the main process spends its time receiving batches (IPC/pinning); use larger "
                 "batches or fewer Python objects per batch")
