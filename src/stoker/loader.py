@@ -147,8 +147,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self.on_error = on_error
         self.skip_budget = skip_budget
         self._stoker_skip_logged: set[Any] = set()
-        self._stoker_stats = StatsAccumulator(num_workers)
-        self._stoker_memory_watch = MemoryWatch(dataset) if num_workers > 0 else None
         self.seeding = seeding
         self.stall_warning_s = stall_warning_s
         self.shard = shard
@@ -167,6 +165,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
+        # After torch's own validation of num_workers (a bad value fails there, like torch).
+        self._stoker_stats = StatsAccumulator(num_workers)
+        self._stoker_memory_watch = MemoryWatch(dataset) if num_workers > 0 else None
         if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):
             bs, dl = self.batch_size or 1, self.drop_last
             self._stoker_pad_steps = lambda: sampler.num_batches(bs, dl)
