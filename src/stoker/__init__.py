@@ -12,6 +12,7 @@ from stoker.errors import (
 )
 from stoker.executors.worker_info import get_worker_info
 from stoker.loader import DataLoader
+from stoker.sampling.sample_rng import sample_generator, sample_rng, sample_seed
 
 __all__ = [
     "DataLoader",
@@ -25,6 +26,9 @@ __all__ = [
     "default_collate",
     "default_convert",
     "get_worker_info",
+    "sample_generator",
+    "sample_rng",
+    "sample_seed",
 ]
 
 __version__ = "0.1.0"

@@ -256,6 +256,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             state = progress.state_dict()
         if callable(getattr(self.dataset, "state_dict", None)):
             state["dataset_state"] = self.dataset.state_dict()  # type: ignore[attr-defined]
+            # In-process, an iterable's own state is its position; in workers the main
+            # process's copy never moves, so the loader must fast-forward instead.
+            state["dataset_state_covers_position"] = bool(
+                self._dataset_kind and self.num_workers == 0
+            )
         return state
 
     def _fresh_state(self, finished: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import functools
 import itertools
 import time
 import warnings
+import weakref
 from typing import Any
 
 from torch.utils.data import IterableDataset
@@ -77,14 +78,17 @@ def _epoch_samples(index_sampler: Any) -> int | None:
         return None
 
 
-_warned_fast_forward: set[int] = set()
+_warned_fast_forward: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def warn_fast_forward(dataset: Any, batches: int, saved_workers: int, workers: int) -> None:
     """Once per dataset: resuming an IterableDataset re-reads what was already delivered."""
-    if id(dataset) in _warned_fast_forward:
-        return
-    _warned_fast_forward.add(id(dataset))
+    try:
+        if dataset in _warned_fast_forward:
+            return
+        _warned_fast_forward.add(dataset)
+    except TypeError:  # not weak-referenceable: warn every time rather than never
+        pass
     message = (
         f"Resuming {type(dataset).__name__} (an IterableDataset) by reading its first "
         f"{batches} batches again and dropping them: an iterable cannot seek."
@@ -179,6 +183,8 @@ class BaseIterator:
         prefix = resume["batches"]
         self._skip = set(resume["extra_batches"])
         if self._fetch_spec.kind == "iterable":
+            if resume.get("dataset_state_covers_position") and self._num_workers == 0:
+                return  # the dataset's own load_state_dict already moved it past them
             # An iterable cannot seek: read the delivered batches again and drop them.
             self._drop_below, self._drop_set, self._skip = prefix, self._skip, set()
             if prefix or self._drop_set:

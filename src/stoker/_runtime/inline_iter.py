@@ -8,7 +8,7 @@ from typing import Any
 from stoker._runtime.base_iter import BaseIterator
 from stoker.executors.fetch import EMPTY, make_fetcher
 from stoker.executors.remote_errors import add_note, describe_indices
-from stoker.sampling.sample_rng import set_sample_context
+from stoker.sampling.sample_rng import clear_sample_context, set_sample_context
 from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
 
 
@@ -35,7 +35,10 @@ class InlineIterator(BaseIterator):
 
     def _timed_fetch(self, index: Any) -> Any:
         t0, c0 = time.perf_counter(), time.thread_time()
-        data = self._fetcher.gather(index)
+        try:
+            data = self._fetcher.gather(index)
+        finally:
+            clear_sample_context()  # this is the user's thread: leave nothing behind
         t1, c1 = time.perf_counter(), time.thread_time()
         batch = self._fetcher.finish(data)
         stats = self._stats

@@ -21,7 +21,7 @@ from stoker.executors.concurrency import ConcurrencyTuner, declared_thread_safe
 from stoker.executors.fetch import EMPTY, make_fetcher
 from stoker.executors.pipeline import JOB_READY, SAMPLE_DONE, Job, SamplePipeline, explore, settle
 from stoker.executors.remote_errors import add_note, describe_indices
-from stoker.sampling.sample_rng import set_sample_context
+from stoker.sampling.sample_rng import clear_sample_context, set_sample_context
 from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
 
 
@@ -75,11 +75,14 @@ class ThreadIterator(BaseIterator):
         with GlobalRngGuard():
             if self._seeding == "per_batch":
                 seed_global_rngs(batch_seed(self._base_seed, self._epoch, position))
-            if not self._fetcher.splittable:
-                job.results, job.remaining, job.whole = [self._fetcher.gather(index)], 0, True
-                return job
-            done = explore(job, self._fetcher, self._tuner, self._set_context,
-                           self._fetch_spec.skip_errors)
+            try:
+                if not self._fetcher.splittable:
+                    job.results, job.remaining, job.whole = [self._fetcher.gather(index)], 0, True
+                    return job
+                done = explore(job, self._fetcher, self._tuner, self._set_context,
+                               self._fetch_spec.skip_errors)
+            finally:
+                clear_sample_context()  # this is the user's thread: leave nothing behind
         if done < len(job.indices):
             self._order.append(position)
             self._pipeline.set_concurrency(self._tuner.concurrency)

@@ -1,0 +1,271 @@
+"""stoker-only engine features: error policy, executors, tuner, determinism, stats, sharding."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+import warnings
+
+import pytest
+import torch
+from _engine_datasets import (
+    Augmenting,
+    Computing,
+    Corrupt,
+    Dies,
+    HeadBlocked,
+    Stuck,
+    Waiting,
+    WaitingThreadSafe,
+    WaitingWithGlobalRng,
+)
+
+import stoker
+
+EXECUTORS = [
+    pytest.param({"num_workers": 0}, id="inline"),
+    pytest.param({"num_workers": 2}, id="process"),
+    pytest.param({"worker_type": "thread"}, id="thread"),
+]
+
+
+def _values(batches):
+    return sorted(torch.cat(batches).tolist())
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(3))
+
+
+# -- on_error="skip" ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_skip_leaves_out_bad_samples_and_counts_them(executor, caplog):
+    loader = stoker.DataLoader(Corrupt(), batch_size=4, on_error="skip", skip_budget=4, **executor)
+    with caplog.at_level(logging.WARNING, logger="stoker"):
+        batches = list(loader)
+        list(loader)  # a second epoch: each bad index is still logged once
+    assert _values(batches) == [i for i in range(40) if i not in (5, 6, 7, 8)]
+    assert loader.stats().skipped == 8
+    logged = [r.getMessage() for r in caplog.records if r.name == "stoker"]
+    assert logged == [f"stoker skipped sample {i}: OSError: corrupt file {i}" for i in (5, 6, 7, 8)]
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_skip_budget_exceeded_raises_with_the_errors(executor):
+    loader = stoker.DataLoader(Corrupt(), batch_size=4, on_error="skip", skip_budget=3, **executor)
+    with pytest.raises(stoker.SkipBudgetExceeded) as info:
+        list(loader)
+    assert str(info.value) == (
+        "on_error='skip' skipped 4 samples this epoch, more than the budget of 3 "
+        "(skip_budget=3). First errors: 5: OSError: corrupt file 5; 6: OSError: corrupt file 6; "
+        "7: OSError: corrupt file 7; 8: OSError: corrupt file 8. Fix those samples, or raise "
+        "skip_budget."
+    )
+
+
+def test_skip_default_fraction_budget_and_raise_default():
+    assert stoker.DataLoader(Corrupt(), on_error="skip").skip_budget == 0.01
+    with pytest.raises(OSError, match="corrupt file 5"):
+        list(stoker.DataLoader(Corrupt(), batch_size=4))
+
+
+def test_bad_policy_arguments_say_what_to_change():
+    iterable = _Stream()
+    with pytest.raises(ValueError) as info:
+        stoker.DataLoader(iterable, on_error="skip")
+    assert str(info.value) == (
+        "on_error='skip' needs a map-style dataset: an IterableDataset's iterator usually cannot "
+        "continue after it raises (a generator is closed by the exception), so skipping would "
+        "silently end its stream. Catch the error inside __iter__ instead."
+    )
+    with pytest.raises(ValueError) as info:
+        stoker.DataLoader(Corrupt(), on_error="ignore")
+    assert str(info.value) == "on_error='ignore': expected one of ('raise', 'skip')."
+    with pytest.raises(ValueError) as info:
+        stoker.DataLoader(Corrupt(), worker_concurrency=0)
+    assert str(info.value) == (
+        "worker_concurrency=0: expected a number of samples fetched at once per worker "
+        "(int >= 1) or 'auto'."
+    )
+    with pytest.raises(ValueError) as info:
+        stoker.DataLoader(iterable, worker_type="thread")
+    assert str(info.value).startswith("worker_type='thread' needs a map-style dataset")
+    with pytest.raises(ValueError) as info:
+        stoker.DataLoader(Corrupt(), shard=True, sampler=range(3))
+    assert str(info.value) == (
+        "shard=True builds its own sampler (this rank's share of each epoch); remove "
+        "sampler=/batch_sampler=, or drop shard=True and pass a DistributedSampler yourself."
+    )
+
+
+# -- the concurrency tuner ---------------------------------------------------------------------
+
+
+def _decisions(loader):
+    return [(e.concurrency, e.reason) for e in loader.stats().tuner]
+
+
+@pytest.mark.parametrize("executor", EXECUTORS[1:])
+def test_waiting_fetches_get_concurrency(executor):
+    loader = stoker.DataLoader(Waiting(), batch_size=16, **executor)
+    batches = list(loader)
+    assert _values(batches)[::2] == list(range(480))[::2] or len(batches) == 30
+    first = loader.stats().tuner[0]
+    assert first.concurrency > 1 and first.reason.startswith("fetches wait")
+    assert max(loader.stats().concurrency) > 1
+
+
+def test_cpu_bound_fetches_stay_at_one():
+    loader = stoker.DataLoader(Computing(), batch_size=16, num_workers=2)
+    list(loader)
+    assert all(c == 1 for c in loader.stats().concurrency)
+    assert all(r.startswith("fetches keep a CPU busy") for _, r in _decisions(loader))
+
+
+def test_global_rng_dataset_is_never_run_concurrently():
+    loader = stoker.DataLoader(WaitingWithGlobalRng(120), batch_size=8, num_workers=2)
+    list(loader)
+    assert all(c == 1 for c in loader.stats().concurrency)
+    assert all("draws from a global RNG" in r for _, r in _decisions(loader))
+
+
+def test_fixed_concurrency_is_respected():
+    loader = stoker.DataLoader(Waiting(64), batch_size=8, num_workers=2, worker_concurrency=3)
+    list(loader)
+    assert _decisions(loader) == [(3, "set by worker_concurrency")] * 2
+
+
+@pytest.mark.parametrize("executor", EXECUTORS[1:])
+def test_in_order_delivery_survives_out_of_order_completion(executor):
+    # Sample 20 finishes only after sample 40 (a later batch) was fetched.
+    loader = stoker.DataLoader(HeadBlocked(), batch_size=4, timeout=60, **executor)
+    assert torch.cat(list(loader)).tolist() == list(range(64))
+
+
+# -- determinism -------------------------------------------------------------------------------
+
+
+def _run(dataset, **kwargs):
+    gen = torch.Generator().manual_seed(11)
+    return list(stoker.DataLoader(dataset, batch_size=4, shuffle=True, generator=gen, **kwargs))
+
+
+@pytest.mark.parametrize("executor", EXECUTORS[1:] + [pytest.param({"num_workers": 1}, id="1")])
+def test_global_rng_augmentations_do_not_depend_on_the_executor(executor):
+    reference, other = _run(Augmenting()), _run(Augmenting(), **executor)
+    assert all(torch.equal(a, b) for a, b in zip(reference, other, strict=True))
+
+
+def test_in_order_false_gives_the_same_batches_reordered():
+    reference = {tuple(b[:, 0].tolist()): b for b in _run(Augmenting())}
+    for batch in _run(Augmenting(), num_workers=2, in_order=False):
+        assert torch.equal(reference[tuple(batch[:, 0].tolist())], batch)
+
+
+def test_sample_rng_is_the_same_under_concurrency_and_any_executor():
+    runs = [_run(WaitingThreadSafe(96), **e.values[0]) for e in EXECUTORS]
+    for other in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], other, strict=True))
+
+
+def test_sample_rng_outside_a_loader_says_what_to_do():
+    with pytest.raises(RuntimeError) as info:
+        stoker.sample_rng()
+    assert str(info.value) == (
+        "stoker.sample_seed()/sample_rng()/sample_generator() only work while a stoker "
+        "DataLoader is loading a sample (inside Dataset.__getitem__). Outside a loader, create "
+        "your own generator, e.g. numpy.random.default_rng(seed)."
+    )
+
+
+# -- dead and stuck workers --------------------------------------------------------------------
+
+
+def test_killed_worker_is_named_with_signal_and_samples():
+    with pytest.raises(stoker.WorkerDiedError) as info:
+        list(stoker.DataLoader(Dies("SIGKILL"), batch_size=4, num_workers=2))
+    text = str(info.value)
+    assert "was killed by SIGKILL while loading sample indices [8, 9, 10, 11" in text
+    assert "out-of-memory killer" in text
+    assert text.endswith("The epoch stops here instead of silently ending short.")
+
+
+def test_native_crash_shows_the_workers_faulthandler_stack():
+    with pytest.raises(stoker.WorkerDiedError) as info:
+        list(stoker.DataLoader(Dies("SIGSEGV"), batch_size=4, num_workers=2))
+    text = str(info.value)
+    assert "was killed by SIGSEGV" in text and "The worker's faulthandler output:" in text
+    assert "in __getitem__" in text  # the crashing Python frame
+
+
+def test_worker_exit_code_is_reported():
+    with pytest.raises(stoker.WorkerDiedError, match=r"exited with code 3 while loading"):
+        list(stoker.DataLoader(Dies("exit"), batch_size=4, num_workers=2))
+
+
+def test_stall_warning_names_the_worker_samples_and_stack():
+    event = multiprocessing.get_context("fork").Event()
+    loader = stoker.DataLoader(Stuck(event), batch_size=2, num_workers=2, stall_warning_s=0.3)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+
+        def release_when_warned():
+            deadline = threading.Event()
+            for _ in range(3000):
+                if any("no batch for" in str(w.message) for w in seen):
+                    break
+                deadline.wait(0.01)
+            event.set()
+
+        helper = threading.Thread(target=release_when_warned)
+        helper.start()
+        batches = list(loader)
+        helper.join(timeout=60)
+    assert torch.cat(batches).tolist() == list(range(8))
+    stall = [str(w.message) for w in seen if "no batch for" in str(w.message)]
+    assert stall, "no stall warning"
+    assert "holds sample indices [2, 3" in stall[0] and "in __getitem__" in stall[0]
+
+
+# -- stats -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_stats_count_batches_and_samples(executor):
+    loader = stoker.DataLoader(Waiting(40), batch_size=8, **executor)
+    assert loader.stats().summary == "stoker: no batches yet."
+    list(loader)
+    stats = loader.stats()
+    assert (stats.batches, stats.samples) == (5, 40)
+    assert stats.summary.startswith("stoker: 5 batches, ") and str(stats) == stats.summary
+    assert stats.fetch_wall_s > 0
+
+
+# -- sharding ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("even", ["pad", "drop", "exact"])
+def test_shard_splits_ranks_evenly(monkeypatch, even):
+    dataset = torch.utils.data.TensorDataset(torch.arange(25))  # shares 9, 8, 8
+    per_rank = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        loader = stoker.DataLoader(dataset, batch_size=4, shuffle=True, shard=True,
+                                   shard_even=even, generator=torch.Generator().manual_seed(5))
+        per_rank.append(list(loader))
+        assert len(loader) == len(per_rank[-1])
+    assert len({len(r) for r in per_rank}) == 1  # every rank takes the same number of steps
+    read = [i for r in per_rank for b in r if not isinstance(b, stoker.EndOfData)
+            for i in b[0].tolist()]
+    if even == "exact":  # 3, 2, 2 real batches; the short ranks step once more on EndOfData
+        assert sorted(read) == list(range(25))
+        assert sum(isinstance(b, stoker.EndOfData) for r in per_rank for b in r) == 2
+    elif even == "pad":
+        assert set(read) == set(range(25)) and len(read) == 27
+    else:
+        assert len(read) == len(set(read)) == 24
