@@ -1,9 +1,11 @@
 """stoker: keeps the accelerator fed. A drop-in, faster, safer torch DataLoader."""
 
+from stoker import formats
 from stoker.collate import default_collate, default_convert
 from stoker.distributed import EndOfData
 from stoker.errors import (
     LoaderTimeoutError,
+    MixedDeviceError,
     RemoteTraceback,
     SkipBudgetExceeded,
     StokerError,
@@ -12,12 +14,15 @@ from stoker.errors import (
 )
 from stoker.executors.worker_info import get_worker_info
 from stoker.loader import DataLoader
+from stoker.mix import Mix
 from stoker.sampling.sample_rng import sample_generator, sample_rng, sample_seed
 
 __all__ = [
     "DataLoader",
     "EndOfData",
+    "Mix",
     "LoaderTimeoutError",
+    "MixedDeviceError",
     "RemoteTraceback",
     "SkipBudgetExceeded",
     "StokerError",
@@ -25,6 +30,7 @@ __all__ = [
     "WorkerError",
     "default_collate",
     "default_convert",
+    "formats",
     "get_worker_info",
     "sample_generator",
     "sample_rng",

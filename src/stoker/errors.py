@@ -6,7 +6,8 @@
      │         ├── WorkerError          a worker failed and the original error could not travel
      │         ├── WorkerDiedError      a worker process exited or was killed mid-epoch
      │         ├── LoaderTimeoutError   no batch within ``timeout`` seconds (torch's message)
-     │         └── SkipBudgetExceeded   on_error="skip" skipped more samples than allowed
+     │         ├── SkipBudgetExceeded   on_error="skip" skipped more samples than allowed
+     │         └── MixedDeviceError     a batch's samples are on different devices
      └── RemoteTraceback                the worker-side traceback, chained as ``__cause__``
 """
 
@@ -42,3 +43,37 @@ class RemoteTraceback(Exception):
 
 class SkipBudgetExceeded(StokerError):
     """``on_error="skip"`` skipped more samples in an epoch than ``skip_budget`` allows."""
+
+
+class MixedDeviceError(StokerError):
+    """default_collate was asked to stack tensors that live on different devices.
+
+    ``positions`` maps each device to the batch positions on it; ``with_indices`` restates
+    the message with the dataset's sample indices once the caller knows them.
+    """
+
+    def __init__(self, positions: dict[str, list[int]], indices: list | None = None) -> None:
+        self.positions = positions
+        self.indices = indices
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        def where(batch_positions: list[int]) -> str:
+            if self.indices is not None:
+                return f"samples {[self.indices[p] for p in batch_positions]}"
+            return f"batch positions {batch_positions}"
+
+        parts = ", ".join(f"{where(p)} are on {d}" for d, p in self.positions.items())
+        return (
+            f"Cannot collate a batch whose tensors are on different devices: {parts}. Keep "
+            "every sample on one device: return CPU tensors from __getitem__ (move GPU-made "
+            "data such as pseudo-labels to the CPU with .cpu() before it goes into the "
+            "dataset) and move whole batches to the GPU in the training loop with "
+            "batch.to(device, non_blocking=True)."
+        )
+
+    def with_indices(self, indices: list) -> MixedDeviceError:
+        return MixedDeviceError(self.positions, indices)
+
+    def __reduce__(self) -> tuple:
+        return (MixedDeviceError, (self.positions, self.indices))

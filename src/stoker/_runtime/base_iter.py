@@ -23,6 +23,7 @@ from stoker._runtime.skips import SkipLedger
 from stoker._runtime.stats import batch_samples
 from stoker.collate import collate, default_convert
 from stoker.device.pin import pin_batch, pin_target
+from stoker.sampling.dataset_rngs import find_dataset_rngs, warn_shared_rngs
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.seeds import draw_base_seed
 
@@ -121,6 +122,10 @@ class BaseIterator:
         self._pad_steps = loader._stoker_pad_steps
         self._generator = loader.generator
         self._stats = loader._stoker_stats
+        per_batch = self._seeding == "per_batch"
+        self._dataset_rngs = find_dataset_rngs(self._dataset) if per_batch else []
+        if not per_batch and self._num_workers > 1:
+            warn_shared_rngs(self._dataset, find_dataset_rngs(self._dataset), self._num_workers)
         self._base_seed = 0
         self._epoch = -1
         self._open_epoch(loader, resume, first=True)

@@ -6,8 +6,10 @@ import time
 from typing import Any
 
 from stoker._runtime.base_iter import BaseIterator
+from stoker.errors import MixedDeviceError
 from stoker.executors.fetch import EMPTY, make_fetcher
 from stoker.executors.remote_errors import add_note, describe_indices
+from stoker.sampling.dataset_rngs import reseed, restore_states, save_states
 from stoker.sampling.sample_rng import clear_sample_context, set_sample_context
 from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
 
@@ -29,9 +31,15 @@ class InlineIterator(BaseIterator):
         if self._seeding != "per_batch":
             return self._timed_fetch(index)
         # The caller's own RNG streams (dropout, their augmentations) are left as they were.
-        with GlobalRngGuard():
-            seed_global_rngs(batch_seed(self._base_seed, self._epoch, position))
-            return self._timed_fetch(index)
+        seed = batch_seed(self._base_seed, self._epoch, position)
+        saved = save_states(self._dataset_rngs)
+        try:
+            with GlobalRngGuard():
+                seed_global_rngs(seed)
+                reseed(self._dataset_rngs, seed)
+                return self._timed_fetch(index)
+        finally:
+            restore_states(self._dataset_rngs, saved)
 
     def _timed_fetch(self, index: Any) -> Any:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -54,6 +62,8 @@ class InlineIterator(BaseIterator):
                 data = self._fetch(position, index)
             except StopIteration:
                 raise
+            except MixedDeviceError as exc:
+                raise exc.with_indices(index) if isinstance(index, list) else exc from None
             except Exception as exc:
                 add_note(exc, f"stoker: raised in the main process (num_workers=0) while loading "
                               f"{describe_indices(index)}.")

@@ -21,6 +21,7 @@ from typing import Any
 
 from stoker._core.specs import WorkerSpec
 from stoker._runtime.base_iter import BaseIterator
+from stoker._runtime.cuda_safety import refuse_device_tensors, safe_context
 from stoker._runtime.shutdown import WorkerGroup
 from stoker._runtime.stall import describe_stall, warn_stall
 from stoker._runtime.worker_death import check_workers_alive, lost_worker
@@ -46,7 +47,8 @@ class ProcessIterator(BaseIterator):
         self._is_iterable = self._fetch_spec.kind == "iterable"
         self._stall_warning_s = loader.stall_warning_s
         self._step_samples = loader.batch_size or 1
-        ctx = loader.multiprocessing_context or default_context()
+        refuse_device_tensors(self._dataset, self._num_workers)
+        ctx = safe_context(loader.multiprocessing_context, default_context(), loader)
         self._group = WorkerGroup()
         self._finalizer = weakref.finalize(self, self._group.stop)
         method = ctx.get_start_method()

@@ -16,11 +16,12 @@ from typing import Any
 
 from stoker._core.stats import TunerEvent
 from stoker._runtime.base_iter import BaseIterator
-from stoker.errors import LoaderTimeoutError
+from stoker.errors import LoaderTimeoutError, MixedDeviceError
 from stoker.executors.concurrency import ConcurrencyTuner, declared_thread_safe
 from stoker.executors.fetch import EMPTY, make_fetcher
 from stoker.executors.pipeline import JOB_READY, SAMPLE_DONE, Job, SamplePipeline, explore, settle
 from stoker.executors.remote_errors import add_note, describe_indices
+from stoker.sampling.dataset_rngs import reseed, restore_states, save_states
 from stoker.sampling.sample_rng import clear_sample_context, set_sample_context
 from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
 
@@ -72,9 +73,12 @@ class ThreadIterator(BaseIterator):
     def _next_alone(self) -> Job | None:
         position, index = self._next_index()  # StopIteration ends the epoch
         job = Job(self._epoch, position, list(index) if self._fetcher.splittable else [index])
+        saved = save_states(self._dataset_rngs)
         with GlobalRngGuard():
             if self._seeding == "per_batch":
-                seed_global_rngs(batch_seed(self._base_seed, self._epoch, position))
+                seed = batch_seed(self._base_seed, self._epoch, position)
+                seed_global_rngs(seed)
+                reseed(self._dataset_rngs, seed)
             try:
                 if not self._fetcher.splittable:
                     job.results, job.remaining, job.whole = [self._fetcher.gather(index)], 0, True
@@ -83,6 +87,7 @@ class ThreadIterator(BaseIterator):
                                self._fetch_spec.skip_errors)
             finally:
                 clear_sample_context()  # this is the user's thread: leave nothing behind
+                restore_states(self._dataset_rngs, saved)
         if done < len(job.indices):
             self._order.append(position)
             self._pipeline.set_concurrency(self._tuner.concurrency)
@@ -141,7 +146,11 @@ class ThreadIterator(BaseIterator):
             add_note(error, f"stoker: raised in a fetch thread while loading "
                             f"{describe_indices(job.indices)}.")
             raise error
-        return self._fetcher.finish(kept if kept else EMPTY)
+        try:
+            return self._fetcher.finish(kept if kept else EMPTY)
+        except MixedDeviceError as exc:
+            raise exc.with_indices([job.indices[k] for k in range(len(job.indices))
+                                    if k not in job.errors]) from None
 
     def _finish_epoch(self) -> None:
         super()._finish_epoch()

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data._utils import collate as _torch_collate
 
 from stoker.collate import _alloc
+from stoker.errors import MixedDeviceError
 
 CollateFnMap = Mapping[Any, Callable[..., Any]]
 
@@ -71,9 +72,23 @@ def collate_tensor_fn(batch: Any, *, collate_fn_map: CollateFnMap | None = None)
     if elem.layout in _SPARSE_LAYOUTS:
         raise RuntimeError(_SPARSE_MSG)
     allocator = _alloc.current_allocator()
-    if allocator is None:
-        return torch.stack(batch, 0)
-    return _stack_with(allocator, batch, elem)
+    try:
+        if allocator is None:
+            return torch.stack(batch, 0)
+        return _stack_with(allocator, batch, elem)
+    except RuntimeError:
+        _raise_if_mixed_devices(batch)
+        raise
+
+
+def _raise_if_mixed_devices(batch: Any) -> None:
+    """Turn torch's terse device mismatch into an error naming who is where (after failing)."""
+    positions: dict[str, list[int]] = {}
+    for i, t in enumerate(batch):
+        if isinstance(t, torch.Tensor):
+            positions.setdefault(str(t.device), []).append(i)
+    if len(positions) > 1:
+        raise MixedDeviceError(positions) from None
 
 
 def _stack_with(allocator: Any, batch: Any, elem: torch.Tensor) -> Any:

@@ -22,6 +22,7 @@ from typing import Any
 
 from stoker._core.specs import WorkerSpec
 from stoker.collate import allocating_into
+from stoker.errors import MixedDeviceError
 from stoker.executors import diagnostics
 from stoker.executors import messages as msg
 from stoker.executors.concurrency import ConcurrencyTuner, declared_thread_safe
@@ -37,6 +38,7 @@ from stoker.executors.pipeline import (
 from stoker.executors.remote_errors import RemoteError, capture, describe_indices
 from stoker.executors.thread_caps import cap_worker_threads
 from stoker.executors.worker_info import set_worker_info
+from stoker.sampling.dataset_rngs import find_dataset_rngs, reseed
 from stoker.sampling.sample_rng import set_sample_context
 from stoker.sampling.seeds import batch_seed, seed_global_rngs, seed_worker_rngs
 from stoker.transport import segments
@@ -95,6 +97,7 @@ class _Worker:
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.fetcher: Any = None
         self.tuner: ConcurrencyTuner | None = None
+        self.dataset_rngs = find_dataset_rngs(spec.fetch.dataset) if spec.seed_per_batch else []
         self._events_sent = 0
         self.pipeline: SamplePipeline | None = None
 
@@ -161,7 +164,9 @@ class _Worker:
             return
         assert self.tuner is not None
         if self.spec.seed_per_batch:
-            seed_global_rngs(batch_seed(self.spec.base_seed, self.epoch, task_id))
+            seed = batch_seed(self.spec.base_seed, self.epoch, task_id)
+            seed_global_rngs(seed)
+            reseed(self.dataset_rngs, seed)
         if self.fetcher.splittable and (self.tuner.concurrency > 1 or self.tuner.exploring):
             job = Job(self.epoch, task_id, list(indices))
             if self.tuner.exploring:
@@ -230,6 +235,8 @@ class _Worker:
         self.retired = []
 
     def _fail(self, task_id: int, indices: Any, exc: BaseException) -> None:
+        if isinstance(exc, MixedDeviceError) and isinstance(indices, list):
+            exc = exc.with_indices(indices)
         err = capture(exc, self.spec.worker_id, "loading " + describe_indices(indices))
         self.conn.send((msg.FAILED, self.epoch, task_id, err))
 

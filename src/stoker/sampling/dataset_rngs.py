@@ -1,0 +1,102 @@
+"""Random generators a dataset owns (created in ``__init__``), reseeded per batch.
+
+torch gives every worker an identical copy of the dataset, so ``self.rng =
+np.random.default_rng(0)`` draws the same numbers in every worker: augmentations repeat
+across workers, and change with ``num_workers``. With ``seeding="per_batch"`` stoker reseeds
+such generators before each batch from (base seed, epoch, position), like the global RNGs; in
+the main process their states are put back afterwards. With ``seeding="per_worker"`` (torch's
+behaviour) it warns once, naming the attribute and the fix.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+
+from stoker._core.walk import iter_attributes
+from stoker.sampling.seeds import numpy_seed_words
+
+_RNG_TYPES = (random.Random, np.random.Generator, np.random.RandomState, torch.Generator)
+
+
+def find_dataset_rngs(dataset: Any) -> list[tuple[str, Any]]:
+    found = []
+    seen: set[int] = set()
+    for path, value in iter_attributes(dataset):
+        if isinstance(value, _RNG_TYPES) and id(value) not in seen:
+            if isinstance(value, torch.Generator) and value.device.type != "cpu":
+                continue
+            seen.add(id(value))
+            found.append((path, value))
+    return found
+
+
+def _seed_of(seed: int, k: int) -> int:
+    words = numpy_seed_words(seed, k + 1)
+    return ((words[0] << 32) | words[1]) & ((1 << 63) - 1)
+
+
+def reseed(rngs: list[tuple[str, Any]], seed: int) -> None:
+    for k, (_, rng) in enumerate(rngs):
+        s = _seed_of(seed, k)
+        if isinstance(rng, torch.Generator):
+            rng.manual_seed(s)
+        elif isinstance(rng, np.random.Generator):
+            rng.bit_generator.state = type(rng.bit_generator)(s).state
+        elif isinstance(rng, np.random.RandomState):
+            rng.seed(numpy_seed_words(s, 0))
+        else:
+            rng.seed(s)
+
+
+def save_states(rngs: list[tuple[str, Any]]) -> list[Any]:
+    out: list[Any] = []
+    for _, rng in rngs:
+        if isinstance(rng, torch.Generator):
+            out.append(rng.get_state())
+        elif isinstance(rng, np.random.Generator):
+            out.append(rng.bit_generator.state)
+        elif isinstance(rng, np.random.RandomState):
+            out.append(rng.get_state())
+        else:
+            out.append(rng.getstate())
+    return out
+
+
+def restore_states(rngs: list[tuple[str, Any]], states: list[Any]) -> None:
+    for (_, rng), state in zip(rngs, states, strict=True):
+        if isinstance(rng, torch.Generator):
+            rng.set_state(state)
+        elif isinstance(rng, np.random.Generator):
+            rng.bit_generator.state = state
+        elif isinstance(rng, np.random.RandomState):
+            rng.set_state(state)
+        else:
+            rng.setstate(state)
+
+
+_warned: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def warn_shared_rngs(dataset: Any, rngs: list[tuple[str, Any]], num_workers: int) -> None:
+    """seeding="per_worker": every worker gets an identical copy of these generators."""
+    try:
+        if not rngs or dataset in _warned:
+            return
+        _warned.add(dataset)
+    except TypeError:
+        pass
+    path, rng = rngs[0]
+    warnings.warn(
+        f"stoker: {path} is a {type(rng).__module__}.{type(rng).__name__} created before the "
+        f"workers started; each of the {num_workers} workers gets an identical copy, so the "
+        "random draws from it repeat across workers. Draw from stoker.sample_rng() in "
+        "__getitem__ instead, or use seeding='per_batch' (the default), which reseeds it per "
+        "batch.",
+        stacklevel=5,
+    )
