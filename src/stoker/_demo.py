@@ -390,7 +390,7 @@ def _stats_line(loader: Any) -> str | None:
         return None
     try:
         stats = loader.stats()
-        text = stats.summary() if hasattr(stats, "summary") else str(stats)
+        text = str(stats)
     except Exception as exc:  # the demo's measurements stand even if stats() is broken
         return f"loader.stats() failed: {type(exc).__name__}: {exc}"
     return text.strip().splitlines()[0] if text.strip() else None

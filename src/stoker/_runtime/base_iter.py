@@ -24,6 +24,7 @@ from stoker._runtime.stats import batch_samples
 from stoker.collate import collate, default_convert
 from stoker.device.pin import pin_batch, pin_target
 from stoker.sampling.dataset_rngs import find_dataset_rngs, warn_shared_rngs
+from stoker.sampling.fast_batches import fast_iter
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.seeds import draw_base_seed
 
@@ -156,13 +157,13 @@ class BaseIterator:
         with ctx:
             if resume and self._stateful is not None and resume["sampler_state"] is not None:
                 self._stateful.load_state_dict(resume["sampler_state"])
-            self._sampler_iter = iter(self._index_sampler)
+            self._sampler_iter = self._iter_sampler()
             if drew:
                 self._base_seed = draw_base_seed(self._generator)
             elif resume:
                 self._base_seed = resume["base_seed"]
             if first and self._reiter_after_seed:
-                self._sampler_iter = iter(self._index_sampler)
+                self._sampler_iter = self._iter_sampler()
             self._position = 0
             self._skip: set[int] = set()
             self._sampler_snaps: dict[int, Any] = {}
@@ -182,6 +183,9 @@ class BaseIterator:
             live_sampler=self._tracked,
         )
         loader._stoker_progress = self._progress
+
+    def _iter_sampler(self) -> Any:
+        return fast_iter(self._index_sampler) or iter(self._index_sampler)
 
     def _skip_delivered(self, resume: dict[str, Any]) -> None:
         """Move past what was delivered before the save, without fetching (map-style)."""

@@ -33,7 +33,8 @@ from stoker.executors.remote_errors import add_note, rebuild
 from stoker.executors.thread_caps import pools_quiet_for_fork
 
 _EMPTY_STEP = object()
-_LIVENESS_POLL_S = 5.0  # only a fallback: worker sentinels wake the wait at once on death
+_LIVENESS_POLL_S = 5.0
+_WATCH_DELAY_S = 1.0  # only a fallback: worker sentinels wake the wait at once on death
 
 
 class ProcessIterator(BaseIterator):
@@ -56,6 +57,8 @@ class ProcessIterator(BaseIterator):
             self._start_workers(loader, ctx)
         self._worker_pids = tuple(w.pid for w in self._group.workers)
         self._memory_watch = loader._stoker_memory_watch
+        # Its first reads cost ~10 ms each: keep them out of the time to the first batch.
+        self._watch_from = time.monotonic() + _WATCH_DELAY_S
         self._start_dispatch()
 
     def _start_workers(self, loader: Any, ctx: Any) -> None:
@@ -272,7 +275,7 @@ class ProcessIterator(BaseIterator):
         t0 = time.perf_counter()
         data = self._group.reader.unpack(wid, segment_id, used, payload)
         self._stats.unpack_s += time.perf_counter() - t0
-        if self._memory_watch is not None:
+        if self._memory_watch is not None and time.monotonic() > self._watch_from:
             self._memory_watch.sample(self._worker_pids)
         if isinstance(data, EmptyBatch):
             return _EMPTY_STEP

@@ -176,5 +176,18 @@ class IterableFetcher:
         return data
 
 
+def vectorisable(spec: FetchSpec) -> bool:
+    """Whether a vectorised fetch may be probed for (NOTE [ Vectorised fetch ])."""
+    from stoker.collate import collate, default_collate
+
+    dataset = spec.dataset
+    collate_fn = spec.collate_fn
+    default = collate_fn is default_collate or getattr(collate_fn, "func", None) is collate
+    return (
+        spec.kind == "map" and spec.auto_collation and default and not spec.skip_errors
+        and not getattr(dataset, "__getitems__", None)
+    )
+
+
 def make_fetcher(spec: FetchSpec) -> MapFetcher | IterableFetcher:
     return MapFetcher(spec, spec.skip_errors) if spec.kind == "map" else IterableFetcher(spec)

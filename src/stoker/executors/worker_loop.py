@@ -26,7 +26,7 @@ from stoker.errors import MixedDeviceError
 from stoker.executors import diagnostics
 from stoker.executors import messages as msg
 from stoker.executors.concurrency import ConcurrencyTuner, declared_thread_safe
-from stoker.executors.fetch import EMPTY, make_fetcher
+from stoker.executors.fetch import EMPTY, make_fetcher, vectorisable
 from stoker.executors.pipeline import (
     JOB_READY,
     SAMPLE_DONE,
@@ -37,13 +37,14 @@ from stoker.executors.pipeline import (
 )
 from stoker.executors.remote_errors import RemoteError, capture, describe_indices
 from stoker.executors.thread_caps import cap_worker_threads
+from stoker.executors.vectorized import VectorProbe
 from stoker.executors.worker_info import set_worker_info
 from stoker.sampling.dataset_rngs import find_dataset_rngs, reseed
 from stoker.sampling.sample_rng import set_sample_context
 from stoker.sampling.seeds import batch_seed, seed_global_rngs, seed_worker_rngs
 from stoker.transport import segments
 from stoker.transport.segments import SegmentRef
-from stoker.transport.slab_writer import SlabPool, write_batch
+from stoker.transport.slab_writer import SlabPool, batch_nbytes, write_batch
 
 _PARENT_CHECK_INTERVAL_S = 0.5
 _MESSAGE = "message"
@@ -85,6 +86,15 @@ def _read_socket(conn: Connection, events: queue.SimpleQueue) -> None:
             return
 
 
+class _Collated:
+    """A batch that is already collated (vectorised fetch): ``_finish`` only packs it."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+
 class _Worker:
     def __init__(self, spec: WorkerSpec, conn: Connection) -> None:
         self.spec = spec
@@ -99,6 +109,7 @@ class _Worker:
         self.tuner: ConcurrencyTuner | None = None
         self.dataset_rngs = find_dataset_rngs(spec.fetch.dataset) if spec.seed_per_batch else []
         self._events_sent = 0
+        self.vector: VectorProbe | None = None
         self.pipeline: SamplePipeline | None = None
 
     def _announce(self, fd: int, ref: SegmentRef) -> None:
@@ -131,6 +142,8 @@ class _Worker:
     def _new_fetcher(self) -> None:
         self.fetcher = make_fetcher(self.spec.fetch)
         self.fetcher.on_sample = self._set_sample_context
+        if self.vector is None:
+            self.vector = VectorProbe(self.spec.fetch.dataset, vectorisable(self.spec.fetch))
         if self.tuner is None:
             self.tuner = ConcurrencyTuner(
                 self.spec.concurrency, declared_thread_safe(self.spec.fetch.dataset),
@@ -167,6 +180,9 @@ class _Worker:
             seed = batch_seed(self.spec.base_seed, self.epoch, task_id)
             seed_global_rngs(seed)
             reseed(self.dataset_rngs, seed)
+        if self.vector is not None and (self.vector.adopted or self.vector.probing):
+            self._run_vectorised(task_id, list(indices))
+            return
         if self.fetcher.splittable and (self.tuner.concurrency > 1 or self.tuner.exploring):
             job = Job(self.epoch, task_id, list(indices))
             if self.tuner.exploring:
@@ -187,6 +203,22 @@ class _Worker:
             return
         self._finish(task_id, indices, data, self.fetcher.skipped, (wall, cpu))
 
+    def _run_vectorised(self, task_id: int, indices: list[int]) -> None:
+        """NOTE [ Vectorised fetch ]: probe on the first batches, then one call per batch."""
+        assert self.vector is not None
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            if self.vector.adopted:
+                batch = self.vector.fetch(indices)
+            else:
+                batch = self.fetcher.fetch(indices)
+                self.vector.check(indices, batch)
+        except Exception as exc:
+            self._fail(task_id, indices, exc)
+            return
+        timing = (time.perf_counter() - t0, time.thread_time() - c0)
+        self._finish(task_id, indices, _Collated(batch), [], timing)
+
     def _explore(self, job: Job) -> None:
         """Fetch alone, sample by sample, measuring; hand the rest over once concurrency rises."""
         assert self.tuner is not None
@@ -203,11 +235,16 @@ class _Worker:
 
     def _finish(self, task_id: int, indices: Any, data: Any, skipped: list, timing: tuple) -> None:
         """Collate into a slab, pack, send; feed the tuner."""
-        slab = self.pool.acquire()
+        # Before the first batch the pool cannot know the size: measure the samples, so the
+        # batch is collated straight into a slab that fits instead of being copied over.
+        hint = None if self.pool.sized or data is EMPTY else batch_nbytes(
+            data.batch if isinstance(data, _Collated) else data
+        )
+        slab = self.pool.acquire(hint)
         try:
             t0 = time.perf_counter()
             with allocating_into(slab):
-                batch = self.fetcher.finish(data)
+                batch = data.batch if isinstance(data, _Collated) else self.fetcher.finish(data)
             del data
             t1 = time.perf_counter()
             segment_id, used, payload = write_batch(self.pool, slab, batch)

@@ -107,9 +107,14 @@ def open_received(ref: SegmentRef, fd: int | None) -> int:
     return fd
 
 
+# Fault every page in at map time: one kernel pass instead of a fault per 4 KiB touched.
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
 def map_segment(fd: int, nbytes: int) -> mmap.mmap:
     """A shared read-write mapping of the first ``nbytes`` of the segment."""
-    return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    flags = mmap.MAP_SHARED | _POPULATE
+    return mmap.mmap(fd, nbytes, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -136,7 +141,8 @@ def map_lease(fd: int, nbytes: int, on_release: Callable[[], None]) -> ctypes.Ar
     user who keeps thousands of batches does not run out of file descriptors.
     """
     nbytes = round_up(nbytes)
-    address = _libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    prot = mmap.PROT_READ | mmap.PROT_WRITE
+    address = _libc.mmap(None, nbytes, prot, mmap.MAP_SHARED | _POPULATE, fd, 0)
     if address is None or address == _MAP_FAILED:
         err = ctypes.get_errno()
         raise OSError(err, f"mmap of a {nbytes}-byte batch segment failed: {os.strerror(err)}")

@@ -210,6 +210,11 @@ class SlabPool:
         self._slabs[ref.segment_id] = slab
         return slab
 
+    @property
+    def sized(self) -> bool:
+        """Whether a batch has taught the pool how big batches are."""
+        return self._expected > _MIN_SLAB_BYTES
+
     def note_used(self, nbytes: int) -> None:
         """Remember how big batches are, so the next slab is sized right the first time."""
         self._expected = max(_MIN_SLAB_BYTES, nbytes)
