@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from stoker._core.walk import iter_attributes
-from stoker.sampling.seeds import numpy_seed_words
+from stoker.sampling.seeds import mix_seed
 
 _RNG_TYPES = (random.Random, np.random.Generator, np.random.RandomState, torch.Generator)
 
@@ -37,8 +37,7 @@ def find_dataset_rngs(dataset: Any) -> list[tuple[str, Any]]:
 
 
 def _seed_of(seed: int, k: int) -> int:
-    words = numpy_seed_words(seed, k + 1)
-    return ((words[0] << 32) | words[1]) & ((1 << 63) - 1)
+    return mix_seed(seed, 100 + k) >> 1
 
 
 def reseed(rngs: list[tuple[str, Any]], seed: int) -> None:
@@ -49,7 +48,7 @@ def reseed(rngs: list[tuple[str, Any]], seed: int) -> None:
         elif isinstance(rng, np.random.Generator):
             rng.bit_generator.state = type(rng.bit_generator)(s).state
         elif isinstance(rng, np.random.RandomState):
-            rng.seed(numpy_seed_words(s, 0))
+            rng.seed(s & 0xFFFFFFFF)
         else:
             rng.seed(s)
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stoker.sampling.seeds import numpy_seed_words
+from stoker.sampling.seeds import mix_seed
 
 _context = threading.local()
 
@@ -46,8 +46,7 @@ def sample_seed() -> int:
             "create your own generator, e.g. numpy.random.default_rng(seed)."
         )
     base_seed, epoch, index = key
-    words = numpy_seed_words(base_seed ^ (epoch << 40) ^ (1 << 62), _index_word(index))
-    return (words[2] << 32) | words[3]
+    return mix_seed(base_seed, epoch, _index_word(index), 7)
 
 
 def sample_rng() -> np.random.Generator:
