@@ -143,3 +143,21 @@ def test_torch_seeding_warns_about_dataset_generators_copied_into_workers():
         "seeding='per_batch' (the default), which reseeds it per batch."
     ]
     assert draws[:4, 1].tolist() == draws[4:8, 1].tolist()  # torch's behaviour: repeated
+
+
+class _TouchesCuda(torch.utils.data.Dataset):
+    """Raises what torch raises when a forked worker touches a CUDA context it inherited."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        raise RuntimeError("CUDA error: initialization error")
+
+
+def test_cuda_used_inside_a_worker_explains_the_fix():
+    from stoker.executors.remote_errors import CUDA_HINT
+
+    with pytest.raises(RuntimeError, match="initialization error") as info:
+        list(stoker.DataLoader(_TouchesCuda(), batch_size=2, num_workers=2))
+    assert CUDA_HINT in info.value.__notes__

@@ -71,12 +71,24 @@ def describe_indices(indices: Any) -> str:
     return f"sample index {indices!r}"
 
 
+_CUDA_IN_WORKER = ("CUDA error: initialization error", "re-initialize CUDA in forked subprocess")
+CUDA_HINT = (
+    "stoker: this worker used CUDA (in __getitem__, collate_fn or worker_init_fn), which a "
+    "worker process cannot do once the main process has initialised CUDA. Return CPU tensors "
+    "from the dataset and move each batch to the GPU in the training loop "
+    "(batch.to(device, non_blocking=True)), or start workers with "
+    "multiprocessing_context='spawn'."
+)
+
+
 def capture(exc: BaseException, worker_id: int, doing: str) -> RemoteError:
     """Package ``exc`` (being handled now) for the trip to the main process.
 
     ``doing`` completes "while ...", e.g. ``"loading sample indices [3, 4]"``.
     """
     where = f"in DataLoader worker {worker_id} (pid {os.getpid()}) while {doing}"
+    if any(marker in str(exc) for marker in _CUDA_IN_WORKER):
+        add_note(exc, CUDA_HINT)
     tb_text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return RemoteError(_pickle_exception(exc), type(exc).__qualname__, tb_text, where)
 
