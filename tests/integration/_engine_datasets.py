@@ -34,9 +34,13 @@ class Corrupt(Dataset):
 
 
 class Waiting(Dataset):
-    """Each fetch blocks on an event that is never set: waiting, not computing (like I/O)."""
+    """Each fetch blocks on an event that is never set: waiting, not computing (like I/O).
 
-    wait_s = 0.004
+    20 ms, so that waiting dominates a fetch's wall time even when the machine is busy and
+    the thread waits a few ms for a CPU afterwards.
+    """
+
+    wait_s = 0.02
 
     def __init__(self, n: int = 480) -> None:
         self.n = n
