@@ -20,8 +20,8 @@ from stoker.sampling.sample_rng import sample_generator, sample_rng, sample_seed
 __all__ = [
     "DataLoader",
     "EndOfData",
-    "Mix",
     "LoaderTimeoutError",
+    "Mix",
     "MixedDeviceError",
     "RemoteTraceback",
     "SkipBudgetExceeded",

@@ -78,6 +78,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     Extra keyword-only arguments (all optional):
 
+    worker_type: ``"process"``: ``num_workers`` worker processes (torch's meaning), each
+        fetching with a thread pool sized by ``worker_concurrency``; ``"thread"``: fetches run
+        on threads of the main process, no processes (map-style datasets only); ``"auto"``
+        (default): processes when ``num_workers > 0``, else the calling thread.
+    worker_concurrency: samples each worker fetches at once: an ``int``, or ``"auto"``
+        (default): measured per worker, raised while throughput rises for fetches that mostly
+        wait (I/O), one for CPU-bound fetches and for datasets drawing from global RNGs (see
+        NOTE [ Automatic concurrency ]).
     seeding: ``"per_batch"`` (default) reseeds ``random``, numpy's global RNG and torch's
         default generator before every batch from (base seed, epoch, batch position), in
         whichever process fetches it, so random augmentations do not depend on ``num_workers``

@@ -59,7 +59,7 @@ EXTRAS = {
 }
 # Extras the DataLoader docstring does not describe yet. Remove a name once it is documented
 # (the xfail is strict: a documented name listed here fails the run).
-UNDOCUMENTED = {"worker_type", "worker_concurrency"}
+UNDOCUMENTED: set[str] = set()
 
 
 def kind_of(obj: object) -> str:

@@ -33,7 +33,7 @@ import pytest
 import torch
 import torch.utils.data
 from _datasets import drop_tracebacks
-from hypothesis import HealthCheck, assume, event, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 
@@ -180,34 +180,8 @@ def run_groups(Loader: type, groups: list[list[Any]], num_workers: int) -> tuple
     return len(good), len(bad)
 
 
-# Known stoker bug (reported): the worker packs an empty tensor (numel 0) as a plain pickle
-# instead of a slab descriptor, and torch 2.13 cannot unpickle a plain-pickled tensor of the
-# unsigned dtypes it added late (uint16/32/64: "type object 'torch.storage.UntypedStorage' has
-# no attribute 'dtype'"), so such a batch fails in the main process with AttributeError.
-# ``test_empty_unsigned_tensors_cross_from_workers`` pins it; until it is fixed the property
-# test leaves those samples out of the worker path (drop this and the xfail with the fix).
-_LATE_UNSIGNED = {torch.uint16, torch.uint32, torch.uint64}
-_LATE_UNSIGNED_NP = {np.dtype(np.uint16), np.dtype(np.uint32), np.dtype(np.uint64)}
-
-
-def has_empty_late_unsigned(tree: Any) -> bool:
-    if isinstance(tree, torch.Tensor):
-        return tree.numel() == 0 and tree.dtype in _LATE_UNSIGNED
-    if isinstance(tree, np.ndarray):
-        return tree.size == 0 and tree.dtype in _LATE_UNSIGNED_NP
-    if isinstance(tree, dict):
-        return any(has_empty_late_unsigned(v) for v in tree.values())
-    if isinstance(tree, (list, tuple)):
-        return any(has_empty_late_unsigned(v) for v in tree)
-    return False
-
-
-@pytest.mark.xfail(
-    raises=AttributeError,
-    strict=True,
-    reason="stoker bug: empty uint16/32/64 tensors travel from workers as plain pickles, "
-    "which torch cannot load",
-)
+# Empty tensors of the unsigned dtypes torch added late (uint16/32/64) cannot be unpickled by
+# torch 2.13; the transport sends every empty tensor as a descriptor instead.
 @pytest.mark.parametrize(
     "sample",
     [
@@ -218,14 +192,7 @@ def has_empty_late_unsigned(tree: Any) -> bool:
     ids=["ndarray-uint16", "tensor-uint64", "dict-with-uint32"],
 )
 def test_empty_unsigned_tensors_cross_from_workers(Loader, stoker_only, sample):
-    try:
-        run_groups(Loader, [[sample, sample]], num_workers=2)
-    except AttributeError as exc:
-        # pytest keeps an xfailed test's exception: without its traceback (whose frames hold
-        # the loader) the workers stop now and the leak check passes.
-        message = str(exc)
-        drop_tracebacks(exc)
-        raise AttributeError(message) from None
+    run_groups(Loader, [[sample, sample]], num_workers=2)
 
 
 # Examples Hypothesis always runs: a bad group torch's own workers fail on differently (see
@@ -265,5 +232,4 @@ def test_worker_path_collates_like_torch(Loader, stoker_only, groups):
     a tensor batch holding a list) and rebuilds errors around a rewritten message. stoker's
     workers give exactly ``default_collate``'s batch, or its exception type and message.
     """
-    assume(not has_empty_late_unsigned(groups))  # the known bug above
     check_groups(Loader, groups, num_workers=2)

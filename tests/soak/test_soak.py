@@ -354,21 +354,6 @@ EPOCHS = [epoch_to_the_end, epoch_with_break, epoch_with_exception, epoch_holdin
 EXACT_EPOCHS = ("children", "py_threads", "os_threads", "shm")
 
 
-# Known stoker bug, reported: ``ProcessIterator._reset`` (the next epoch on persistent workers)
-# clears ``_ready``, the batches already received for the abandoned epoch but not yet yielded,
-# without ``reader.release_now``. Their slabs never go back to the worker, which makes new
-# ones; main and worker both keep every such slab's fd (and its memory) until the loader is
-# deleted: about one fd and one ~1.3 MiB slab per epoch ended by ``break`` or an exception.
-# Remove this mark with the fix (it is strict: a passing test fails the run).
-SLAB_FD_LEAK = pytest.mark.xfail(
-    raises=FdGrowth,
-    strict=True,
-    reason="stoker bug: an epoch ended early on persistent workers leaks its prefetched "
-    "batches' slabs (ProcessIterator._reset drops _ready without releasing them)",
-)
-
-
-@SLAB_FD_LEAK
 @pytest.mark.parametrize("size", SIZES)
 def test_persistent_epochs(size: Size, leak_tools: Any, shm_held: Any) -> None:
     probe = Probe(shm_held)

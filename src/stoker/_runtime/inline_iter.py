@@ -10,7 +10,7 @@ from stoker.errors import MixedDeviceError
 from stoker.executors.fetch import EMPTY, make_fetcher
 from stoker.executors.remote_errors import add_note, describe_indices
 from stoker.sampling.dataset_rngs import reseed, restore_states, save_states
-from stoker.sampling.sample_rng import clear_sample_context, set_sample_context
+from stoker.sampling.sample_rng import clear_sample_context
 from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
 
 
@@ -24,8 +24,7 @@ class InlineIterator(BaseIterator):
             )
         super().__init__(loader, resume)
         self._fetcher = make_fetcher(self._fetch_spec)
-        base_seed, epoch = self._base_seed, self._epoch
-        self._fetcher.on_sample = lambda i: set_sample_context(base_seed, epoch, i)
+        self._fetcher.sample_context = (self._base_seed, self._epoch)
 
     def _fetch(self, position: int, index: Any) -> Any:
         if self._seeding != "per_batch":

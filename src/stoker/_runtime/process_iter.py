@@ -101,6 +101,11 @@ class ProcessIterator(BaseIterator):
 
     def _reset(self, loader: Any) -> None:
         """Next epoch on persistent workers (called by ``DataLoader.__iter__``)."""
+        # Batches of the abandoned epoch that arrived but were never handed out: their slabs
+        # go back to the workers (else each early-ended epoch would strand a few slabs).
+        for wid, reply in self._ready.values():
+            if reply[0] == msg.DONE:
+                self._group.reader.release_now(wid, reply[3])
         self._open_epoch(loader, None, first=False)
         self._collect_released()
         for w in self._group.workers:

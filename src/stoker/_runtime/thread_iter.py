@@ -30,7 +30,7 @@ class ThreadIterator(BaseIterator):
     def __init__(self, loader: Any, resume: dict[str, Any] | None = None) -> None:
         super().__init__(loader, resume)
         self._fetcher: Any = make_fetcher(self._fetch_spec)  # map-style: checked by the loader
-        self._fetcher.on_sample = self._set_context
+        self._fetcher.sample_context = (self._base_seed, self._epoch)
         self._tuner = ConcurrencyTuner(
             loader.worker_concurrency, declared_thread_safe(self._dataset),
             can_split=self._fetcher.splittable,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker._core.specs import FetchSpec
+from stoker.sampling.sample_rng import SAMPLE_CONTEXT
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,9 @@ class MapFetcher:
         getitems = getattr(spec.dataset, "__getitems__", None)
         self._getitems: Callable[[Any], Any] | None = getitems if getitems else None
         self.skipped: list[Skipped] = []  # of the last fetch
-        # Called with each sample's index before it is loaded (sets stoker.sample_rng()).
-        self.on_sample: Callable[[Any], None] | None = None
+        # (base seed, epoch) of the batch being fetched: each sample's index is published
+        # to stoker.sample_rng() before it is loaded. None: not published.
+        self.sample_context: tuple[int, int] | None = None
 
     def get_one(self, index: Any) -> Any:
         """One sample (for per-sample executors); ``__getitems__`` datasets get a list of one."""
@@ -78,17 +80,23 @@ class MapFetcher:
         if self._getitems is not None:
             self._mark(tuple(index))
             return self._getitems(index)
-        if self.on_sample is None:
+        if self.sample_context is None:
             return [self._dataset[i] for i in index]
-        out = []
+        ctx, dataset, out = self._publish(), self._dataset, []
         for i in index:
-            self.on_sample(i)
-            out.append(self._dataset[i])
+            ctx.index = i  # inline, not a call: this loop runs once per sample
+            out.append(dataset[i])
+        ctx.index = None
         return out
 
+    def _publish(self) -> Any:
+        ctx = SAMPLE_CONTEXT
+        ctx.base, ctx.epoch = self.sample_context  # type: ignore[misc]
+        return ctx
+
     def _mark(self, index: Any) -> None:
-        if self.on_sample is not None:
-            self.on_sample(index)
+        if self.sample_context is not None:
+            self._publish().index = index
 
     def gather(self, index: Any) -> Any:
         """The batch's samples (a single sample when auto-batching is off), or ``EMPTY``."""
@@ -111,6 +119,9 @@ class MapFetcher:
                 self.skipped = [Skipped(index, error_text(exc))]
                 return EMPTY
             raise
+        finally:
+            if self.sample_context is not None:
+                SAMPLE_CONTEXT.index = None
 
     def finish(self, data: Any) -> Any:
         """Collate gathered samples (``EMPTY`` stays ``EMPTY``)."""
@@ -151,7 +162,7 @@ class IterableFetcher:
         self.skipped: list[Skipped] = []
 
     splittable = False
-    on_sample: Callable[[Any], None] | None = None
+    sample_context: tuple[int, int] | None = None
 
     def fetch(self, index: Any) -> Any:
         return self.finish(self.gather(index))

@@ -141,7 +141,7 @@ class _Worker:
 
     def _new_fetcher(self) -> None:
         self.fetcher = make_fetcher(self.spec.fetch)
-        self.fetcher.on_sample = self._set_sample_context
+        self.fetcher.sample_context = (self.spec.base_seed, self.epoch)
         if self.vector is None:
             self.vector = VectorProbe(self.spec.fetch.dataset, vectorisable(self.spec.fetch))
         if self.tuner is None:
@@ -176,6 +176,7 @@ class _Worker:
             self.conn.send((msg.FAILED, self.epoch, task_id, self.init_error))
             return
         assert self.tuner is not None
+        self.fetcher.sample_context = (self.spec.base_seed, self.epoch)
         if self.spec.seed_per_batch:
             seed = batch_seed(self.spec.base_seed, self.epoch, task_id)
             seed_global_rngs(seed)

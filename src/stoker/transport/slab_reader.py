@@ -36,6 +36,11 @@ class _LeaseUnpickler(pickle.Unpickler):
         self._lease = lease
 
     def persistent_load(self, pid: Any) -> Any:
+        if pid[0] == "e":
+            _, dtype, shape, requires_grad = pid
+            return torch.empty(shape, dtype=dtype, requires_grad=requires_grad)
+        if pid[0] == "ea":
+            return np.empty(pid[2], dtype=pid[1])
         if pid[0] == "t":
             _, offset, dtype, shape, stride, requires_grad = pid
             numel = 1
@@ -68,8 +73,8 @@ class SlabReader:
                 segments.close(fd)
 
     def unpack(self, worker_id: int, segment_id: int | None, used: int, payload: bytes) -> Any:
-        if segment_id is None:
-            return pickle.loads(payload)
+        if segment_id is None:  # nothing in shared memory (empty tensors at most)
+            return _LeaseUnpickler(payload, None).load()
         fd = self._fds[(worker_id, segment_id)]
         key = (worker_id, segment_id)
         lease = segments.map_lease(fd, used, lambda: self.released.append(key))

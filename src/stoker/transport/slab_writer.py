@@ -38,7 +38,6 @@ def _sendable_tensor(t: torch.Tensor) -> bool:
         t.device.type == "cpu"
         and t.layout == torch.strided
         and not t.is_quantized
-        and t.numel() > 0
         and (t.grad_fn is None)
     )
 
@@ -56,7 +55,7 @@ def _dense(t: torch.Tensor) -> bool:
 
 
 def _sendable_array(a: np.ndarray) -> bool:
-    return a.size > 0 and not a.dtype.hasobject
+    return not a.dtype.hasobject
 
 
 class SlabWriter:
@@ -115,6 +114,9 @@ class _PackingPickler(pickle.Pickler):
         return None
 
     def _tensor_ref(self, t: torch.Tensor) -> tuple:
+        if t.numel() == 0:
+            # No bytes to place; also, torch 2.13 cannot unpickle empty uint16/32/64 tensors.
+            return ("e", t.dtype, tuple(t.shape), t.requires_grad)
         if t.is_conj() or t.is_neg():
             t = t.resolve_conj().resolve_neg()
         offset = self._slab.offset_of(t)
@@ -132,6 +134,8 @@ class _PackingPickler(pickle.Pickler):
         return ("t", offset, t.dtype, tuple(t.shape), stride, t.requires_grad)
 
     def _array_ref(self, a: np.ndarray) -> tuple:
+        if a.size == 0:
+            return ("ea", a.dtype, a.shape)
         flat = self._slab.empty((a.nbytes,), torch.uint8)
         if flat is None:
             raise SlabFull
@@ -154,7 +158,7 @@ class _SizingPickler(pickle.Pickler):
         if kind is np.ndarray and _sendable_array(obj):
             self.nbytes += _aligned(obj.nbytes)
             return 0
-        return None
+        return None  # (empty ones add 0 bytes)
 
 
 def batch_nbytes(batch: Any) -> int:
