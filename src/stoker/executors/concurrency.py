@@ -33,9 +33,10 @@ _MEMORY_BUDGET_BYTES = 512 << 20
 _WINDOW_S = 0.25
 _WINDOW_BATCHES = 2
 _WAIT_FRACTION = 0.5  # fetches waiting more than this share of their wall time are I/O-bound
+_MOSTLY_WAITING = 0.85
 _MIN_SAMPLE_S = 200e-6  # below this, thread hand-offs cost more than they save
 _GAIN = 1.15
-_PROBE_SAMPLES = 6
+_PROBE_SAMPLES = 4
 
 
 @dataclass(frozen=True)
@@ -165,9 +166,11 @@ class ConcurrencyTuner:
             return
         # A fetch taking w wall seconds per c CPU seconds can overlap about w/c times before
         # the CPU is the limit: start there (within the caps); the climb checks it pays.
+        # Fetches that almost only wait start at the cap: an epoch is often too short to climb.
         overlap = self._s_wall / max(self._s_cpu, 1e-9)
+        start = self._cap() if wait >= _MOSTLY_WAITING else max(2, min(self._cap(), int(overlap)))
         self._best = (1, 1.0 / per_sample)
-        self._decide(max(2, min(self._cap(), int(overlap))),
+        self._decide(start,
                      f"fetches wait {wait:.0%} of their time ({per_sample * 1e3:.1f} ms each)")
         self._reset_window()
 

@@ -5,8 +5,9 @@ Many in-memory datasets are thin wrappers over tensors or arrays (``{"x": self.x
 self.y[i]}``, ``TensorDataset``, a bare tensor or ndarray). Called with a LongTensor of a
 batch's indices, such a ``__getitem__`` returns the whole batch at once, with no per-sample
 Python at all. Whether a dataset is like that cannot be read off its code, so it is measured:
-on its first two batches (collated with the default collate, auto-batching on, no
-``__getitems__``, no error policy) the worker computes the batch both ways and compares them
+once the concurrency tuner has found the fetches CPU-bound (never for I/O-bound datasets), on
+two batches (collated with the default collate, auto-batching on, no ``__getitems__``, no
+error policy) the worker computes the batch both ways and compares them
 leaf by leaf (type, dtype, shape, every value), after shaping the vectorised result as
 ``default_collate`` would (plain tuples become lists, numeric arrays tensors). Any difference,
 any exception, any warning, or any draw from a global RNG means the dataset is fetched

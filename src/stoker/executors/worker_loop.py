@@ -181,7 +181,12 @@ class _Worker:
             seed = batch_seed(self.spec.base_seed, self.epoch, task_id)
             seed_global_rngs(seed)
             reseed(self.dataset_rngs, seed)
-        if self.vector is not None and (self.vector.adopted or self.vector.probing):
+        # Vectorising only pays for cheap CPU-bound samples: probe once the tuner has settled
+        # at one fetch at a time (an I/O-bound dataset is never called with a whole batch).
+        settled_at_one = not self.tuner.exploring and self.tuner.concurrency == 1
+        if self.vector is not None and (
+            self.vector.adopted or (self.vector.probing and settled_at_one)
+        ):
             self._run_vectorised(task_id, list(indices))
             return
         if self.fetcher.splittable and (self.tuner.concurrency > 1 or self.tuner.exploring):
