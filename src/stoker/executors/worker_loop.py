@@ -1,12 +1,12 @@
 """The worker process: fetch, collate into shared memory, reply; concurrently when it helps.
 
 Setup mirrors torch's worker (seeding, ``get_worker_info``, one intra-op thread,
-``worker_init_fn`` once per start, its error deferred to the first task). A reader thread
-turns socket messages into events on one queue, next to the "sample done" events of the
-fetch threads, so the main thread of the worker handles both in order and is the only one
-that sends. Batches run one at a time until the tuner raises the concurrency (NOTE
-[ Automatic concurrency ]); then ``SamplePipeline`` fetches samples of several batches at
-once. See ``messages`` for the protocol and NOTE [ Loader shutdown ] in ``_runtime.shutdown``.
+``worker_init_fn`` once per start, its error deferred to the first task). Batches run one at
+a time on the worker's main thread, which reads its socket directly, until the tuner raises
+the concurrency (NOTE [ Automatic concurrency ]); then ``SamplePipeline`` fetches samples of
+several batches at once, and a reader thread turns socket messages into events on one queue
+next to the fetch threads' "sample done" events, so the main thread handles both in order and
+stays the only one that sends. See ``messages`` for the protocol and NOTE [ Loader shutdown ] in ``_runtime.shutdown``.
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ class _Worker:
         self.dataset_rngs = find_dataset_rngs(spec.fetch.dataset) if spec.seed_per_batch else []
         self._events_sent = 0
         self.vector: VectorProbe | None = None
+        self._reader_started = False
         self.pipeline: SamplePipeline | None = None
 
     def _announce(self, fd: int, ref: SegmentRef) -> None:
@@ -304,11 +305,29 @@ class _Worker:
 
     # -- the event loop ----------------------------------------------------------------------
 
+    def _next_event(self) -> tuple[str, Any]:
+        """The next socket message or fetch-thread event.
+
+        While every fetch runs on this thread, messages are read straight from the socket; once
+        fetch threads exist, a reader thread feeds both into one queue (a message must not wait
+        behind a slow fetch, nor a finished sample behind a blocking read).
+        """
+        if self.pipeline is None:
+            try:
+                return _MESSAGE, self.conn.recv()
+            except (EOFError, OSError):
+                return _EOF, None
+        if not self._reader_started:
+            self._reader_started = True
+            reader = threading.Thread(
+                target=_read_socket, args=(self.conn, self.events), daemon=True
+            )
+            reader.start()
+        return self.events.get()
+
     def serve(self) -> None:
-        reader = threading.Thread(target=_read_socket, args=(self.conn, self.events), daemon=True)
-        reader.start()
         while True:
-            kind, item = self.events.get()
+            kind, item = self._next_event()
             if kind == SAMPLE_DONE:
                 assert self.pipeline is not None
                 if self.pipeline.sample_done(item):
