@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+import stoker
 from stoker.distributed import (
     DistContext,
     EndOfData,
@@ -138,13 +139,42 @@ def plan_elastic_load(rank: int, world: int, state: dict[str, Any]) -> dict[str,
     return {"read": read, "steps": steps, "state": sampler.state_dict()}
 
 
-def plan(rank: int, world: int, elastic_state: dict[str, Any] | None) -> dict[str, Any]:
+def _stoker_loader() -> Any:
+    # stoker's own loader: shard=True builds the ShardedSampler, yields EndOfData on the short
+    # ranks, advances the sampler and puts its state in the loader's state_dict.
+    return stoker.DataLoader(
+        Indices(N), batch_size=BATCH, shuffle=True, shard=True, shard_even="exact",
+        num_workers=2, generator=torch.Generator().manual_seed(9), timeout=COLLECTIVE_TIMEOUT_S,
+    )
+
+
+def plan_stoker_loader(rank: int, world: int, state: dict[str, Any] | None) -> dict[str, Any]:
+    """A full epoch through stoker.DataLoader(shard=True), or the rest of one after a resume."""
+    loader = _stoker_loader()
+    if state is not None:
+        loader.load_state_dict(state)
+    read: list[int] = []
+    steps = 0
+    saved = None
+    for batch in loader:
+        real = [] if isinstance(batch, stoker.EndOfData) else batch.tolist()
+        dist.all_reduce(torch.tensor([len(real)]))  # would time out if a rank stopped early
+        read += real
+        steps += 1
+        if state is None and steps == 1:
+            saved = {"state": loader.state_dict(), "read": list(read)}
+    return {"read": read, "steps": steps, "len": len(loader), "saved": saved}
+
+
+def plan(rank: int, world: int, elastic_state: dict[str, Any] | None,
+         loader_state: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything one launch checks (a launch costs seconds: torch is imported per rank)."""
     out = {"shard": plan_shard(rank, world)}
     if elastic_state is None:
         out["elastic_save"] = plan_elastic_save(rank, world)
     else:
         out["elastic_load"] = plan_elastic_load(rank, world, elastic_state)
+    out["stoker_loader"] = plan_stoker_loader(rank, world, loader_state)
     return out
 
 
@@ -205,7 +235,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[str, A
     root = tmp_path_factory.mktemp("distributed")
     three = launch(3, root / "w3", elastic_state=None)
     state = three[0]["elastic_save"]["state"]
-    two = launch(2, root / "w2", elastic_state=state)
+    loader_state = three[0]["stoker_loader"]["saved"]["state"]
+    two = launch(2, root / "w2", elastic_state=state, loader_state=loader_state)
     return {3: three, 2: two}
 
 
@@ -268,3 +299,22 @@ def test_context_outside_a_process_group_is_a_single_process() -> None:
     if "RANK" in os.environ or dist.is_initialized():
         pytest.skip("the test run itself is distributed")
     assert detect() == DistContext(0, 1)
+
+
+def test_stoker_loader_shards_a_real_process_group(runs: dict[int, list[dict[str, Any]]]) -> None:
+    ranks = [r["stoker_loader"] for r in runs[3]]
+    assert len({r["steps"] for r in ranks}) == 1, "every rank takes the same number of steps"
+    assert all(r["len"] == r["steps"] for r in ranks)
+    read = [i for r in ranks for i in r["read"]]
+    assert sorted(read) == list(range(N)), "exact: every sample once across ranks and workers"
+
+
+def test_stoker_loader_resumes_elastically_from_three_ranks_to_two(
+    runs: dict[int, list[dict[str, Any]]],
+) -> None:
+    before = [i for r in runs[3] for i in r["stoker_loader"]["saved"]["read"]]
+    after = [i for r in runs[2] for i in r["stoker_loader"]["read"]]
+    assert len(before) == 3 * BATCH
+    assert not set(before) & set(after), "a sample read before the checkpoint was read again"
+    assert sorted(before + after) == list(range(N))
+    assert len({r["stoker_loader"]["steps"] for r in runs[2]}) == 1
