@@ -11,7 +11,8 @@ _MAX_OBJECTS = 2000
 _MAX_ITEMS = 16
 
 
-def _attributes(obj: Any) -> dict[str, Any]:
+def attributes(obj: Any) -> dict[str, Any]:
+    """An object's instance attributes: its ``__dict__`` and its ``__slots__`` values."""
     attrs = dict(getattr(obj, "__dict__", None) or {})
     for cls in type(obj).__mro__:
         slots = getattr(cls, "__slots__", ())
@@ -40,7 +41,7 @@ def iter_attributes(
             continue
         seen.add(id(obj))
         try:
-            attrs = _attributes(obj)
+            attrs = attributes(obj)
         except Exception:  # a property or __getattr__ that raises: nothing to learn here
             continue
         for name, value in attrs.items():

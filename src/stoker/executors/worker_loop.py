@@ -6,7 +6,8 @@ a time on the worker's main thread, which reads its socket directly, until the t
 the concurrency (NOTE [ Automatic concurrency ]); then ``SamplePipeline`` fetches samples of
 several batches at once, and a reader thread turns socket messages into events on one queue
 next to the fetch threads' "sample done" events, so the main thread handles both in order and
-stays the only one that sends. See ``messages`` for the protocol and NOTE [ Loader shutdown ] in ``_runtime.shutdown``.
+stays the only one that sends. See ``messages`` for the protocol and NOTE [ Loader shutdown ]
+in ``_runtime.shutdown``.
 """
 
 from __future__ import annotations

@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Literal
 
+from stoker._core.walk import attributes
+
 MIB = 2**20
 ENV_SWITCH = "STOKER_MEMORY_WATCH"
 NOTEWORTHY_CONTAINER_BYTES = MIB  # smaller containers are not named in the warning
@@ -365,16 +367,6 @@ def largest_container(dataset: Any) -> ContainerFinding | None:
     return max(found, key=lambda f: f.est_bytes, default=None)
 
 
-def _attributes(obj: Any) -> dict[str, Any]:
-    attrs = dict(getattr(obj, "__dict__", None) or {})
-    for cls in type(obj).__mro__:
-        slots = getattr(cls, "__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if name not in ("__dict__", "__weakref__") and name not in attrs and hasattr(obj, name):
-                attrs[name] = getattr(obj, name)
-    return attrs
-
-
 def _walkable(obj: Any) -> bool:
     if isinstance(obj, _NOT_WALKED):  # classes, modules, functions
         return False
@@ -386,7 +378,7 @@ def _walk(obj: Any, path: str, depth: int, seen: set[int], found: list[Container
         return
     seen.add(id(obj))
     try:
-        attrs = _attributes(obj)
+        attrs = attributes(obj)
     except Exception:  # a property or __getattr__ that raises: nothing to learn here
         return
     for name, value in attrs.items():
