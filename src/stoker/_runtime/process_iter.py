@@ -17,6 +17,7 @@ import os
 import time
 import weakref
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from stoker._core.specs import WorkerSpec
@@ -62,21 +63,34 @@ class ProcessIterator(BaseIterator):
         self._start_dispatch()
 
     def _start_workers(self, loader: Any, ctx: Any) -> None:
-        for wid in range(self._num_workers):
-            spec = WorkerSpec(
-                worker_id=wid,
-                num_workers=self._num_workers,
-                fetch=self._fetch_spec,
-                base_seed=self._base_seed,
-                worker_init_fn=loader.worker_init_fn,
-                max_idle_slabs=self._prefetch + 2,
-                parent_pid=os.getpid(),
-                first_epoch=self._epoch,
-                seed_per_batch=self._seeding == "per_batch",
-                dist=loader.dist_context,
-                concurrency=loader.worker_concurrency,
-            )
-            self._group.workers.append(start_worker(ctx, spec))
+        specs = [self._spec(loader, wid) for wid in range(self._num_workers)]
+        if ctx.get_start_method() == "fork" or len(specs) == 1:
+            self._group.workers.extend(start_worker(ctx, spec) for spec in specs)
+            return
+        # spawn/forkserver pickle the dataset into each worker and the child imports torch:
+        # seconds per worker, so start them side by side (a fork must not happen in a thread).
+        with ThreadPoolExecutor(max_workers=min(len(specs), 8)) as pool:
+            futures = [pool.submit(start_worker, ctx, spec) for spec in specs]
+        # Keep every worker that started (shutdown stops them), then report a failed start.
+        self._group.workers.extend(f.result() for f in futures if f.exception() is None)
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        if failed:
+            raise failed[0]  # type: ignore[misc]
+
+    def _spec(self, loader: Any, wid: int) -> WorkerSpec:
+        return WorkerSpec(
+            worker_id=wid,
+            num_workers=self._num_workers,
+            fetch=self._fetch_spec,
+            base_seed=self._base_seed,
+            worker_init_fn=loader.worker_init_fn,
+            max_idle_slabs=self._prefetch + 2,
+            parent_pid=os.getpid(),
+            first_epoch=self._epoch,
+            seed_per_batch=self._seeding == "per_batch",
+            dist=loader.dist_context,
+            concurrency=loader.worker_concurrency,
+        )
 
     # -- epoch state -------------------------------------------------------------------------
 
