@@ -84,7 +84,7 @@ class ProcessIterator(BaseIterator):
             fetch=self._fetch_spec,
             base_seed=self._base_seed,
             worker_init_fn=loader.worker_init_fn,
-            max_idle_slabs=self._prefetch + 2,
+            max_idle_slabs=self._prefetch,  # idle slabs kept for reuse: memory vs allocations
             parent_pid=os.getpid(),
             first_epoch=self._epoch,
             seed_per_batch=self._seeding == "per_batch",
