@@ -154,4 +154,6 @@ class ThreadIterator(BaseIterator):
 
     def _finish_epoch(self) -> None:
         super()._finish_epoch()
-        self._finalizer()
+        # Every fetch is done at the end of an epoch: join the threads, so none outlives it.
+        self._finalizer.detach()
+        self._pipeline.close(wait=True)

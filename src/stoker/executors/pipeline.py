@@ -116,10 +116,11 @@ class SamplePipeline:
         self.completions = self.starved = 0
         return share
 
-    def close(self) -> None:
+    def close(self, wait: bool = False) -> None:
+        """Stop the fetch threads; ``wait`` joins them (quick when no fetch is running)."""
         self._waiting.clear()
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=wait, cancel_futures=True)
 
 
 def settle(job: Job, skip_errors: bool) -> tuple[list[Any], list[Skipped], BaseException | None]:
