@@ -238,7 +238,7 @@ class ProcessIterator(BaseIterator):
                     lost_worker(self, w)
                 got_reply = True
         if not got_reply:
-            check_workers_alive(self, sentinels_ready=bool(ready))
+            check_workers_alive(self)
             if not ready and self._timeout > 0:
                 self._raise_timeout()
             self._check_stall()

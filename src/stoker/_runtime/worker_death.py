@@ -54,7 +54,7 @@ def _shm_note(exitcode: int) -> str:
     return f" /dev/shm has {free / 2**20:.0f} MiB free now." if free is not None else ""
 
 
-def check_workers_alive(it: Any, sentinels_ready: bool) -> None:
+def check_workers_alive(it: Any) -> None:
     """Raise ``WorkerDiedError`` if any worker of iterator ``it`` has exited."""
     dead = [w for w in it._group.workers if w.process.exitcode is not None]
     if not dead:
@@ -83,7 +83,7 @@ def check_workers_alive(it: Any, sentinels_ready: bool) -> None:
 def lost_worker(it: Any, w: Any) -> None:
     """A worker's socket broke: it died mid-reply. Wait for its exit status and report it."""
     w.process.join(1.0)
-    check_workers_alive(it, sentinels_ready=True)
+    check_workers_alive(it)
     it._shutdown()
     raise WorkerDiedError(
         f"DataLoader worker {w.worker_id} (pid {w.pid}) closed its connection without exiting."

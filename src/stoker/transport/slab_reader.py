@@ -92,9 +92,6 @@ class SlabReader:
             by_worker.setdefault(wid, []).append(sid)
         return by_worker
 
-    def forget_worker(self, worker_id: int) -> None:
-        self.retire(worker_id, [sid for (wid, sid) in list(self._fds) if wid == worker_id])
-
     def close(self) -> None:
         for fd in self._fds.values():
             segments.close(fd)
