@@ -511,3 +511,19 @@ def drop_tracebacks(exc: BaseException | None, _seen: set[int] | None = None) ->
     exc.__traceback__ = None
     drop_tracebacks(exc.__cause__, seen)
     drop_tracebacks(exc.__context__, seen)
+
+
+class EpochPlan(Sampler[list[int]]):
+    """A batch sampler yielding the batches set by ``plan`` (it runs in the main process only)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def plan(self, batches: list[list[int]]) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(list(self.batches))
+
+    def __len__(self) -> int:
+        return len(self.batches)

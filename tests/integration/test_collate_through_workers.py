@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 import importlib
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data
-from _datasets import drop_tracebacks
+from _datasets import EpochPlan, drop_tracebacks
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -112,20 +112,6 @@ class GroupsDataset(torch.utils.data.Dataset):
         return self.samples[i]
 
 
-class EpochPlan(torch.utils.data.Sampler[list[int]]):
-    """Yields the batches (lists of indices) of the epoch set by ``plan`` (main process only)."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[int]] = []
-
-    def plan(self, batches: list[list[int]]) -> None:
-        self.batches = batches
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(list(self.batches))
-
-    def __len__(self) -> int:
-        return len(self.batches)
 
 
 def torch_outcome(group: list[Any]) -> tuple[str, Any]:

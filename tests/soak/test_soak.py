@@ -39,14 +39,14 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import psutil
 import pytest
 import torch
-from _datasets import drop_tracebacks
+from _datasets import EpochPlan, drop_tracebacks
 
 import stoker
 
@@ -91,20 +91,6 @@ class Samples(torch.utils.data.Dataset):
         return {"x": torch.full((SAMPLE_FLOATS,), float(i)), "i": i}
 
 
-class EpochPlan(torch.utils.data.Sampler[list[int]]):
-    """Yields the batches set by ``plan`` (it runs in the main process only)."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[int]] = []
-
-    def plan(self, batches: list[list[int]]) -> None:
-        self.batches = batches
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(list(self.batches))
-
-    def __len__(self) -> int:
-        return len(self.batches)
 
 
 GOOD_BATCHES = [list(range(i, i + BATCH)) for i in range(0, GOOD, BATCH)]

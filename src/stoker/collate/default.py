@@ -142,49 +142,49 @@ def _collate_sequence(
     return _rebuild_sequence(elem, lambda: _collate_columns(columns, collate_fn_map))
 
 
-def _rebuild_mapping(elem: Mapping[Any, Any], values: Callable[[], dict[Any, Any]]) -> Any:
-    """A mapping of ``elem``'s type holding ``values()``; a plain dict when the type refuses.
+def _rebuild(
+    elem: Any, values: Callable[[], Any], mutable: bool, fill: Callable[[Any, Any], None]
+) -> Any:
+    """A container of ``elem``'s type holding ``values()``; ``values()`` itself when it refuses.
 
-    A mutable mapping is copied and updated, since its type may carry state (defaultdict's
-    factory, attributes) that ``type(elem)(...)`` would lose.
+    A mutable container is copied and filled in place, since its type may carry state
+    (defaultdict's factory, attributes) that ``type(elem)(...)`` would lose.
     """
-    if isinstance(elem, MutableMapping):
+    if mutable:
         try:
             clone = copy.copy(elem)
         except TypeError:
             return values()
         result = values()
         try:
-            clone.update(result)
+            fill(clone, result)
         except TypeError:
             return result
         return clone
     result = values()
     try:
-        return type(elem)(result)  # type: ignore[call-arg]
+        return type(elem)(result)
     except TypeError:
         return result
+
+
+def _update(clone: Any, values: dict[Any, Any]) -> None:
+    clone.update(values)
+
+
+def _assign_items(clone: Any, values: list[Any]) -> None:
+    for i, value in enumerate(values):
+        clone[i] = value
+
+
+def _rebuild_mapping(elem: Mapping[Any, Any], values: Callable[[], dict[Any, Any]]) -> Any:
+    """A mapping of ``elem``'s type holding ``values()``; a plain dict when the type refuses."""
+    return _rebuild(elem, values, isinstance(elem, MutableMapping), _update)
 
 
 def _rebuild_sequence(elem: Sequence[Any], values: Callable[[], list[Any]]) -> Any:
     """A sequence of ``elem``'s type holding ``values()``; a list when the type refuses."""
-    if isinstance(elem, MutableSequence):
-        try:
-            clone = copy.copy(elem)
-        except TypeError:
-            return values()
-        result = values()
-        try:
-            for i, value in enumerate(result):
-                clone[i] = value
-        except TypeError:
-            return result
-        return clone
-    result = values()
-    try:
-        return type(elem)(result)  # type: ignore[call-arg]
-    except TypeError:
-        return result
+    return _rebuild(elem, values, isinstance(elem, MutableSequence), _assign_items)
 
 
 def default_convert(data: Any) -> Any:
