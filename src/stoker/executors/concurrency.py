@@ -21,6 +21,7 @@ reason and shown by ``loader.stats()``.
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +37,7 @@ _WAIT_FRACTION = 0.5  # fetches waiting more than this share of their wall time 
 _MOSTLY_WAITING = 0.85
 _MIN_SAMPLE_S = 200e-6  # below this, thread hand-offs cost more than they save
 _GAIN = 1.15
-_PROBE_SAMPLES = 4
+_PROBE_SAMPLES = 8  # judged by medians: a few samples stalled by a busy host do not decide
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,7 @@ class ConcurrencyTuner:
         fixed = setting if isinstance(setting, int) else None
         self.concurrency = fixed if fixed is not None else 1
         self._settled = fixed is not None or not can_split
-        self._samples = 0
-        self._s_wall = 0.0
-        self._s_cpu = 0.0
-        self._s_queued = 0.0
+        self._probes: list[tuple[float, float, float]] = []  # (wall, cpu, queued) per sample
         self._best = (1, 0.0)
         self._reset_window()
         if fixed is not None:
@@ -150,15 +148,17 @@ class ConcurrencyTuner:
                 "to allow them",
             )
             return
-        self._samples += 1
-        self._s_wall += wall_s
-        self._s_cpu += cpu_s
-        self._s_queued += queued_s
-        if self._samples < _PROBE_SAMPLES:
+        self._probes.append((wall_s, cpu_s, queued_s))
+        if len(self._probes) < _PROBE_SAMPLES:
             return
-        busy = self._s_cpu + self._s_queued
-        wait = max(0.0, 1.0 - busy / self._s_wall) if self._s_wall > 0 else 0.0
-        per_sample = self._s_wall / self._samples
+        # Medians, not sums: on a shared or virtual machine a sample now and then loses
+        # milliseconds to another tenant (steal time looks like waiting from inside), and one
+        # such sample must not turn a CPU-bound dataset into a "waiting" one.
+        per_sample = statistics.median(w for w, _, _ in self._probes)
+        wait = statistics.median(
+            max(0.0, 1.0 - (c + q) / w) if w > 0 else 0.0 for w, c, q in self._probes
+        )
+        cpu = statistics.median(c for _, c, _ in self._probes)
         if wait < _WAIT_FRACTION or per_sample < _MIN_SAMPLE_S:
             self._settled = True
             self._decide(1, f"fetches keep a CPU busy (wait {wait:.0%}, "
@@ -167,7 +167,7 @@ class ConcurrencyTuner:
         # A fetch taking w wall seconds per c CPU seconds can overlap about w/c times before
         # the CPU is the limit: start there (within the caps); the climb checks it pays.
         # Fetches that almost only wait start at the cap: an epoch is often too short to climb.
-        overlap = self._s_wall / max(self._s_cpu, 1e-9)
+        overlap = per_sample / max(cpu, 1e-9)
         start = self._cap() if wait >= _MOSTLY_WAITING else max(2, min(self._cap(), int(overlap)))
         self._best = (1, 1.0 / per_sample)
         self._decide(start,
