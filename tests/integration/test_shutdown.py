@@ -73,12 +73,31 @@ def test_batches_held_after_the_loader_is_gone_stay_valid_and_hold_no_fds():
     assert len(os.listdir("/proc/self/fd")) <= fds_before
 
 
+def _slab_mappings() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("stoker-slab" in line for line in f)
+
+
+def test_slab_mappings_are_gone_once_loader_and_batches_are():
+    loader = stoker.DataLoader(Squares(), batch_size=2, num_workers=2, persistent_workers=True)
+    list(loader)
+    held = list(loader)  # all of them kept: their slabs cannot be reused
+    assert _slab_mappings() > 0
+    del loader
+    gc.collect()
+    # the workers are gone; the held batches still read their slabs
+    assert torch.equal(torch.cat([b["x"][:, 0] for b in held]), torch.arange(64.0))
+    del held
+    gc.collect()
+    assert _slab_mappings() == 0
+
+
 def test_slabs_are_reused_across_an_epoch():
     loader = stoker.DataLoader(Squares(), batch_size=2, num_workers=2, prefetch_factor=2)
     it = iter(loader)
     most = 0
     for _ in it:
-        most = max(most, len(it._group.reader._fds))
+        most = max(most, len(it._group.reader._slabs))
     # 32 batches went through; slabs in use stay near prefetch depth + the one held
     assert most <= 2 * (2 + 3)  # per worker: prefetch + one held + one in transit back
 

@@ -12,7 +12,6 @@ epoch's sampler order (see NOTE [ Resume state ]).
 from __future__ import annotations
 
 import itertools
-import multiprocessing.connection
 import os
 import time
 import weakref
@@ -223,14 +222,13 @@ class ProcessIterator(BaseIterator):
 
     def _receive(self) -> None:
         """Block until some worker replies (or dies, or the timeout passes); file the replies."""
-        group = self._group
-        conns = {w.conn: w for w in group.workers if self._load[w.worker_id] > 0}
-        sentinels = [w.process.sentinel for w in group.workers]
-        ready = multiprocessing.connection.wait([*conns, *sentinels], timeout=self._wait_s())
+        poller, by_fd = self._group.poller()
+        timeout_ms = max(0, int(self._wait_s() * 1000 + 0.999))
+        ready = poller.poll(timeout_ms)
         got_reply = False
-        for r in ready:
-            w = conns.get(r)  # type: ignore[call-overload]
-            if w is not None:
+        for fd, _ in ready:
+            w, is_conn = by_fd[fd]
+            if is_conn:
                 try:
                     while w.conn.poll():
                         self._file(w, w.conn.recv())

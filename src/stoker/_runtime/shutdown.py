@@ -21,6 +21,7 @@ anything in /dev/shm. Batches the user still holds stay valid: their mappings ou
 
 from __future__ import annotations
 
+import select
 from multiprocessing.reduction import recv_handle
 from typing import Any
 
@@ -38,6 +39,19 @@ class WorkerGroup:
         self.reader = SlabReader()
         self.stack_logs: dict[int, int] = {}  # worker id -> fd of its faulthandler log
         self.stopped = False
+        self._poller: tuple[select.poll, dict[int, tuple[WorkerHandle, bool]]] | None = None
+
+    def poller(self) -> tuple[select.poll, dict[int, tuple[WorkerHandle, bool]]]:
+        """One poll object over every worker's socket and exit sentinel, built once (the
+        workers do not change): fd -> (worker, is its socket)."""
+        if self._poller is None:
+            poller, by_fd = select.poll(), {}
+            for w in self.workers:
+                for fd, is_conn in ((w.conn.fileno(), True), (w.process.sentinel, False)):
+                    poller.register(fd, select.POLLIN)
+                    by_fd[fd] = (w, is_conn)
+            self._poller = (poller, by_fd)
+        return self._poller
 
     def stop(self) -> None:
         if self.stopped:

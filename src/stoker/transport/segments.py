@@ -132,20 +132,43 @@ def _unmap(address: int, nbytes: int, on_release: Callable[[], None]) -> None:
     on_release()
 
 
-def map_lease(fd: int, nbytes: int, on_release: Callable[[], None]) -> ctypes.Array:
-    """Map ``nbytes`` of a segment for one batch; unmapped when the returned buffer is collected.
+def _nothing() -> None:
+    pass
 
-    The buffer (a ctypes array) is what every tensor and array of the batch keeps alive, so its
-    collection means the user holds nothing of the batch any more; ``on_release`` then runs.
-    Unlike ``mmap.mmap``, which keeps a duplicate fd per mapping, a lease holds no fd, so a
-    user who keeps thousands of batches does not run out of file descriptors.
-    """
+
+def map_address(fd: int, nbytes: int) -> int:
+    """Map ``nbytes`` of a segment shared and read-write; returns the address (libc ``mmap``,
+    so the mapping holds no fd). Undo with ``unmap_address``."""
     nbytes = round_up(nbytes)
     prot = mmap.PROT_READ | mmap.PROT_WRITE
     address = _libc.mmap(None, nbytes, prot, mmap.MAP_SHARED | _POPULATE, fd, 0)
     if address is None or address == _MAP_FAILED:
         err = ctypes.get_errno()
-        raise OSError(err, f"mmap of a {nbytes}-byte batch segment failed: {os.strerror(err)}")
+        raise OSError(err, f"mmap of a {nbytes}-byte shared segment failed: {os.strerror(err)}")
+    return int(address)
+
+
+def unmap_address(address: int, nbytes: int) -> None:
+    _libc.munmap(address, round_up(nbytes))
+
+
+def lease_at(address: int, nbytes: int, on_release: Callable[[], None]) -> ctypes.Array:
+    """A buffer over ``nbytes`` at an address mapped elsewhere; ``on_release`` runs when it is
+    collected (the buffer is what every tensor and array viewing it keeps alive)."""
+    lease = (ctypes.c_ubyte * nbytes).from_address(address)
+    fin = weakref.finalize(lease, on_release)
+    fin.atexit = False
+    return lease
+
+
+def map_lease(fd: int, nbytes: int, on_release: Callable[[], None] = _nothing) -> ctypes.Array:
+    """Map ``nbytes`` of a segment into a buffer that unmaps itself when collected.
+
+    Unlike ``mmap.mmap``, which keeps a duplicate fd per mapping, a lease holds no fd, so a
+    user who keeps thousands of them does not run out of file descriptors.
+    """
+    nbytes = round_up(nbytes)
+    address = map_address(fd, nbytes)
     lease = (ctypes.c_ubyte * nbytes).from_address(address)
     fin = weakref.finalize(lease, _unmap, address, nbytes, on_release)
     fin.atexit = False

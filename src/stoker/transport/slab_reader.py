@@ -4,23 +4,27 @@ NOTE [ Slab lifecycle ]
 1. A worker creates a slab (``segments.create``) and announces it; the main process adopts the
    fd (``SlabReader.adopt``). Both keep the fd until the slab is retired.
 2. The worker collates a batch into a free slab and sends (segment id, bytes used, payload).
-3. ``SlabReader.unpack`` maps those bytes afresh (one mapping per batch: the *lease*) and
-   rebuilds every tensor and array as a view of the lease. The user's tensors hold the lease
-   alive; nothing is copied.
+3. ``SlabReader.unpack`` maps the slab once (its first batch; the mapping is kept, so later
+   batches cost no ``mmap`` and no page faults) and hands out each batch as a *lease*: a
+   buffer over the bytes used, of which every tensor and array of the batch is a view. The
+   user's tensors hold the lease alive; nothing is copied.
 4. When the last tensor of the batch dies, the lease is collected and a finalizer queues
    (worker id, segment id) on ``released``. The iterator sends these ids back with the worker's
    next task and only then does the worker write into that slab again. A batch the user keeps
    forever simply keeps its slab; the worker makes a new one.
-5. Retired slabs (too many idle) are closed on both sides; at shutdown every fd is closed.
-   Leases still held by the user stay valid: a mapping outlives its fd.
+5. Retired slabs (too many idle) are closed on both sides; at shutdown every fd is closed and
+   every mapping no lease uses is unmapped. A mapping a lease still uses outlives its fd and is
+   unmapped by the lease's finalizer, so batches the user keeps stay valid.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import io
 import pickle
+import threading
 from typing import Any
 
 import numpy as np
@@ -55,29 +59,70 @@ class _LeaseUnpickler(pickle.Unpickler):
         return np.frombuffer(lease, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 
+class _Slab:
+    """One worker slab as the main process sees it. At most one lease at a time: the worker
+    writes into a slab again only after its lease was released."""
+
+    __slots__ = ("fd", "nbytes", "address", "leased", "retired")
+
+    def __init__(self, fd: int, nbytes: int) -> None:
+        self.fd = fd
+        self.nbytes = nbytes
+        self.address: int | None = None
+        self.leased = False
+        self.retired = False
+
+    def unmap(self) -> None:
+        if self.address is not None:
+            address, self.address = self.address, None
+            segments.unmap_address(address, self.nbytes)
+
+
 class SlabReader:
     """Maps the slabs of every worker of one iterator and tracks which the user still holds."""
 
     def __init__(self) -> None:
-        self._fds: dict[tuple[int, int], int] = {}
+        self._slabs: dict[tuple[int, int], _Slab] = {}
         # Appended to from finalizers (any thread, any time); drained by the iterator.
         self.released: collections.deque[tuple[int, int]] = collections.deque()
+        # Finalizers run on any thread, or re-entrantly inside these methods when a collection
+        # happens there; the lock is re-entrant and each check-and-set in it allocates nothing.
+        self._lock = threading.RLock()
 
     def adopt(self, worker_id: int, ref: SegmentRef, fd: int | None) -> None:
-        self._fds[(worker_id, ref.segment_id)] = segments.open_received(ref, fd)
+        fd = segments.open_received(ref, fd)
+        self._slabs[(worker_id, ref.segment_id)] = _Slab(fd, ref.nbytes)
+
+    def _retire(self, slab: _Slab) -> None:
+        segments.close(slab.fd)
+        with self._lock:
+            slab.retired = True
+            if not slab.leased:
+                slab.unmap()
 
     def retire(self, worker_id: int, segment_ids: list[int]) -> None:
         for sid in segment_ids:
-            fd = self._fds.pop((worker_id, sid), None)
-            if fd is not None:
-                segments.close(fd)
+            slab = self._slabs.pop((worker_id, sid), None)
+            if slab is not None:
+                self._retire(slab)
+
+    def _released(self, key: tuple[int, int], slab: _Slab) -> None:
+        with self._lock:
+            slab.leased = False
+            if slab.retired:
+                slab.unmap()
+            else:
+                self.released.append(key)
 
     def unpack(self, worker_id: int, segment_id: int | None, used: int, payload: bytes) -> Any:
         if segment_id is None:  # nothing in shared memory (empty tensors at most)
             return _LeaseUnpickler(payload, None).load()
-        fd = self._fds[(worker_id, segment_id)]
         key = (worker_id, segment_id)
-        lease = segments.map_lease(fd, used, lambda: self.released.append(key))
+        slab = self._slabs[key]
+        if slab.address is None:
+            slab.address = segments.map_address(slab.fd, slab.nbytes)
+        slab.leased = True
+        lease = segments.lease_at(slab.address, used, functools.partial(self._released, key, slab))
         return _LeaseUnpickler(payload, lease).load()
 
     def release_now(self, worker_id: int, segment_id: int | None) -> None:
@@ -93,7 +138,7 @@ class SlabReader:
         return by_worker
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            segments.close(fd)
-        self._fds.clear()
+        for slab in self._slabs.values():
+            self._retire(slab)
+        self._slabs.clear()
         self.released.clear()
