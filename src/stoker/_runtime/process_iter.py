@@ -33,6 +33,16 @@ from stoker.executors.remote_errors import add_note, rebuild
 from stoker.executors.thread_caps import pools_quiet_for_fork
 
 _EMPTY_STEP = object()
+
+# NOTE [ Deeper prefetch for small batches ]
+# torch keeps prefetch_factor tasks per worker; a worker that has finished them idles until
+# the main process yields a batch, and with in-order delivery that waits for the slowest
+# worker. On a busy machine this left tiny-batch workers idle a third of the time. When
+# batches are small, that depth costs almost no memory, so a worker may hold up to
+# _SMALL_BATCH_DEPTH tasks as long as they fit in _SMALL_BATCH_BUDGET bytes. prefetch_factor
+# stays the floor (and the exact depth for larger batches); results do not change.
+_SMALL_BATCH_DEPTH = 8
+_SMALL_BATCH_BUDGET = 16 << 20
 _LIVENESS_POLL_S = 5.0
 _WATCH_DELAY_S = 1.0  # only a fallback: worker sentinels wake the wait at once on death
 
@@ -229,9 +239,8 @@ class ProcessIterator(BaseIterator):
         for fd, _ in ready:
             w, is_conn = by_fd[fd]
             if is_conn:
-                try:
-                    while w.conn.poll():
-                        self._file(w, w.conn.recv())
+                try:  # one message: the caller polls again for the rest
+                    self._file(w, w.conn.recv())
                 except (EOFError, OSError):
                     lost_worker(self, w)
                 got_reply = True
@@ -267,10 +276,14 @@ class ProcessIterator(BaseIterator):
         if not self._in_order:
             self._arrivals.append(position)
         if tag == msg.DONE and not self._is_iterable:
-            self._follow_concurrency(w.worker_id, reply[8][0])
+            self._follow_concurrency(w.worker_id, reply[8][0], reply[4])
 
-    def _follow_concurrency(self, wid: int, concurrency: int) -> None:
+    def _follow_concurrency(self, wid: int, concurrency: int, batch_bytes: int) -> None:
+        """Raise a worker's task depth to keep its concurrent fetches busy, and for small
+        batches (NOTE [ Deeper prefetch for small batches ])."""
         depth = max(self._prefetch, -(-concurrency // self._step_samples) + 1)
+        if batch_bytes * _SMALL_BATCH_DEPTH <= _SMALL_BATCH_BUDGET:
+            depth = max(depth, _SMALL_BATCH_DEPTH)
         if depth != self._depth[wid]:
             self._depth[wid] = depth
             while self._load[wid] < depth and self._pick_worker() == wid:
