@@ -7,6 +7,7 @@ test here; these tests add the paths that need a separate main process.
 from __future__ import annotations
 
 import gc
+import multiprocessing.connection
 import os
 import signal
 import subprocess
@@ -91,6 +92,36 @@ def test_slab_mappings_are_gone_once_loader_and_batches_are():
     del held
     gc.collect()
     assert _slab_mappings() == 0
+
+
+def test_idle_workers_exit_while_the_last_batches_are_consumed():
+    loader = stoker.DataLoader(Squares(), batch_size=8, num_workers=2)
+    it = iter(loader)
+    processes = [w.process for w in it._group.workers]
+    held = [next(it) for _ in range(len(loader))]  # every batch, but no StopIteration yet
+    # The sampler is spent and every task answered: both workers were let go already.
+    waiting = [p.sentinel for p in processes]
+    while waiting:
+        ready = multiprocessing.connection.wait(waiting, timeout=10)
+        assert ready, "workers with nothing left to do did not exit"
+        waiting = [s for s in waiting if s not in ready]
+    assert [p.exitcode for p in processes] == [0, 0]
+    with pytest.raises(StopIteration):
+        next(it)
+    assert torch.equal(torch.cat([b["i"] for b in held]), torch.arange(64))
+
+
+def test_persistent_workers_stay_after_the_last_batch():
+    loader = stoker.DataLoader(Squares(), batch_size=8, num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    held = [next(it) for _ in range(len(loader))]
+    procs = [psutil.Process(w.pid) for w in it._group.workers]
+    with pytest.raises(StopIteration):
+        next(it)
+    assert all(p.is_running() for p in procs)
+    assert len(list(loader)) == len(held)
+    del it, loader
+    gc.collect()
 
 
 def test_slabs_are_reused_across_an_epoch():

@@ -117,6 +117,7 @@ class ProcessIterator(BaseIterator):
         self._depth = [self._prefetch] * n
         self._to_release: list[list[int]] = [[] for _ in range(n)]
         self._rr = itertools.cycle(range(n))
+        self._sampler_done = False
         self._last_reply_at = time.monotonic()
         self._stall_warned = False
         for _ in range(self._prefetch * n):
@@ -150,6 +151,19 @@ class ProcessIterator(BaseIterator):
         ids, self._to_release[wid] = self._to_release[wid], []
         return ids
 
+    def _let_idle_workers_go(self) -> None:
+        """Non-persistent workers with nothing left this epoch (the sampler is spent and
+        their tasks are answered, or their iterable ended) exit now, while the last batches
+        are consumed, instead of all together at the end of the epoch."""
+        if self._persistent:
+            return
+        for w in self._group.workers:
+            wid = w.worker_id
+            if not w.stop_sent and (
+                not self._active[wid] or (self._sampler_done and self._load[wid] == 0)
+            ):
+                self._group.stop_early(w)
+
     def _pick_worker(self) -> int | None:
         n = self._num_workers
         if self._is_iterable:
@@ -170,6 +184,8 @@ class ProcessIterator(BaseIterator):
         try:
             position, index = self._next_index()
         except StopIteration:
+            self._sampler_done = True
+            self._let_idle_workers_go()
             return
         self._collect_released()
         self._send(wid, (msg.TASK, self._epoch, position, index, self._take_release(wid)))
@@ -237,8 +253,8 @@ class ProcessIterator(BaseIterator):
         ready = poller.poll(timeout_ms)
         got_reply = False
         for fd, _ in ready:
-            w, is_conn = by_fd[fd]
-            if is_conn:
+            w, is_conn = by_fd.get(fd, (None, False))  # gone if it was let go meanwhile
+            if w is not None and is_conn:
                 try:  # one message: the caller polls again for the rest
                     self._file(w, w.conn.recv())
                 except (EOFError, OSError):
@@ -271,7 +287,10 @@ class ProcessIterator(BaseIterator):
             self._active[w.worker_id] = False
             self._task_indices.pop(position, None)
             self._try_put_index()
+            self._let_idle_workers_go()
             return
+        if self._sampler_done and self._load[w.worker_id] == 0:
+            self._let_idle_workers_go()
         self._ready[position] = (w.worker_id, reply)
         if not self._in_order:
             self._arrivals.append(position)

@@ -10,6 +10,10 @@ The group is stopped, exactly once, by whichever comes first:
   worker, or ``DataLoader.__del__``/collection of the iterator (``break``, exceptions, ``del``);
 * interpreter exit (the finalizer's atexit hook), e.g. after an uncaught KeyboardInterrupt.
 
+Non-persistent workers with nothing left to do in the epoch (the sampler is spent and their
+tasks are answered, or their iterable ended) are sent STOP at once, so they exit while the
+last batches are consumed; their exit is expected and is not reported as a death.
+
 Stopping sends STOP, waits up to 5 s for exits while draining replies (a worker blocked on a
 full socket must not deadlock the wait), then terminates and kills the rest, joins every
 process and closes every fd. Workers ignore SIGINT (Ctrl-C reaches the whole process group;
@@ -47,11 +51,23 @@ class WorkerGroup:
         if self._poller is None:
             poller, by_fd = select.poll(), {}
             for w in self.workers:
+                if w.stop_sent:
+                    continue
                 for fd, is_conn in ((w.conn.fileno(), True), (w.process.sentinel, False)):
                     poller.register(fd, select.POLLIN)
                     by_fd[fd] = (w, is_conn)
             self._poller = (poller, by_fd)
         return self._poller
+
+    def stop_early(self, w: WorkerHandle) -> None:
+        """Let one worker go before the others (it has nothing left to do this epoch); its
+        socket and sentinel leave the poll set, so its exit wakes nobody."""
+        w.ask_to_stop()
+        if self._poller is not None:
+            poller, by_fd = self._poller
+            for fd in [fd for fd, (other, _) in by_fd.items() if other is w]:
+                poller.unregister(fd)
+                del by_fd[fd]
 
     def stop(self) -> None:
         if self.stopped:

@@ -56,7 +56,7 @@ def _shm_note(exitcode: int) -> str:
 
 def check_workers_alive(it: Any) -> None:
     """Raise ``WorkerDiedError`` if any worker of iterator ``it`` has exited."""
-    dead = [w for w in it._group.workers if w.process.exitcode is not None]
+    dead = [w for w in it._group.workers if w.process.exitcode is not None and not w.stop_sent]
     if not dead:
         return
     lines = []

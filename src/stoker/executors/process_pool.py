@@ -29,6 +29,16 @@ class WorkerHandle:
     worker_id: int
     process: Any  # multiprocessing.process.BaseProcess
     conn: Connection
+    stop_sent: bool = False  # asked to exit: its exit is expected, not a death
+
+    def ask_to_stop(self) -> None:
+        if self.stop_sent:
+            return
+        self.stop_sent = True
+        try:
+            self.conn.send((msg.STOP,))
+        except (OSError, ValueError):
+            pass
 
     @property
     def pid(self) -> int | None:
@@ -95,10 +105,7 @@ def stop_workers(workers: list[WorkerHandle], drain: Any = None) -> None:
     blocked writing a reply is never waited on forever.
     """
     for w in workers:
-        try:
-            w.conn.send((msg.STOP,))
-        except (OSError, ValueError):
-            pass
+        w.ask_to_stop()
     deadline = time.monotonic() + _JOIN_TIMEOUT_S
     alive = [w for w in workers if w.process.exitcode is None]
     while alive and time.monotonic() < deadline:
