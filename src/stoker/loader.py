@@ -22,6 +22,7 @@ from stoker._runtime.stats import StatsAccumulator
 from stoker._runtime.thread_iter import ThreadIterator
 from stoker.distributed import begin_epoch, next_epoch
 from stoker.distributed.context import detect
+from stoker.formats.auto_share import ListSharing
 from stoker.profile.memory_watch import MemoryWatch
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.sharded import ShardedSampler
@@ -176,6 +177,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         # After torch's own validation of num_workers (a bad value fails there, like torch).
         self._stoker_stats = StatsAccumulator(num_workers)
         self._stoker_memory_watch = MemoryWatch(dataset) if num_workers > 0 else None
+        self._stoker_list_sharing = ListSharing()
         if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):
             bs, dl = self.batch_size or 1, self.drop_last
             self._stoker_pad_steps = lambda: sampler.num_batches(bs, dl)

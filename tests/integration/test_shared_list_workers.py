@@ -45,8 +45,10 @@ def make_paths(n: int, width: int = 0) -> list[str]:
 class PathsDataset(Dataset):
     """``dataset[i]`` = (worker pid, UTF-8 length of path i, inode of the shared segment)."""
 
-    def __init__(self, paths: Any) -> None:
+    def __init__(self, paths: Any, auto_share: bool = True) -> None:
         self.paths = paths
+        if not auto_share:  # NOTE [ Automatic list sharing ] off: the plain list in workers
+            self.stoker_share_lists = False
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -97,25 +99,45 @@ def run_epoch(dataset: Dataset, **kwargs: Any) -> dict[str, Any]:
     return {"pids": pids, "before": before, "after": after, "inodes": inodes, "total": total}
 
 
+def _growth(r: dict[str, Any]) -> int:
+    assert len(r["pids"]) == 2 and r["pids"] <= set(r["before"]) & set(r["after"])
+    return sum(r["after"][p] - r["before"][p] for p in r["pids"])
+
+
 def test_shared_str_list_does_not_grow_forked_workers() -> None:
     paths = make_paths(N_PATHS)
     expected_total = sum(len(p.encode()) for p in paths)
-    plain = run_epoch(PathsDataset(paths), num_workers=2, multiprocessing_context="fork")
+    plain = run_epoch(
+        PathsDataset(paths, auto_share=False), num_workers=2, multiprocessing_context="fork"
+    )
     shared = run_epoch(
         PathsDataset(SharedStrList(paths)), num_workers=2, multiprocessing_context="fork"
     )
     assert plain["total"] == shared["total"] == expected_total
-
-    def growth(r: dict[str, Any]) -> int:
-        assert len(r["pids"]) == 2 and r["pids"] <= set(r["before"]) & set(r["after"])
-        return sum(r["after"][p] - r["before"][p] for p in r["pids"])
-
-    list_growth, shared_growth = growth(plain), growth(shared)
+    list_growth, shared_growth = _growth(plain), _growth(shared)
     # 300,000 str objects (~28 MiB) are copied page by page into the workers that read them
     assert list_growth > 16 * MIB, f"list: workers grew by {list_growth / MIB:.1f} MiB"
     assert shared_growth < list_growth / 3, (
         f"workers grew by {shared_growth / MIB:.1f} MiB with SharedStrList, "
         f"{list_growth / MIB:.1f} MiB with a list"
+    )
+
+
+@pytest.mark.skipif(DataLoader is torch.utils.data.DataLoader, reason="stoker's own feature")
+def test_a_plain_list_is_shared_with_forked_workers_automatically() -> None:
+    paths = make_paths(N_PATHS)
+    opted_out = run_epoch(
+        PathsDataset(paths, auto_share=False), num_workers=2, multiprocessing_context="fork"
+    )
+    automatic = run_epoch(PathsDataset(paths), num_workers=2, multiprocessing_context="fork")
+    assert automatic["total"] == opted_out["total"] == sum(len(p.encode()) for p in paths)
+    assert len(automatic["inodes"] - {0}) == 1  # the workers read one shared segment
+    assert opted_out["inodes"] == {0}  # ... and with the opt-out, the plain list
+    list_growth, auto_growth = _growth(opted_out), _growth(automatic)
+    assert list_growth > 16 * MIB, f"list: workers grew by {list_growth / MIB:.1f} MiB"
+    assert auto_growth < list_growth / 3, (
+        f"workers grew by {auto_growth / MIB:.1f} MiB with the list shared automatically, "
+        f"{list_growth / MIB:.1f} MiB without"
     )
 
 
@@ -144,7 +166,7 @@ def test_spawned_workers_map_the_segment_instead_of_copying_it() -> None:
 def test_memory_watch_names_the_list_on_real_workers() -> None:
     """MemoryWatch driven as the loader will drive it: sample(worker_pids) after each batch.
     The rule is scaled to this small dataset (the default floor is 64 MiB)."""
-    dataset = PathsDataset(make_paths(N_PATHS))
+    dataset = PathsDataset(make_paths(N_PATHS), auto_share=False)
     rule = GrowthRule(min_samples=5, min_growth_bytes=4 * MIB)
     watch = MemoryWatch(dataset, rule, interval_s=0.0, max_overhead=0.5)
     loader = DataLoader(

@@ -36,3 +36,5 @@ class WorkerSpec:
     seed_per_batch: bool  # reseed the global RNGs from (base seed, epoch, position) per batch
     dist: Any = None  # the main process's stoker.distributed.DistContext
     concurrency: int | str = "auto"  # samples fetched at once: an int, or "auto" (tuned)
+    # (owner, attribute, shared container): NOTE [ Automatic list sharing ]; fork only
+    shared_lists: tuple = ()

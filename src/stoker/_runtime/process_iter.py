@@ -72,8 +72,12 @@ class ProcessIterator(BaseIterator):
         self._start_dispatch()
 
     def _start_workers(self, loader: Any, ctx: Any) -> None:
-        specs = [self._spec(loader, wid) for wid in range(self._num_workers)]
-        if ctx.get_start_method() == "fork" or len(specs) == 1:
+        # Under fork, large plain lists go to the workers as shared containers (NOTE
+        # [ Automatic list sharing ]); spawned workers get the pickled dataset anyway.
+        fork = ctx.get_start_method() == "fork"
+        shared = loader._stoker_list_sharing.plan(self._dataset) if fork else ()
+        specs = [self._spec(loader, wid, shared) for wid in range(self._num_workers)]
+        if fork or len(specs) == 1:
             self._group.workers.extend(start_worker(ctx, spec) for spec in specs)
             return
         # spawn/forkserver pickle the dataset into each worker and the child imports torch:
@@ -86,7 +90,7 @@ class ProcessIterator(BaseIterator):
         if failed:
             raise failed[0]  # type: ignore[misc]
 
-    def _spec(self, loader: Any, wid: int) -> WorkerSpec:
+    def _spec(self, loader: Any, wid: int, shared_lists: tuple = ()) -> WorkerSpec:
         return WorkerSpec(
             worker_id=wid,
             num_workers=self._num_workers,
@@ -99,6 +103,7 @@ class ProcessIterator(BaseIterator):
             seed_per_batch=self._seeding == "per_batch",
             dist=loader.dist_context,
             concurrency=loader.worker_concurrency,
+            shared_lists=shared_lists,
         )
 
     # -- epoch state -------------------------------------------------------------------------

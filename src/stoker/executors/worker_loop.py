@@ -40,6 +40,7 @@ from stoker.executors.remote_errors import RemoteError, capture, describe_indice
 from stoker.executors.thread_caps import cap_worker_threads
 from stoker.executors.vectorized import VectorProbe
 from stoker.executors.worker_info import set_worker_info
+from stoker.formats.auto_share import apply_in_worker
 from stoker.sampling.dataset_rngs import find_dataset_rngs, reseed
 from stoker.sampling.sample_rng import set_sample_context
 from stoker.sampling.seeds import batch_seed, seed_global_rngs, seed_worker_rngs
@@ -361,6 +362,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     process_pool.close_inherited_parent_ends()
     threading.Thread(target=_watch_parent, args=(spec.parent_pid,), daemon=True).start()
     cap_worker_threads(1)
+    apply_in_worker(spec.shared_lists)  # before any user code runs here
     worker = _Worker(spec, conn)
     try:
         log_fd = diagnostics.install_in_worker()

@@ -178,6 +178,24 @@ class _SharedSequence(Sequence[T], Generic[T]):
         for i in range(self._len):
             yield get(i)
 
+    def __eq__(self, other: object) -> bool:
+        """Equal to a list, or another shared container, with equal items (like a list)."""
+        if not isinstance(other, (list, _SharedSequence)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # unhashable, like a list
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        raise TypeError(
+            f"{type(self).__name__} is read-only. If stoker gave it to this worker in place of "
+            "a plain list (NOTE [ Automatic list sharing ] in stoker.formats.auto_share), set "
+            "stoker_share_lists = False on the dataset to keep the list, or change it in the "
+            "main process before iterating."
+        )
+
+    __delitem__ = __setitem__
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({self._len:,} items, {self._segment.used / 2**20:.1f} MiB "
