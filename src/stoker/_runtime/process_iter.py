@@ -4,8 +4,9 @@ Ordering follows torch exactly. With ``in_order=True`` batches are yielded in sa
 For an IterableDataset each task goes round-robin to the next worker still running (its data
 depends on which worker serves it), and a worker's end is announced once; its later tasks are
 skipped. Map-style tasks go to the least-loaded worker instead: the output is the same and a
-slow batch does not queue more work behind it. At most ``prefetch_factor * num_workers`` tasks
-are in flight; one new task is sent per batch yielded. A task's id is its position in the
+slow batch does not queue more work behind it. ``prefetch_factor * num_workers`` tasks are
+sent at the start (more for small batches or concurrent fetches, see NOTE [ Deeper prefetch for
+small batches ]); one new task is sent per batch yielded. A task's id is its position in the
 epoch's sampler order (see NOTE [ Resume state ]).
 """
 
