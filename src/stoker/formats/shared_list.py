@@ -58,7 +58,7 @@ class _Segment:
     def __init__(self, fd: int, used: int) -> None:
         self.fd = fd
         self.used = used
-        self.mapping = segments.map_lease(fd, used, _nothing)
+        self.mapping = segments.map_lease(fd, used)
         weakref.finalize(self, _close_fd, fd)
 
     def raw(self) -> np.ndarray:
@@ -78,10 +78,6 @@ class _Segment:
         except BaseException:
             os.close(fd)
             raise
-
-
-def _nothing() -> None:
-    pass
 
 
 def _close_fd(fd: int) -> None:

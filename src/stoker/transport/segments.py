@@ -20,6 +20,7 @@ whole life, so a freshly forked worker closes every fd this module opened in its
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 import secrets
@@ -127,15 +128,6 @@ _libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-def _unmap(address: int, nbytes: int, on_release: Callable[[], None]) -> None:
-    _libc.munmap(address, nbytes)
-    on_release()
-
-
-def _nothing() -> None:
-    pass
-
-
 def map_address(fd: int, nbytes: int) -> int:
     """Map ``nbytes`` of a segment shared and read-write; returns the address (libc ``mmap``,
     so the mapping holds no fd). Undo with ``unmap_address``."""
@@ -161,7 +153,7 @@ def lease_at(address: int, nbytes: int, on_release: Callable[[], None]) -> ctype
     return lease
 
 
-def map_lease(fd: int, nbytes: int, on_release: Callable[[], None] = _nothing) -> ctypes.Array:
+def map_lease(fd: int, nbytes: int) -> ctypes.Array:
     """Map ``nbytes`` of a segment into a buffer that unmaps itself when collected.
 
     Unlike ``mmap.mmap``, which keeps a duplicate fd per mapping, a lease holds no fd, so a
@@ -169,10 +161,7 @@ def map_lease(fd: int, nbytes: int, on_release: Callable[[], None] = _nothing) -
     """
     nbytes = round_up(nbytes)
     address = map_address(fd, nbytes)
-    lease = (ctypes.c_ubyte * nbytes).from_address(address)
-    fin = weakref.finalize(lease, _unmap, address, nbytes, on_release)
-    fin.atexit = False
-    return lease
+    return lease_at(address, nbytes, functools.partial(unmap_address, address, nbytes))
 
 
 def close(fd: int) -> None:
