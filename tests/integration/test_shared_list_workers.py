@@ -125,7 +125,7 @@ def test_shared_str_list_does_not_grow_forked_workers() -> None:
 
 @pytest.mark.skipif(DataLoader is torch.utils.data.DataLoader, reason="stoker's own feature")
 def test_a_plain_list_is_shared_with_forked_workers_automatically() -> None:
-    paths = make_paths(N_PATHS)
+    paths = make_paths(N_PATHS)  # held here too, so the workers get a shared container
     opted_out = run_epoch(
         PathsDataset(paths, auto_share=False), num_workers=2, multiprocessing_context="fork"
     )
@@ -138,6 +138,44 @@ def test_a_plain_list_is_shared_with_forked_workers_automatically() -> None:
     assert auto_growth < list_growth / 3, (
         f"workers grew by {auto_growth / MIB:.1f} MiB with the list shared automatically, "
         f"{list_growth / MIB:.1f} MiB without"
+    )
+
+
+class OwnPathsDataset(Dataset):
+    """Builds its list and is its only holder; ``dataset[i]`` = (worker pid, UTF-8 length of
+    path i, 1 if the worker reads the list in place else 0)."""
+
+    def __init__(self, n: int, auto_share: bool = True) -> None:
+        self.paths = make_paths(n)
+        if not auto_share:
+            self.stoker_share_lists = False
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[int, int, int]:
+        in_place = type(self.paths).__name__ == "InheritedList"
+        return os.getpid(), len(self.paths[index].encode()), int(in_place)
+
+
+@pytest.mark.skipif(DataLoader is torch.utils.data.DataLoader, reason="stoker's own feature")
+def test_a_list_only_the_dataset_holds_is_read_in_place_by_forked_workers() -> None:
+    """NOTE [ Reading inherited lists in place ]: no container, no copy, nothing grows."""
+    from stoker.formats import inherited_list
+
+    if not inherited_list.available():
+        pytest.skip("this interpreter's object layout is not read")
+    opted_out = run_epoch(
+        OwnPathsDataset(N_PATHS, auto_share=False), num_workers=2, multiprocessing_context="fork"
+    )
+    in_place = run_epoch(OwnPathsDataset(N_PATHS), num_workers=2, multiprocessing_context="fork")
+    assert in_place["total"] == opted_out["total"] == sum(len(p) for p in make_paths(N_PATHS))
+    assert in_place["inodes"] == {1} and opted_out["inodes"] == {0}
+    list_growth, in_place_growth = _growth(opted_out), _growth(in_place)
+    assert list_growth > 16 * MIB, f"list: workers grew by {list_growth / MIB:.1f} MiB"
+    assert in_place_growth < list_growth / 3, (
+        f"workers grew by {in_place_growth / MIB:.1f} MiB reading the list in place, "
+        f"{list_growth / MIB:.1f} MiB reading it as a list"
     )
 
 

@@ -1,4 +1,4 @@
-"""Large plain lists in a dataset, handed to forked workers as shared containers.
+"""Large plain lists in a dataset, handed to forked workers without a copy per worker.
 
 NOTE [ Automatic list sharing ]
 A forked worker that reads a Python list of 2,000,000 path strings writes the reference count
@@ -6,32 +6,42 @@ of every string it touches, so the kernel copies those pages into the worker: ea
 ends up with its own copy of the list's objects (copy-on-read; measured 190 MiB per worker
 for 2M paths). Before workers are forked, ``ListSharing.plan`` finds the dataset's large
 lists (``type(x) is list``, at least ``MIN_ITEMS`` items, found in the instance ``__dict__``
-of the dataset and of the objects it holds, a few levels deep) whose items are all ``str``,
-all ``bytes``, or all plain data (numbers, ``None``, tuples of these and of strings, e.g.
-``ImageFolder.samples``). Each is copied once into a ``SharedStrList``/``SharedBytesList``/
-``SharedList``, and in each worker, before ``worker_init_fn``, the attribute is pointed at
-the shared container. Reading an item then builds a fresh object in the worker and writes
-nothing shared. The main process keeps its plain list: nothing changes there.
+of the dataset and of the objects it holds, a few levels deep) whose items are plain data:
+``str``, ``bytes``, numbers, ``None``, tuples of these (e.g. ``ImageFolder.samples``). In
+each worker, before ``worker_init_fn``, the attribute is pointed at a stand-in that builds a
+fresh object per read and writes nothing shared. Two stand-ins, best first:
 
-What the worker sees: an equal, read-only sequence (indexing, slicing, ``len``, iteration,
-``in``, ``index``, ``count``, ``==`` with a list). Assigning into it raises an error that
-names this note. A dataset that needs the plain list in its workers (``isinstance(x, list)``,
-mutation) sets ``stoker_share_lists = False``.
+* ``READ_IN_PLACE``: the worker wraps the list it inherited in an ``InheritedList``, which
+  reads the items' bytes where they are (NOTE [ Reading inherited lists in place ]). Nothing
+  is copied or built in the main process, and the worker sees exactly the list at fork time.
+  Used when nothing but the dataset's attributes refers to the list (its reference count
+  says so): otherwise code in the worker could change it through another reference while
+  the view reads it.
+* A shared container (``SharedStrList``/``SharedBytesList``/``SharedList``): the list is
+  copied once into shared memory. Used when the list is also held elsewhere, or where this
+  interpreter's object layout is not one ``InheritedList`` reads. Kept across epochs and
+  rebuilt only when the list changes, detected exactly with a shallow copy taken at build
+  time: ``snapshot == current`` compares item pointers first, so an unchanged 2M list is
+  checked in milliseconds, and any replaced, added or removed item triggers a rebuild.
 
-Kept across epochs: the container is rebuilt only when the list changes. Change is detected
-exactly with a shallow copy taken at build time: ``snapshot == current`` compares item
-pointers first, so an unchanged 2M list is checked in milliseconds, and any replaced,
-added or removed item triggers a rebuild. Only under ``fork``: with ``spawn``/``forkserver``
-the dataset is pickled into each worker anyway.
+The main process keeps its plain list: nothing changes there. What the worker sees: an
+equal, read-only sequence (indexing, slicing, ``len``, iteration, ``in``, ``index``,
+``count``, ``==`` with a list). Assigning into it raises an error that names this note. A
+dataset that needs the plain list in its workers (``isinstance(x, list)``, mutation) sets
+``stoker_share_lists = False``. Only under ``fork``: with ``spawn``/``forkserver`` the
+dataset is pickled into each worker anyway.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from stoker._core.walk import iter_attributes
+from stoker.formats import inherited_list
+from stoker.formats.inherited_list import InheritedList
 from stoker.formats.shared_list import SharedBytesList, SharedList, SharedStrList
 
 MIN_ITEMS = 65_536
@@ -69,39 +79,101 @@ class _Entry:
     container: Any  # None: not shareable (mixed or rich items); remembered so as not to rescan
 
 
+class _ReadInPlace:
+    """Plan marker: the worker wraps the list it inherited in an ``InheritedList``."""
+
+    def __repr__(self) -> str:
+        return "READ_IN_PLACE"
+
+
+READ_IN_PLACE = _ReadInPlace()
+_SAMPLE = 64  # items looked at to decide whether reading in place pays
+
+
+def _references(holder: dict[int, list[Any]], key: int) -> int:
+    return sys.getrefcount(holder[key])
+
+
+def _held_only_by(holder: dict[int, list[Any]], key: int, known: int) -> bool:
+    """Whether ``holder[key]`` has no references but ``holder``'s and ``known`` others."""
+    # A list with exactly one reference: what this interpreter's count reports for that.
+    probe: dict[int, list[Any]] = {0: []}
+    return _references(holder, key) - _references(probe, 0) == known
+
+
+def _pays_to_read_in_place(items: list[Any]) -> bool:
+    """Plain items (sampled), read back equal by this interpreter (NOTE [ Reading inherited
+    lists in place ])."""
+    n = len(items)
+    positions = sorted({*range(0, n, max(1, n // _SAMPLE)), n - 1})
+    return all(_is_plain(items[i]) for i in positions) and inherited_list.reads_back(
+        items, positions
+    )
+
+
+def _large_lists(
+    dataset: Any,
+) -> tuple[dict[int, list[Any]], dict[int, list[tuple[Any, str]]]]:
+    """The dataset's large lists by id, and the ``(owner, attribute name)`` slots of each."""
+    found: dict[int, list[Any]] = {}
+    slots: dict[int, list[tuple[Any, str]]] = {}
+    seen: set[int] = set()
+    for owner in _owners(dataset):
+        if id(owner) in seen:
+            continue
+        seen.add(id(owner))
+        for name, value in vars(owner).items():
+            if type(value) is list and len(value) >= MIN_ITEMS:
+                found[id(value)] = value
+                slots.setdefault(id(value), []).append((owner, name))
+    return found, slots
+
+
 class ListSharing:
-    """Per loader: the shared containers of its dataset's large lists, kept across epochs."""
+    """Per loader: how each large list of its dataset goes to forked workers, kept across
+    epochs (a shared container is rebuilt only when its list changes)."""
 
     def __init__(self) -> None:
         self._entries: dict[int, _Entry] = {}  # id(list) -> entry (entry.source keeps it alive)
 
     def plan(self, dataset: Any) -> tuple[tuple[Any, str, Any], ...]:
-        """``(owner, attribute name, shared container)`` for each large list to share."""
+        """``(owner, attribute name, READ_IN_PLACE or a shared container)`` per large list."""
         if getattr(dataset, "stoker_share_lists", True) is False:
             self._entries = {}
             return ()
-        plan = []
+        found, slots = _large_lists(dataset)
+        plan: list[tuple[Any, str, Any]] = []
         kept: dict[int, _Entry] = {}
-        seen: set[int] = set()
-        for owner in _owners(dataset):
-            if id(owner) in seen:
+        for key, owned in slots.items():
+            # The list's references: its attributes, ``found``, and an entry of ours.
+            old = self._entries.get(key)
+            known = len(owned) + (old is not None and old.source is found[key])
+            if (
+                inherited_list.available()
+                and _held_only_by(found, key, known)
+                and _pays_to_read_in_place(found[key])
+            ):
+                plan += [(owner, name, READ_IN_PLACE) for owner, name in owned]
                 continue
-            seen.add(id(owner))
-            for name, value in list(vars(owner).items()):
-                if type(value) is not list or len(value) < MIN_ITEMS:
-                    continue
-                entry = kept.get(id(value)) or self._entries.get(id(value))
-                if entry is None or entry.source is not value or entry.snapshot != value:
-                    cls = container_class(value)
-                    entry = _Entry(value, value.copy(), cls(value) if cls is not None else None)
-                kept[id(value)] = entry
-                if entry.container is not None:
-                    plan.append((owner, name, entry.container))
+            value = found[key]
+            if old is None or old.source is not value or old.snapshot != value:
+                cls = container_class(value)
+                old = _Entry(value, value.copy(), cls(value) if cls is not None else None)
+            kept[key] = old
+            if old.container is not None:
+                plan += [(owner, name, old.container) for owner, name in owned]
         self._entries = kept
         return tuple(plan)
 
 
 def apply_in_worker(plan: tuple[tuple[Any, str, Any], ...]) -> None:
-    """Point each planned attribute at its shared container (in a forked worker only)."""
-    for owner, name, container in plan:
-        vars(owner)[name] = container
+    """Point each planned attribute at its stand-in (in a forked worker only)."""
+    views: dict[int, InheritedList] = {}
+    for owner, name, shared in plan:
+        if shared is READ_IN_PLACE:
+            source = vars(owner)[name]
+            if id(source) not in views:
+                views[id(source)] = InheritedList(source)
+            shared = views[id(source)]
+            del source  # the view holds the list's only reference from now on
+        vars(owner)[name] = shared

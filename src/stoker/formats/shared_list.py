@@ -34,16 +34,16 @@ private duplicate of its fd (not registered with ``segments``, so a forked worke
 
 from __future__ import annotations
 
-import operator
 import os
 import pickle
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from multiprocessing.reduction import DupFd, ForkingPickler
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, TypeVar
 
 import numpy as np
 
+from stoker.formats.read_only import ReadOnlySequence
 from stoker.transport import segments
 
 T = TypeVar("T")
@@ -87,10 +87,10 @@ def _close_fd(fd: int) -> None:
         pass
 
 
-class _SharedSequence(Sequence[T], Generic[T]):
+class _SharedSequence(ReadOnlySequence[T]):
     """The storage and access shared by the three containers; subclasses pick the codec."""
 
-    __slots__ = ("_segment", "_len", "_offs", "_data", "__weakref__")
+    __slots__ = ("_segment", "_offs", "_data", "__weakref__")
 
     def __init__(self, items: Iterable[T] = ()) -> None:
         seq = items if isinstance(items, (list, tuple)) else list(items)
@@ -142,55 +142,6 @@ class _SharedSequence(Sequence[T], Generic[T]):
     def nbytes(self) -> int:
         """Bytes of shared memory this container uses (offsets + element bytes)."""
         return self._segment.used
-
-    # -- sequence ---------------------------------------------------------------------------------
-
-    def __len__(self) -> int:
-        return self._len
-
-    @overload
-    def __getitem__(self, index: int) -> T: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[T]: ...
-
-    def __getitem__(self, index: int | slice) -> T | list[T]:
-        n = self._len
-        if type(index) is not int:
-            if isinstance(index, slice):
-                return [self._get(i) for i in range(*index.indices(n))]
-            index = operator.index(index)
-        i = index + n if index < 0 else index
-        if not 0 <= i < n:
-            raise IndexError(f"{type(self).__name__} index {index} out of range (len {n})")
-        return self._get(i)
-
-    def _get(self, i: int) -> T:
-        """Element ``i`` (``0 <= i < len``), decoded; each subclass inlines its codec here."""
-        raise NotImplementedError
-
-    def __iter__(self) -> Iterator[T]:
-        get = self._get
-        for i in range(self._len):
-            yield get(i)
-
-    def __eq__(self, other: object) -> bool:
-        """Equal to a list, or another shared container, with equal items (like a list)."""
-        if not isinstance(other, (list, _SharedSequence)):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-
-    __hash__ = None  # type: ignore[assignment]  # unhashable, like a list
-
-    def __setitem__(self, index: Any, value: Any) -> None:
-        raise TypeError(
-            f"{type(self).__name__} is read-only. If stoker gave it to this worker in place of "
-            "a plain list (NOTE [ Automatic list sharing ] in stoker.formats.auto_share), set "
-            "stoker_share_lists = False on the dataset to keep the list, or change it in the "
-            "main process before iterating."
-        )
-
-    __delitem__ = __setitem__
 
     def __repr__(self) -> str:
         return (
