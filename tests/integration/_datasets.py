@@ -527,3 +527,73 @@ class EpochPlan(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return len(self.batches)
+
+
+class BigArrayDS(Dataset):
+    """A dataset holding a large numpy array, a torch tensor and a shared list, for spawned
+    workers (NOTE [ Pickle once ]). ``ds[i]`` = (worker pid, array[0, 0], array[i].sum(),
+    whether the array views a shared mapping, tensor[i], UTF-8 length of name i)."""
+
+    def __init__(self, mib: int = 32) -> None:
+        from stoker.formats import SharedStrList
+
+        rows = mib * 2**20 // (64 * 8)
+        self.array = np.arange(rows * 64, dtype=np.float64).reshape(rows, 64)
+        self.tensor = torch.arange(64, dtype=torch.int64)
+        self.names = SharedStrList([f"name_{i}" for i in range(64)])
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> tuple:
+        import mmap
+
+        base = self.array.base
+        while isinstance(base, np.ndarray):
+            base = base.base
+        viewed = isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+        row = self.array[i * 37 % len(self.array)]
+        return (
+            os.getpid(),
+            float(self.array[0, 0]),
+            float(row.sum()),
+            int(viewed),
+            int(self.tensor[i]),
+            len(self.names[i]),
+        )
+
+
+def touch_and_mark_array(worker_id: int) -> None:
+    """worker_init_fn: read the whole array (its pages shared by every worker), then write
+    one element, which must stay this worker's own."""
+    ds = torch.utils.data.get_worker_info().dataset
+    float(ds.array.sum())
+    ds.array[0, 0] = 1000.0 + worker_id
+
+
+class UnpicklableDS(MapDS):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fn = lambda x: x  # a lambda does not pickle: spawn cannot start a worker with it
+
+
+class BadStateDS(MapDS):
+    """Pickles, but cannot be unpickled in a worker."""
+
+    def __setstate__(self, state: dict) -> None:
+        raise RuntimeError("this dataset cannot be restored in a worker")
+
+
+class FlagsDS(Dataset):
+    """``ds[i]`` = (whether the writable array is writable, whether the read-only one is)."""
+
+    def __init__(self) -> None:
+        self.writable = np.zeros(1 << 16)
+        self.frozen = np.ones(1 << 16)
+        self.frozen.flags.writeable = False
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> tuple:
+        return int(self.writable.flags.writeable), int(self.frozen.flags.writeable)

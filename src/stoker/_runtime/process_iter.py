@@ -31,6 +31,7 @@ from stoker.executors import messages as msg
 from stoker.executors.fetch import EmptyBatch
 from stoker.executors.process_pool import default_context, gc_frozen_for_fork, start_worker
 from stoker.executors.remote_errors import add_note, rebuild
+from stoker.executors.spec_once import PickledSpec
 from stoker.executors.thread_caps import pools_quiet_for_fork
 
 _EMPTY_STEP = object()
@@ -81,10 +82,15 @@ class ProcessIterator(BaseIterator):
         if fork or len(specs) == 1:
             self._group.workers.extend(start_worker(ctx, spec) for spec in specs)
             return
-        # spawn/forkserver pickle the dataset into each worker and the child imports torch:
-        # seconds per worker, so start them side by side (a fork must not happen in a thread).
-        with ThreadPoolExecutor(max_workers=min(len(specs), 8)) as pool:
-            futures = [pool.submit(start_worker, ctx, spec) for spec in specs]
+        # spawn/forkserver: the spec is pickled once for all workers (NOTE [ Pickle once ]);
+        # each child imports torch and unpickles, seconds each, so start them side by side
+        # (a fork must not happen in a thread).
+        once = PickledSpec(specs[0])
+        try:
+            with ThreadPoolExecutor(max_workers=min(len(specs), 8)) as pool:
+                futures = [pool.submit(start_worker, ctx, spec, once) for spec in specs]
+        finally:
+            once.close()
         # Keep every worker that started (shutdown stops them), then report a failed start.
         self._group.workers.extend(f.result() for f in futures if f.exception() is None)
         failed = [f.exception() for f in futures if f.exception() is not None]

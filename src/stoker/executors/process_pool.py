@@ -79,13 +79,19 @@ def default_context() -> BaseContext:
     return multiprocessing.get_context()
 
 
-def start_worker(ctx: BaseContext, spec: WorkerSpec) -> WorkerHandle:
-    from stoker.executors.worker_loop import worker_main
+def start_worker(ctx: BaseContext, spec: WorkerSpec, once: Any = None) -> WorkerHandle:
+    """Start one worker; ``once`` (a ``spec_once.PickledSpec``) carries the spec instead of
+    pickling it for this worker alone."""
+    from stoker.executors.worker_loop import worker_main, worker_main_once
 
     parent_end, child_end = ctx.Pipe(duplex=True)
+    target, args = (
+        (worker_main, (spec, child_end))
+        if once is None
+        else (worker_main_once, (once.handle(), spec.worker_id, child_end))
+    )
     process = ctx.Process(  # type: ignore[attr-defined]
-        target=worker_main, args=(spec, child_end), daemon=True,
-        name=f"stoker-worker-{spec.worker_id}",
+        target=target, args=args, daemon=True, name=f"stoker-worker-{spec.worker_id}"
     )
     _parent_ends.add(parent_end)
     try:

@@ -352,6 +352,35 @@ class _Worker:
                 return
 
 
+def worker_main_once(handle: Any, worker_id: int, conn: Connection) -> None:
+    """Entry point of a spawn/forkserver worker whose spec was pickled once for all workers
+    (NOTE [ Pickle once ] in ``stoker.executors.spec_once``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        spec = handle.load(worker_id)
+    except Exception as exc:  # e.g. a __setstate__ that raises: the user gets this error
+        doing = "unpickling the dataset and the loader's functions"
+        _answer_with(capture(exc, worker_id, doing), conn)
+        return
+    worker_main(spec, conn)
+
+
+def _answer_with(error: RemoteError, conn: Connection) -> None:
+    """A worker whose spec did not load answers every task with the error until stopped."""
+    try:
+        conn.send((msg.HELLO, False))
+        while True:
+            message = conn.recv()
+            if message[0] == msg.TASK:
+                conn.send((msg.FAILED, message[1], message[2], error))
+            elif message[0] == msg.STOP:
+                return
+    except (EOFError, OSError):
+        return
+    finally:
+        conn.close()
+
+
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of a worker process."""
     # Ctrl-C goes to the whole process group; the main process handles it and stops us.

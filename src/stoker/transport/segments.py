@@ -118,6 +118,12 @@ def map_segment(fd: int, nbytes: int) -> mmap.mmap:
     return mmap.mmap(fd, nbytes, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
 
+def map_private(fd: int, nbytes: int) -> mmap.mmap:
+    """A copy-on-write mapping of the first ``nbytes``: this process's writes stay its own,
+    pages it only reads stay shared with every other mapping of the segment."""
+    return mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = (
