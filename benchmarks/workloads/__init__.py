@@ -1,4 +1,6 @@
 """Benchmark workloads. Each module defines its Dataset at module level (so it pickles for
 spawned workers) and `run(ctx) -> list[record]`."""
 
-NAMES = ("tiny", "jpeg", "remote_get", "startup", "paths_memory", "paths_memory_shared")
+NAMES = (
+    "tiny", "jpeg", "remote_get", "startup", "paths_memory", "paths_memory_shared", "spawn_array"
+)

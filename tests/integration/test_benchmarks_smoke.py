@@ -14,7 +14,9 @@ pytest.importorskip("PIL", reason="the jpeg workload needs pillow")
 pytest.importorskip("psutil", reason="PSS sampling needs psutil")
 
 RUNNER = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
-WORKLOADS = {"tiny", "jpeg", "remote_get", "startup", "paths_memory", "paths_memory_shared"}
+WORKLOADS = {
+    "tiny", "jpeg", "remote_get", "startup", "paths_memory", "paths_memory_shared", "spawn_array"
+}
 
 
 def test_quick_run_prints_a_record_per_workload_and_loader(tmp_path: Path) -> None:
