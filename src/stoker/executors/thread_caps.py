@@ -23,6 +23,7 @@ import ctypes
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -62,9 +63,9 @@ def _loaded_pool_libraries() -> list[tuple[str, tuple[str, ...]]]:
     return found
 
 
-def _cap_native_pools(threads: int) -> list[str]:
-    """Call each loaded library's own setter (what threadpoolctl does, without its scan cost)."""
-    capped = []
+def _find_setters() -> list[tuple[str, Any]]:
+    """(library name, its pool-size setter) for each loaded thread-pool library."""
+    found = []
     for path, setters in _loaded_pool_libraries():
         try:
             lib = ctypes.CDLL(path)
@@ -73,9 +74,31 @@ def _cap_native_pools(threads: int) -> list[str]:
         for setter in setters:
             fn = getattr(lib, setter, None)
             if fn is not None:
-                fn(threads)
-                capped.append(os.path.basename(path))
+                found.append((os.path.basename(path), fn))
                 break
+    return found
+
+
+# (len(sys.modules) when found, setters). Found in the main process before it forks workers,
+# so a forked worker inherits them and skips reading /proc/self/maps (2-15 ms per worker
+# start measured here). A native library comes with an import, so a new import re-scans.
+_found: tuple[int, list[tuple[str, Any]]] | None = None
+
+
+def pool_setters() -> list[tuple[str, Any]]:
+    """The loaded pool libraries' setters, found again only after new imports."""
+    global _found
+    if _found is None or _found[0] != len(sys.modules):
+        _found = (len(sys.modules), _find_setters())
+    return _found[1]
+
+
+def _cap_native_pools(threads: int) -> list[str]:
+    """Call each loaded library's own setter (what threadpoolctl does, without its scan cost)."""
+    capped = []
+    for name, fn in pool_setters():
+        fn(threads)
+        capped.append(name)
     return capped
 
 
@@ -99,6 +122,8 @@ def cap_worker_threads(threads: int = 1) -> list[str]:
 @contextlib.contextmanager
 def pools_quiet_for_fork(start_method: str | None) -> Iterator[None]:
     """Around forking workers: no OpenCV pool threads exist while the children are made."""
+    if start_method == "fork":
+        pool_setters()  # found here once, inherited by every worker
     cv2 = sys.modules.get("cv2") if start_method == "fork" else None
     saved = None
     if cv2 is not None:
