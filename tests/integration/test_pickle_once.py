@@ -97,6 +97,7 @@ def test_workers_share_one_copy_of_a_large_array() -> None:
     )
 
 
+@pytest.mark.filterwarnings("ignore:Got pickle error:UserWarning")  # torch's own hint
 def test_a_spec_that_does_not_pickle_fails_the_start_with_the_pickle_error() -> None:
     loader = stoker.DataLoader(
         UnpicklableDS(), batch_size=4, num_workers=2, multiprocessing_context="spawn"
