@@ -120,12 +120,7 @@ class PickledSpec:
         self._write(payload, buffers)
 
     def _write(self, payload: memoryview, buffers: list[memoryview]) -> None:
-        tracked_fd, ref = segments.create(0, self.nbytes)
-        try:
-            self.fd = os.dup(tracked_fd)  # ours: not closed by a forked worker's cleanup
-        finally:
-            segments.close(tracked_fd)
-            segments.unlink(ref.name)
+        self.fd = segments.create_untracked(self.nbytes)
         mapping = segments.map_segment(self.fd, self.nbytes)
         try:
             mapping[: payload.nbytes] = payload

@@ -211,14 +211,7 @@ def available() -> bool:
 def reads_back(items: list[Any], positions: range | list[int]) -> bool:
     """Whether the items at ``positions`` read in place equal the items themselves."""
     reader = _reader()
-    if reader is None:
-        return False
-    for i in positions:
-        x = items[i]
-        got = reader.object_at(id(x))
-        if type(got) is not type(x) or got != x:
-            return False
-    return True
+    return reader is not None and _reads_back(reader, [items[i] for i in positions])
 
 
 class InheritedList(ReadOnlySequence[Any]):

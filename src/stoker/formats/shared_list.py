@@ -67,12 +67,7 @@ class _Segment:
 
     @classmethod
     def create(cls, used: int) -> _Segment:
-        tracked_fd, ref = segments.create(0, used)
-        try:
-            fd = os.dup(tracked_fd)  # ours: survives a forked worker's close_inherited()
-        finally:
-            segments.close(tracked_fd)
-            segments.unlink(ref.name)
+        fd = segments.create_untracked(used)  # survives a forked worker's close_inherited()
         try:
             return cls(fd, used)
         except BaseException:

@@ -70,6 +70,17 @@ def create(segment_id: int, nbytes: int) -> tuple[int, SegmentRef]:
     return fd, SegmentRef(segment_id, nbytes, name)
 
 
+def create_untracked(nbytes: int) -> int:
+    """A segment of at least ``nbytes`` whose fd the caller owns: not in this module's
+    registry, so a forked worker's ``close_inherited`` leaves it open, and nameless."""
+    tracked_fd, ref = create(0, nbytes)
+    try:
+        return os.dup(tracked_fd)
+    finally:
+        close(tracked_fd)
+        unlink(ref.name)
+
+
 def create_log() -> int | None:
     """An anonymous in-memory file a worker's faulthandler writes its stacks to (Linux only).
 
