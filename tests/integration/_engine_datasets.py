@@ -158,3 +158,23 @@ class Stuck(Dataset):
         if i == 3:
             self.event.wait(BLOCK_S)  # type: ignore[attr-defined]
         return torch.tensor(i)
+
+
+class Records(Dataset):
+    """In-memory records read with ``int()``: the batched form read from the source applies
+    (NOTE [ Batched getitem from source ]). ``bad_label`` (an index) holds NaN: ``int()`` of
+    it raises for that one sample."""
+
+    def __init__(self, n: int = 400, bad_label: int | None = None) -> None:
+        gen = torch.Generator().manual_seed(3)
+        self.x = torch.randn(n, 8, generator=gen)
+        self.y = torch.randint(0, 10, (n,), generator=gen).float()
+        self.names = [f"r{i}" for i in range(n)]
+        if bad_label is not None:
+            self.y[bad_label] = float("nan")
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index):
+        return {"x": self.x[index] * 2, "y": int(self.y[index]), "name": self.names[index]}

@@ -36,6 +36,7 @@ class LoaderStats:
     pack_s: float = 0.0
     unpack_s: float = 0.0
     pin_s: float = 0.0
+    batched: int = 0  # batches fetched whole, not sample by sample (NOTE [ Vectorised fetch ])
     concurrency: tuple[int, ...] = ()
     tuner: tuple[TunerEvent, ...] = field(default_factory=tuple)
     summary: str = ""

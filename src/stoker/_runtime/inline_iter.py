@@ -7,8 +7,10 @@ from typing import Any
 
 from stoker._runtime.base_iter import BaseIterator
 from stoker.errors import MixedDeviceError
-from stoker.executors.fetch import EMPTY, make_fetcher
+from stoker.executors.batched_getitem import Decline
+from stoker.executors.fetch import EMPTY, make_fetcher, vectorisable
 from stoker.executors.remote_errors import add_note, describe_indices
+from stoker.executors.vectorized import VectorProbe
 from stoker.sampling.dataset_rngs import reseed, restore_states, save_states
 from stoker.sampling.sample_rng import clear_sample_context
 from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
@@ -25,8 +27,15 @@ class InlineIterator(BaseIterator):
         super().__init__(loader, resume)
         self._fetcher = make_fetcher(self._fetch_spec)
         self._fetcher.sample_context = (self._base_seed, self._epoch)
+        # Only the form read from the source: calling __getitem__ with a whole batch runs the
+        # user's code, and here nothing has measured whether that is cheap.
+        self._vector = VectorProbe(self._dataset, vectorisable(self._fetch_spec), direct=False)
 
     def _fetch(self, position: int, index: Any) -> Any:
+        if self._vector.adopted:
+            batch = self._batched(index)
+            if batch is not None:
+                return batch  # no user code ran: nothing to seed or guard
         if self._seeding != "per_batch":
             return self._timed_fetch(index)
         # The caller's own RNG streams (dropout, their augmentations) are left as they were.
@@ -52,6 +61,20 @@ class InlineIterator(BaseIterator):
         stats.fetch_wall_s += t1 - t0
         stats.fetch_cpu_s += c1 - c0
         stats.collate_s += time.perf_counter() - t1
+        if self._vector.probing and isinstance(index, list):
+            self._vector.check(index, batch)
+        return batch
+
+    def _batched(self, index: Any) -> Any:
+        """NOTE [ Vectorised fetch ]: the whole batch at once; None when it declines."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            batch = self._vector.fetch(index)
+        except Decline:
+            return None
+        self._stats.fetch_wall_s += time.perf_counter() - t0
+        self._stats.fetch_cpu_s += time.thread_time() - c0
+        self._stats.batched += 1
         return batch
 
     def _next_data(self) -> Any:

@@ -25,6 +25,7 @@ class StatsAccumulator:
         self.pack_s = 0.0
         self.unpack_s = 0.0
         self.pin_s = 0.0
+        self.batched = 0
         self.concurrency: dict[int, int] = {}
         self.tuner: list[TunerEvent] = []
         self._left_next_at: float | None = None
@@ -46,7 +47,8 @@ class StatsAccumulator:
         self._left_next_at = None  # the gap between epochs is not the user's step
 
     def worker_batch(self, worker_id: int, info: tuple) -> None:
-        concurrency, fetch_wall, fetch_cpu, collate_s, pack_s, events = info
+        concurrency, fetch_wall, fetch_cpu, collate_s, pack_s, events, batched = info
+        self.batched += batched
         self.concurrency[worker_id] = concurrency
         self.fetch_wall_s += fetch_wall
         self.fetch_cpu_s += fetch_cpu
@@ -62,7 +64,7 @@ class StatsAccumulator:
             num_workers=self.num_workers, wait_s=self.wait_s, loop_s=self.loop_s,
             fetch_wall_s=self.fetch_wall_s, fetch_cpu_s=self.fetch_cpu_s,
             collate_s=self.collate_s, pack_s=self.pack_s, unpack_s=self.unpack_s,
-            pin_s=self.pin_s,
+            pin_s=self.pin_s, batched=self.batched,
             concurrency=tuple(self.concurrency[w] for w in sorted(self.concurrency)),
             tuner=tuple(self.tuner),
         )

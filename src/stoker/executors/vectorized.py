@@ -4,8 +4,8 @@ NOTE [ Vectorised fetch ]
 Many in-memory datasets are thin wrappers over tensors or arrays (``{"x": self.x[i], "y":
 self.y[i]}``, ``TensorDataset``, a bare tensor or ndarray). Called with a LongTensor of a
 batch's indices, such a ``__getitem__`` returns the whole batch at once, with no per-sample
-Python at all. Whether a dataset is like that cannot be read off its code, so it is measured:
-once the concurrency tuner has found the fetches CPU-bound (never for I/O-bound datasets), on
+Python at all. Whether a dataset is like that is measured: once the concurrency tuner has
+found the fetches CPU-bound (never for I/O-bound datasets: the call runs the user's code), on
 two batches (collated with the default collate, auto-batching on, no ``__getitems__``, no
 error policy) the worker computes the batch both ways and compares them
 leaf by leaf (type, dtype, shape, every value), after shaping the vectorised result as
@@ -14,17 +14,24 @@ any exception, any warning, or any draw from a global RNG means the dataset is f
 sample by sample forever after; identical results mean the rest of the epoch is fetched in
 one call per batch. Results are the same either way; what changes is how many times
 ``__getitem__`` is called.
+
+A ``__getitem__`` that does not take a tensor of indices (``int(self.y[i])``) may still have a
+batched form read from its source (NOTE [ Batched getitem from source ]). That form runs no
+user code, so it is tried first and from the first batch, in workers and with num_workers=0
+alike, and compared with the plain path the same way.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+from stoker.collate._alloc import allocating_into
+from stoker.executors.batched_getitem import compile_batched
 from stoker.executors.concurrency import rng_fingerprint, rng_touched
 
 _PROBES = 2
@@ -58,37 +65,71 @@ def same_batch(a: Any, b: Any) -> bool:
         return list(a) == list(b) and all(same_batch(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(same_batch(x, y) for x, y in zip(a, b, strict=True))
-    return False  # strings, numbers, custom types: not a vectorisable batch
+    if isinstance(a, str | bytes | int | float) or a is None:
+        return bool(a == b)  # leaves of a list collated as it is (paths, names)
+    return False  # custom types: not known to be equal
 
 
 class VectorProbe:
-    """Decides, from the first batches, whether ``dataset[index_tensor]`` gives the batch."""
+    """Decides, from the first batches, whether a batch can be had in one call.
 
-    def __init__(self, dataset: Any, eligible: bool) -> None:
+    Candidates, in order: the batched form read from ``__getitem__``'s source (probed from the
+    first batch: it runs no user code), then ``dataset[index_tensor]`` (probed only once the
+    caller says fetches are cheap and CPU-bound, as it does run user code). A candidate is
+    adopted after ``_PROBES`` batches equal to the plain path's, and dropped at the first
+    difference, exception, warning, global RNG draw or decline.
+    """
+
+    def __init__(self, dataset: Any, eligible: bool, direct: bool = True) -> None:
         self._dataset = dataset
-        self._left = _PROBES if eligible else 0
+        self._candidates: list[tuple[str, Callable[[list[int]], Any]]] = []
+        if eligible:
+            compiled = compile_batched(dataset)
+            if compiled is not None:
+                self._candidates.append(("source", compiled))
+            if direct:
+                self._candidates.append(("call", self._call))
+        self._left = _PROBES
         self.adopted = False
 
     @property
+    def kind(self) -> str | None:
+        """Which candidate is being probed or was adopted: "source", "call", or None."""
+        return self._candidates[0][0] if self._candidates else None
+
+    @property
     def probing(self) -> bool:
-        return self._left > 0
+        return not self.adopted and bool(self._candidates)
+
+    def wants_probe(self, cheap_cpu_bound: bool) -> bool:
+        """Whether the next batch should be fetched both ways and compared."""
+        return self.probing and (self.kind == "source" or cheap_cpu_bound)
+
+    def _call(self, indices: list[int]) -> Any:
+        return shape_like_collate(self._dataset[torch.as_tensor(indices)])
+
+    def _drop(self) -> None:
+        self._candidates.pop(0)
+        self._left = _PROBES
 
     def check(self, indices: list[int], collated: Any) -> None:
-        """After fetching a batch the plain way: does one vectorised call give the same?"""
-        self._left -= 1
+        """After fetching a batch the plain way: does the candidate give the same?"""
+        fn = self._candidates[0][1]
         before = rng_fingerprint()
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), allocating_into(None):
                 warnings.simplefilter("error")
-                candidate = shape_like_collate(self._dataset[torch.as_tensor(indices)])
-        except Exception:
-            self._left = 0
+                candidate = fn(list(indices))
+        except Exception:  # Decline included: a candidate that cannot show it agrees
+            self._drop()
             return
         if rng_touched(before) or not same_batch(collated, candidate):
-            self._left = 0
+            self._drop()
             return
+        self._left -= 1
         if self._left == 0:
             self.adopted = True
 
     def fetch(self, indices: list[int]) -> Any:
-        return shape_like_collate(self._dataset[torch.as_tensor(indices)])
+        """The adopted candidate's batch; ``Decline``: fetch this one sample by sample."""
+        return self._candidates[0][1](indices)

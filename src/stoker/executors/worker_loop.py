@@ -26,6 +26,7 @@ from stoker.collate import allocating_into
 from stoker.errors import MixedDeviceError
 from stoker.executors import diagnostics
 from stoker.executors import messages as msg
+from stoker.executors.batched_getitem import Decline
 from stoker.executors.concurrency import ConcurrencyTuner, declared_thread_safe
 from stoker.executors.fetch import EMPTY, make_fetcher, vectorisable
 from stoker.executors.pipeline import (
@@ -46,7 +47,7 @@ from stoker.sampling.sample_rng import set_sample_context
 from stoker.sampling.seeds import batch_seed, seed_global_rngs, seed_worker_rngs
 from stoker.transport import segments
 from stoker.transport.segments import SegmentRef
-from stoker.transport.slab_writer import SlabPool, batch_nbytes, write_batch
+from stoker.transport.slab_writer import SlabPool, SlabWriter, batch_nbytes, write_batch
 
 _PARENT_CHECK_INTERVAL_S = 0.5
 _MESSAGE = "message"
@@ -178,19 +179,19 @@ class _Worker:
         if self.init_error is not None:
             self.conn.send((msg.FAILED, self.epoch, task_id, self.init_error))
             return
-        assert self.tuner is not None
+        assert self.tuner is not None and self.vector is not None
         self.fetcher.sample_context = (self.spec.base_seed, self.epoch)
+        if self.vector.adopted and self._run_batched(task_id, indices):
+            return  # no user code ran: nothing to seed
         if self.spec.seed_per_batch:
             seed = batch_seed(self.spec.base_seed, self.epoch, task_id)
             seed_global_rngs(seed)
             reseed(self.dataset_rngs, seed)
-        # Vectorising only pays for cheap CPU-bound samples: probe once the tuner has settled
-        # at one fetch at a time (an I/O-bound dataset is never called with a whole batch).
+        # A call with a whole batch only pays for cheap CPU-bound samples: probe it once the
+        # tuner has settled at one fetch at a time (an I/O-bound dataset is never called so).
         settled_at_one = not self.tuner.exploring and self.tuner.concurrency == 1
-        if self.vector is not None and (
-            self.vector.adopted or (self.vector.probing and settled_at_one)
-        ):
-            self._run_vectorised(task_id, list(indices))
+        if self.vector.wants_probe(settled_at_one):
+            self._run_probe(task_id, list(indices))
             return
         if self.fetcher.splittable and (self.tuner.concurrency > 1 or self.tuner.exploring):
             job = Job(self.epoch, task_id, list(indices))
@@ -212,21 +213,37 @@ class _Worker:
             return
         self._finish(task_id, indices, data, self.fetcher.skipped, (wall, cpu))
 
-    def _run_vectorised(self, task_id: int, indices: list[int]) -> None:
-        """NOTE [ Vectorised fetch ]: probe on the first batches, then one call per batch."""
+    def _run_probe(self, task_id: int, indices: list[int]) -> None:
+        """NOTE [ Vectorised fetch ]: fetch the plain way, then compare with the candidate."""
         assert self.vector is not None
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            if self.vector.adopted:
-                batch = self.vector.fetch(indices)
-            else:
-                batch = self.fetcher.fetch(indices)
-                self.vector.check(indices, batch)
+            batch = self.fetcher.fetch(indices)
         except Exception as exc:
             self._fail(task_id, indices, exc)
             return
         timing = (time.perf_counter() - t0, time.thread_time() - c0)
+        self.vector.check(indices, batch)
         self._finish(task_id, indices, _Collated(batch), [], timing)
+
+    def _run_batched(self, task_id: int, indices: Any) -> bool:
+        """One call for the whole batch, into a slab; False: declined, fetch it the plain way."""
+        assert self.vector is not None
+        slab = self.pool.acquire(None)  # sized by the batches before (the probes at least)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            with allocating_into(slab):
+                batch = self.vector.fetch(list(indices))
+        except Decline:
+            self.pool.release_one(slab)
+            return False
+        except Exception as exc:
+            self.pool.release_one(slab)
+            self._fail(task_id, indices, exc)
+            return True
+        timing = (time.perf_counter() - t0, time.thread_time() - c0)
+        self._finish(task_id, indices, _Collated(batch), [], timing, slab, batched=True)
+        return True
 
     def _explore(self, job: Job) -> None:
         """Fetch alone, sample by sample, measuring; hand the rest over once concurrency rises."""
@@ -242,14 +259,18 @@ class _Worker:
         else:
             self.job_done(job)
 
-    def _finish(self, task_id: int, indices: Any, data: Any, skipped: list, timing: tuple) -> None:
-        """Collate into a slab, pack, send; feed the tuner."""
-        # Before the first batch the pool cannot know the size: measure the samples, so the
-        # batch is collated straight into a slab that fits instead of being copied over.
-        hint = None if self.pool.sized or data is EMPTY else batch_nbytes(
-            data.batch if isinstance(data, _Collated) else data
-        )
-        slab = self.pool.acquire(hint)
+    def _finish(
+        self, task_id: int, indices: Any, data: Any, skipped: list, timing: tuple,
+        slab: SlabWriter | None = None, batched: bool = False,
+    ) -> None:
+        """Collate into a slab (or use the one the batch is in), pack, send; feed the tuner."""
+        if slab is None:
+            # Before the first batch the pool cannot know the size: measure the samples, so
+            # the batch is collated straight into a slab that fits instead of being copied.
+            hint = None if self.pool.sized or data is EMPTY else batch_nbytes(
+                data.batch if isinstance(data, _Collated) else data
+            )
+            slab = self.pool.acquire(hint)
         try:
             t0 = time.perf_counter()
             with allocating_into(slab):
@@ -272,7 +293,7 @@ class _Worker:
         self._events_sent += len(events)
         info = (
             self.tuner.concurrency, timing[0], timing[1], t1 - t0, t2 - t1,
-            [(e.at_s, e.concurrency, e.reason) for e in events],
+            [(e.at_s, e.concurrency, e.reason) for e in events], batched,
         )
         reply = (
             msg.DONE, self.epoch, task_id, segment_id, used, payload, self.retired, skipped, info

@@ -1,0 +1,475 @@
+"""A dataset's ``__getitem__`` read from its source and run once per batch.
+
+NOTE [ Batched getitem from source ]
+The commonest in-memory dataset is one expression over array attributes::
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "y": int(self.y[i])}
+
+Called with a tensor of indices it raises (``int`` of many values), yet its batch is two
+gathers. ``compile_batched`` parses ``type(dataset).__getitem__``'s source and, when the body
+is only assignments and one ``return`` built from the forms below, builds a function that
+computes the collated batch directly:
+
+* ``self.<attr>[<index>]``: on a CPU tensor or ndarray, one gather for the whole batch (straight
+  into the slab when it is a leaf of the batch); on a list or tuple (or a worker's read-only
+  stand-in for one, NOTE [ Reading inherited lists in place ]), the items one by one;
+* ``int(e)``, ``float(e)``, ``bool(e)``, ``e.item()``: Python scalars, which ``default_collate``
+  turns into int64 / float64 / bool tensors: one cast of the gathered values;
+* ``torch.as_tensor(e)``, ``torch.from_numpy(e)``, ``torch.tensor(e)`` of an array; the tensor
+  methods ``float double half long int bool clone contiguous``; the ndarray methods ``copy``
+  and ``astype(<numpy dtype or its name>)``; ``e + c``, ``e - c``, ``e * c``, ``e / c`` with
+  a numeric constant ``c`` (the same elementwise kernel as for one sample);
+* dict displays with constant keys, tuple and list displays, names assigned earlier.
+
+Anything else (another call, a branch, a loop, a decorator, a global named ``int`` or
+``torch`` that is something else) and there is no batched form. Each batch re-reads the
+attributes, and the form declines (``Decline``: that batch is fetched sample by sample) wherever
+the batch might differ from what the per-sample code gives, or the per-sample code might raise:
+indices that are not plain ints, an index out of range, a source that is no longer a CPU array,
+``int`` of a value that is not finite, a sample of several values turned into a scalar. It
+calls no user code and draws no random numbers, so its batches need no seeding. Before it is
+used, its batches are compared with the plain path's (NOTE [ Vectorised fetch ]).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import inspect
+import math
+import textwrap
+import types
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from stoker.collate._alloc import current_allocator, request
+from stoker.formats.read_only import ReadOnlySequence
+
+
+class Decline(Exception):
+    """This batch is not exactly computable here: fetch it sample by sample."""
+
+
+class _Unsupported(Exception):
+    """The source is not of the supported form: there is no batched getitem."""
+
+
+# -- columns: the values of one leaf expression for every sample of the batch ----------------
+
+
+class _Array:
+    """Per-sample values stacked on dim 0: a tensor or an ndarray (maybe not yet gathered)."""
+
+    __slots__ = ("_data", "_source", "_rows")
+
+    def __init__(self, data: Any = None, source: Any = None, rows: Any = None) -> None:
+        self._data, self._source, self._rows = data, source, rows
+
+    @property
+    def data(self) -> Any:
+        if self._data is None:
+            self._data = self._source[self._rows]
+        return self._data
+
+    def leaf(self) -> torch.Tensor:
+        """The collated leaf; a pending gather writes straight into the current slab."""
+        if self._data is None and isinstance(self._rows, torch.Tensor | np.ndarray):
+            src = self._source
+            shape = (len(self._rows), *src.shape[1:])
+            dtype = src.dtype if isinstance(src, torch.Tensor) else _torch_dtype(src.dtype)
+            allocator = current_allocator()
+            out = None if allocator is None else request(allocator, shape, dtype)
+            if out is not None:
+                if isinstance(src, torch.Tensor):
+                    torch.index_select(src, 0, torch.as_tensor(self._rows), out=out)
+                else:  # rows are checked in range: "clip" only skips numpy's buffered copy
+                    np.take(src, self._rows, axis=0, out=out.numpy(), mode="clip")
+                return out
+        data = self.data
+        return data if isinstance(data, torch.Tensor) else torch.as_tensor(data)
+
+    def tensor(self) -> torch.Tensor:
+        data = self.data
+        return data if isinstance(data, torch.Tensor) else torch.from_numpy(data)
+
+
+class _Scalars:
+    """One Python scalar per sample, kept as the tensor ``default_collate`` makes of them:
+    int64 for ints, float64 for floats, bool for bools."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: torch.Tensor) -> None:
+        self.values = values
+
+
+class _Items:
+    """Per-sample Python objects (from a list or tuple attribute), collated as they are."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+# -- the batch being computed ---------------------------------------------------------------
+
+
+class _Batch:
+    __slots__ = ("dataset", "indices", "_rows_t", "_rows_np")
+
+    def __init__(self, dataset: Any, indices: list[int]) -> None:
+        self.dataset = dataset
+        self.indices = indices
+        self._rows_t: torch.Tensor | None = None
+        self._rows_np: np.ndarray | None = None
+
+    def rows_for(self, source: Any) -> Any:
+        if self._rows_t is None:
+            self._rows_t = torch.tensor(self.indices, dtype=torch.int64)
+            self._rows_np = self._rows_t.numpy()
+        if isinstance(source, torch.Tensor):
+            return self._rows_t
+        return self._rows_np
+
+
+def _array_source(source: Any) -> bool:
+    if type(source) is torch.Tensor:
+        return (source.device.type == "cpu" and source.layout == torch.strided
+                and not source.requires_grad and not source.is_quantized and source.dim() > 0)
+    if type(source) in (np.ndarray, np.memmap):
+        return source.dtype.kind in "biufc" and source.ndim > 0
+    return False
+
+
+# -- expression nodes -------------------------------------------------------------------------
+
+Node = Callable[[_Batch], Any]
+
+
+def _gather(attr: str) -> Node:
+    def run(b: _Batch) -> Any:
+        source = getattr(b.dataset, attr)
+        if _array_source(source):
+            rows = b.rows_for(source)
+            if int(rows.min()) < 0 or int(rows.max()) >= len(source):
+                raise Decline  # negative or out of range: let one sample's indexing speak
+            return _Array(source=source, rows=rows)
+        if type(source) in (list, tuple) or isinstance(source, ReadOnlySequence):
+            return _Items([source[i] for i in b.indices])  # incl. a worker's inherited list
+        raise Decline
+
+    return run
+
+
+def _single_values(col: _Array) -> torch.Tensor:
+    """The samples' values as a 1-D tensor, when each sample holds exactly one."""
+    data = col.data
+    if isinstance(data, np.ndarray) and data.ndim != 1:
+        raise Decline  # numpy deprecates int()/float() of an array with ndim > 0
+    t = col.tensor()
+    if t.dim() == 0 or math.prod(t.shape[1:]) != 1 or t.is_complex():
+        raise Decline
+    return t.reshape(len(t))
+
+
+def _as_int64(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype == torch.bool or not t.is_floating_point():
+        if t.dtype == torch.uint64 and len(t) and int(t.max()) >= 2**63:
+            raise Decline  # a Python int that collate cannot turn into int64
+        return t.to(torch.int64)
+    if len(t) and not (bool(torch.isfinite(t).all()) and float(t.abs().max()) < 2.0**63):
+        raise Decline  # int() raises or overflows int64 there
+    return t.to(torch.int64)  # truncation toward zero, as int() does
+
+
+_SCALAR_CASTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "int": _as_int64,
+    "float": lambda t: t.to(torch.float64),
+    "bool": lambda t: t.to(torch.bool),
+}
+
+
+def _item_cast(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype == torch.bool:
+        return t
+    return t.to(torch.float64) if t.is_floating_point() else _as_int64(t)
+
+
+def _scalar(kind: str, child: Node) -> Node:
+    python = getattr(builtins, kind) if kind != "item" else None
+    cast = _SCALAR_CASTS[kind] if kind != "item" else _item_cast
+
+    def run(b: _Batch) -> Any:
+        col = child(b)
+        if isinstance(col, _Items):
+            if python is None:
+                return _Items([v.item() for v in col.items])
+            return _Items([python(v) for v in col.items])
+        if isinstance(col, _Scalars):
+            if python is None:
+                raise Decline  # a Python number has no .item()
+            return _Scalars(cast(col.values))
+        if isinstance(col, _Array):
+            return _Scalars(cast(_single_values(col)))
+        raise Decline
+
+    return run
+
+
+_TENSOR_METHODS = {"float", "double", "half", "long", "int", "bool", "clone", "contiguous"}
+_INT_CASTS = {"long", "int"}
+
+
+def _method(name: str, child: Node, dtype: np.dtype | None = None) -> Node:
+    def run(b: _Batch) -> Any:
+        col = child(b)
+        if isinstance(col, _Items):
+            if dtype is not None:
+                return _Items([getattr(v, name)(dtype) for v in col.items])
+            return _Items([getattr(v, name)() for v in col.items])
+        if not isinstance(col, _Array):
+            raise Decline
+        data = col.data
+        if name in _TENSOR_METHODS and isinstance(data, torch.Tensor):
+            if name in _INT_CASTS and data.is_floating_point():
+                raise Decline  # NaN/inf casts are not defined: do not rely on them agreeing
+            return _Array(getattr(data, name)())
+        if name == "copy" and isinstance(data, np.ndarray):
+            return _Array(data.copy())
+        if name == "astype" and isinstance(data, np.ndarray) and dtype is not None:
+            if data.dtype.kind == "f" and dtype.kind in "iub":
+                raise Decline
+            return _Array(data.astype(dtype))
+        raise Decline
+
+    return run
+
+
+def _to_tensor(name: str, child: Node) -> Node:
+    def run(b: _Batch) -> Any:
+        col = child(b)
+        if isinstance(col, _Items):
+            fn = getattr(torch, name)
+            return _Items([fn(v) for v in col.items])
+        if not isinstance(col, _Array):
+            raise Decline
+        data = col.data
+        if isinstance(data, torch.Tensor):
+            if name != "as_tensor":
+                raise Decline  # from_numpy raises, torch.tensor warns: one sample says so
+            return col
+        if name == "from_numpy" and data.ndim < 2:
+            raise Decline  # a sample is a numpy scalar: from_numpy raises for it
+        return _Array(torch.from_numpy(data) if name == "from_numpy" else torch.tensor(data)
+                      if name == "tensor" else torch.as_tensor(data))
+
+    return run
+
+
+_BINOPS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: lambda a, c: a + c,
+    ast.Sub: lambda a, c: a - c,
+    ast.Mult: lambda a, c: a * c,
+    ast.Div: lambda a, c: a / c,
+}
+
+
+def _binop(op: Callable[[Any, Any], Any], child: Node, const: int | float, left: bool) -> Node:
+    def run(b: _Batch) -> Any:
+        col = child(b)
+        if isinstance(col, _Items):
+            return _Items([op(v, const) if left else op(const, v) for v in col.items])
+        if not isinstance(col, _Array):
+            raise Decline
+        data = col.data
+        if isinstance(data, np.ndarray) and data.ndim == 1:
+            raise Decline  # numpy scalars: promotion rules of scalars and arrays may differ
+        return _Array(op(data, const) if left else op(const, data))
+
+    return run
+
+
+def _display(kind: type, keys: list[Any] | None, items: list[Node]) -> Node:
+    def run(b: _Batch) -> Any:
+        values = [item(b) for item in items]
+        if keys is not None:
+            return dict(zip(keys, values, strict=True))
+        return kind(values)
+
+    return run
+
+
+# -- compiling the source ---------------------------------------------------------------------
+
+
+class _Compiler:
+    def __init__(self, fn: types.FunctionType, self_name: str, index_name: str) -> None:
+        self.globals = fn.__globals__
+        self.self_name = self_name
+        self.index_name = index_name
+        self.locals: dict[str, Node] = {}
+
+    def _is_global(self, node: ast.expr, obj: Any) -> bool:
+        """``node`` names ``obj`` (a dotted global like ``torch.from_numpy``, or a builtin)."""
+        if isinstance(node, ast.Name):
+            if node.id in self.locals or node.id in (self.self_name, self.index_name):
+                return False
+            value = self.globals.get(node.id, getattr(builtins, node.id, _MISSING))
+            return value is obj
+        if isinstance(node, ast.Attribute):
+            base = self._resolve(node.value)
+            return base is not _MISSING and getattr(base, node.attr, _MISSING) is obj
+        return False
+
+    def _resolve(self, node: ast.expr) -> Any:
+        if isinstance(node, ast.Name):
+            if node.id in self.locals or node.id in (self.self_name, self.index_name):
+                return _MISSING
+            return self.globals.get(node.id, getattr(builtins, node.id, _MISSING))
+        if isinstance(node, ast.Attribute):
+            base = self._resolve(node.value)
+            return _MISSING if base is _MISSING else getattr(base, node.attr, _MISSING)
+        return _MISSING
+
+    def _dtype(self, node: ast.expr) -> np.dtype:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return np.dtype(node.value)
+        value = self._resolve(node)
+        if isinstance(value, type) and issubclass(value, np.generic):
+            return np.dtype(value)
+        raise _Unsupported
+
+    def expr(self, node: ast.expr) -> Node:
+        if isinstance(node, ast.Name) and node.id in self.locals:
+            return self.locals[node.id]
+        if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name)
+                and node.slice.id == self.index_name and isinstance(node.value, ast.Attribute)
+                and isinstance(node.value.value, ast.Name)
+                and node.value.value.id == self.self_name):
+            return _gather(node.value.attr)
+        if isinstance(node, ast.Dict):
+            if not all(isinstance(k, ast.Constant) for k in node.keys):
+                raise _Unsupported
+            keys = [k.value for k in node.keys]  # type: ignore[union-attr]
+            return _display(dict, keys, [self.expr(v) for v in node.values])
+        if isinstance(node, ast.Tuple | ast.List):
+            kind = tuple if isinstance(node, ast.Tuple) else list
+            if any(isinstance(e, ast.Starred) for e in node.elts):
+                raise _Unsupported
+            return _display(kind, None, [self.expr(e) for e in node.elts])
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            op = _BINOPS[type(node.op)]
+            for const, other, left in ((node.right, node.left, True),
+                                       (node.left, node.right, False)):
+                value = const.value if isinstance(const, ast.Constant) else None
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    return _binop(op, self.expr(other), value, left)
+            raise _Unsupported
+        if isinstance(node, ast.Call) and not node.keywords:
+            return self._call(node)
+        raise _Unsupported
+
+    def _call(self, node: ast.Call) -> Node:
+        func, args = node.func, node.args
+        for kind in ("int", "float", "bool"):
+            if len(args) == 1 and self._is_global(func, getattr(builtins, kind)):
+                return _scalar(kind, self.expr(args[0]))
+        for name in ("as_tensor", "from_numpy", "tensor"):
+            if len(args) == 1 and self._is_global(func, getattr(torch, name)):
+                return _to_tensor(name, self.expr(args[0]))
+        if isinstance(func, ast.Attribute) and self._resolve(func.value) is _MISSING:
+            if func.attr == "item" and not args:
+                return _scalar("item", self.expr(func.value))
+            if (func.attr in _TENSOR_METHODS or func.attr == "copy") and not args:
+                return _method(func.attr, self.expr(func.value))
+            if func.attr == "astype" and len(args) == 1:
+                return _method("astype", self.expr(func.value), self._dtype(args[0]))
+        raise _Unsupported
+
+    def body(self, statements: list[ast.stmt]) -> Node:
+        if (statements and isinstance(statements[0], ast.Expr)
+                and isinstance(statements[0].value, ast.Constant)):
+            statements = statements[1:]  # the docstring
+        for stmt in statements[:-1]:
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    and isinstance(stmt.targets[0], ast.Name)
+                    and stmt.targets[0].id not in (self.self_name, self.index_name)):
+                raise _Unsupported
+            self.locals[stmt.targets[0].id] = self.expr(stmt.value)
+        if not statements or not isinstance(statements[-1], ast.Return) or (
+                statements[-1].value is None):
+            raise _Unsupported
+        return self.expr(statements[-1].value)
+
+
+_MISSING = object()
+
+
+def _getitem_function(dataset: Any) -> types.FunctionType | None:
+    for klass in type(dataset).__mro__:
+        if "__getitem__" in klass.__dict__:
+            fn = klass.__dict__["__getitem__"]
+            return fn if isinstance(fn, types.FunctionType) else None
+    return None
+
+
+def compile_batched(dataset: Any) -> Callable[[list[int]], Any] | None:
+    """A function computing ``dataset``'s collated batch for a list of indices, or ``None``
+    when ``__getitem__`` is not of the form in NOTE [ Batched getitem from source ]."""
+    fn = _getitem_function(dataset)
+    if fn is None or fn.__closure__:
+        return None
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
+        return None
+    fdef = tree.body[0]
+    a = fdef.args
+    if (fdef.decorator_list or fdef.name != fn.__name__ or len(a.args) != 2 or a.posonlyargs
+            or a.vararg or a.kwarg or a.kwonlyargs or a.defaults):
+        return None
+    try:
+        root = _Compiler(fn, a.args[0].arg, a.args[1].arg).body(fdef.body)
+    except (_Unsupported, TypeError, ValueError):
+        return None
+
+    def batched(indices: list[int]) -> Any:
+        if not indices or any(type(i) is not int for i in indices):
+            raise Decline
+        try:
+            return _finalize(root(_Batch(dataset, indices)))
+        except Decline:
+            raise
+        except Exception as exc:  # whatever went wrong, one sample at a time will tell
+            raise Decline from exc
+
+    return batched
+
+
+def _finalize(value: Any, in_sequence: bool = False) -> Any:
+    from stoker.collate import default_collate
+
+    if isinstance(value, _Array):
+        return value.leaf()
+    if isinstance(value, _Scalars):
+        return value.values
+    if isinstance(value, _Items):
+        # default_collate transposes a sequence sample with zip: its columns are tuples.
+        return default_collate(tuple(value.items) if in_sequence else value.items)
+    if isinstance(value, dict):
+        return {k: _finalize(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_finalize(v, True) for v in value]  # default_collate gives lists for both
+    raise Decline
