@@ -28,7 +28,8 @@ from stoker._runtime.stall import describe_stall, warn_stall
 from stoker._runtime.worker_death import check_workers_alive, lost_worker
 from stoker.errors import LoaderTimeoutError
 from stoker.executors import messages as msg
-from stoker.executors.fetch import EmptyBatch
+from stoker.executors.batched_getitem import compile_batched
+from stoker.executors.fetch import EmptyBatch, vectorisable
 from stoker.executors.process_pool import default_context, gc_frozen_for_fork, start_worker
 from stoker.executors.remote_errors import add_note, rebuild
 from stoker.executors.spec_once import PickledSpec
@@ -78,6 +79,8 @@ class ProcessIterator(BaseIterator):
         # [ Automatic list sharing ]); spawned workers get the pickled dataset anyway.
         fork = ctx.get_start_method() == "fork"
         shared = loader._stoker_list_sharing.plan(self._dataset) if fork else ()
+        if fork and vectorisable(self._fetch_spec):
+            compile_batched(self._dataset)  # cached: forked workers inherit it
         specs = [self._spec(loader, wid, shared) for wid in range(self._num_workers)]
         if fork or len(specs) == 1:
             self._group.workers.extend(start_worker(ctx, spec) for spec in specs)

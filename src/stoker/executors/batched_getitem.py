@@ -40,6 +40,7 @@ import inspect
 import math
 import textwrap
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -422,11 +423,15 @@ def _getitem_function(dataset: Any) -> types.FunctionType | None:
     return None
 
 
-def compile_batched(dataset: Any) -> Callable[[list[int]], Any] | None:
-    """A function computing ``dataset``'s collated batch for a list of indices, or ``None``
-    when ``__getitem__`` is not of the form in NOTE [ Batched getitem from source ]."""
-    fn = _getitem_function(dataset)
-    if fn is None or fn.__closure__:
+# Per function, its compiled form or None. Filled in the main process before workers are
+# forked, so they inherit it: reading the source costs 0.5-7 ms in a fresh child.
+_COMPILED: weakref.WeakKeyDictionary[types.FunctionType, Node | None] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _compile(fn: types.FunctionType) -> Node | None:
+    if fn.__closure__:
         return None
     try:
         source = textwrap.dedent(inspect.getsource(fn))
@@ -441,8 +446,22 @@ def compile_batched(dataset: Any) -> Callable[[list[int]], Any] | None:
             or a.vararg or a.kwarg or a.kwonlyargs or a.defaults):
         return None
     try:
-        root = _Compiler(fn, a.args[0].arg, a.args[1].arg).body(fdef.body)
+        return _Compiler(fn, a.args[0].arg, a.args[1].arg).body(fdef.body)
     except (_Unsupported, TypeError, ValueError):
+        return None
+
+
+def compile_batched(dataset: Any) -> Callable[[list[int]], Any] | None:
+    """A function computing ``dataset``'s collated batch for a list of indices, or ``None``
+    when ``__getitem__`` is not of the form in NOTE [ Batched getitem from source ]."""
+    fn = _getitem_function(dataset)
+    if fn is None:
+        return None
+    if fn in _COMPILED:
+        root = _COMPILED[fn]
+    else:
+        root = _COMPILED[fn] = _compile(fn)
+    if root is None:
         return None
 
     def batched(indices: list[int]) -> Any:
