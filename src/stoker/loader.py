@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar
 import torch.utils.data
 
 from stoker._core.stats import LoaderStats
-from stoker._runtime.base_iter import BaseIterator
+from stoker._runtime.base_iter import BaseIterator, fetch_spec_of
 from stoker._runtime.inline_iter import InlineIterator
 from stoker._runtime.process_iter import ProcessIterator
 from stoker._runtime.progress import check_state
@@ -22,6 +22,7 @@ from stoker._runtime.stats import StatsAccumulator
 from stoker._runtime.thread_iter import ThreadIterator
 from stoker.distributed import begin_epoch, next_epoch
 from stoker.distributed.context import detect
+from stoker.executors.auto_inline import gathers_suffice
 from stoker.formats.auto_share import ListSharing
 from stoker.profile.memory_watch import MemoryWatch
 from stoker.sampling.rng_state import RngSnapshot
@@ -82,7 +83,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     worker_type: ``"process"``: ``num_workers`` worker processes (torch's meaning), each
         fetching with a thread pool sized by ``worker_concurrency``; ``"thread"``: fetches run
         on threads of the main process, no processes (map-style datasets only); ``"auto"``
-        (default): processes when ``num_workers > 0``, else the calling thread.
+        (default): processes when ``num_workers > 0``, else the calling thread; also the
+        calling thread when every batch is plain array gathers read from ``__getitem__``'s
+        source (NOTE [ Gathers need no workers ]; ``stats().inline`` says so).
     worker_concurrency: samples each worker fetches at once: an ``int``, or ``"auto"``
         (default): measured per worker, raised while throughput rises for fetches that mostly
         wait (I/O), one for CPU-bound fetches and for datasets drawing from global RNGs (see
@@ -178,6 +181,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._stoker_stats = StatsAccumulator(num_workers)
         self._stoker_memory_watch = MemoryWatch(dataset) if num_workers > 0 else None
         self._stoker_list_sharing = ListSharing()
+        self._stoker_inline: bool | None = None  # NOTE [ Gathers need no workers ]; None: not asked
         if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):
             bs, dl = self.batch_size or 1, self.drop_last
             self._stoker_pad_steps = lambda: sampler.num_batches(bs, dl)
@@ -233,10 +237,22 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def _make_iterator(self, resume: dict[str, Any] | None) -> Any:
         if self.worker_type == "thread":
             return ThreadIterator(self, resume)
-        if self.num_workers == 0:
+        if self.num_workers == 0 or self._runs_inline():
             return InlineIterator(self, resume)
         self.check_worker_number_rationality()
         return ProcessIterator(self, resume)
+
+    def _runs_inline(self) -> bool:
+        """worker_type="auto" with workers, for a dataset whose batches are plain gathers:
+        load in the calling thread (NOTE [ Gathers need no workers ])."""
+        if self.worker_type != "auto" or self.num_workers == 0:
+            return False
+        if self._stoker_inline is None:
+            self._stoker_inline = gathers_suffice(
+                fetch_spec_of(self), self.worker_init_fn, self.batch_size
+            )
+        self._stoker_stats.inline = self._stoker_inline
+        return self._stoker_inline
 
     # -- answers ---------------------------------------------------------------------------
 

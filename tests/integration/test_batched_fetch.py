@@ -4,6 +4,7 @@ own errors."""
 
 from __future__ import annotations
 
+import psutil
 import pytest
 import torch
 from _engine_datasets import Records
@@ -11,12 +12,17 @@ from torch.utils.data import DataLoader as TorchLoader
 
 import stoker
 
+# worker_type="process": with "auto" these datasets would not start workers at all (NOTE
+# [ Gathers need no workers ], tested below).
 EXECUTORS = [
     pytest.param({"num_workers": 0}, id="inline"),
-    pytest.param({"num_workers": 2, "timeout": 60}, id="process"),
-    pytest.param({"num_workers": 2, "timeout": 60, "persistent_workers": True},
-                 id="persistent"),
+    pytest.param({"num_workers": 2, "timeout": 60, "worker_type": "process"}, id="process"),
+    pytest.param(
+        {"num_workers": 2, "timeout": 60, "persistent_workers": True, "worker_type": "process"},
+        id="persistent",
+    ),
 ]
+_STOKER_ONLY = ("timeout", "worker_type")
 
 
 def _same(a, b):
@@ -33,7 +39,7 @@ def _batches(cls, dataset, epochs=1, **kwargs):
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_batched_fetch_gives_torchs_batches(executor):
     dataset = Records()
-    torch_kwargs = {k: v for k, v in executor.items() if k != "timeout"}
+    torch_kwargs = {k: v for k, v in executor.items() if k not in _STOKER_ONLY}
     _, expected = _batches(TorchLoader, dataset, epochs=2, **torch_kwargs)
     loader, got = _batches(stoker.DataLoader, dataset, epochs=2, **executor)
     assert len(got) == len(expected) == 50
@@ -70,3 +76,74 @@ def test_declined_batches_are_fetched_sample_by_sample(executor):
     got = list(loader)
     assert all(_same(a, b) for a, b in zip(got, expected, strict=True))
     assert loader.stats().batched == 0
+
+
+# -- NOTE [ Gathers need no workers ] ----------------------------------------------------------
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_auto_loads_plain_gathers_in_the_calling_thread(persistent):
+    dataset = Records()
+    kwargs = {"num_workers": 2, "persistent_workers": persistent}
+    _, expected = _batches(TorchLoader, dataset, epochs=3, **kwargs)
+    loader, got = _batches(stoker.DataLoader, dataset, epochs=0, **kwargs)
+    before = _children()
+    got = []
+    for _ in range(3):
+        for batch in loader:
+            got.append(batch)
+            assert _children() <= before  # no worker was started (torch's may be exiting)
+    assert all(_same(a, b) for a, b in zip(got, expected, strict=True))
+    stats = loader.stats()
+    # Per epoch, the iterator's two probe batches are fetched sample by sample (persistent:
+    # one iterator, so two in all).
+    assert stats.inline and stats.batched == stats.batches - (2 if persistent else 6)
+
+
+def test_auto_keeps_workers_when_the_dataset_is_not_only_gathers():
+    # A worker_init_fn could set state __getitem__ reads; process explicitly asked for.
+    for kwargs in ({"worker_init_fn": _noop}, {"worker_type": "process"}):
+        loader = stoker.DataLoader(Records(64), batch_size=16, num_workers=2, timeout=60, **kwargs)
+        pids = set()
+        for _ in loader:
+            pids |= {p.pid for p in psutil.Process().children()}
+        assert pids and not loader.stats().inline
+
+
+def test_auto_keeps_workers_when_the_probe_batches_disagree():
+    # The last index is a probe index: int(NaN) makes the batched form decline there.
+    dataset = Records(64, bad_label=63)
+    loader = stoker.DataLoader(dataset, batch_size=16, num_workers=2, timeout=60)
+    with pytest.raises(ValueError, match="cannot convert float NaN to integer"):
+        list(loader)
+    assert not loader.stats().inline
+
+
+def test_a_rejection_during_an_inline_epoch_sends_the_next_epoch_to_workers():
+    # The loader's own probe passes, but this batch sampler yields numpy integers, which the
+    # batched form declines: the epoch is fetched sample by sample (the same batches), and the
+    # next one goes to workers.
+    dataset = Records(64)
+    sampler = torch.utils.data.BatchSampler(
+        [torch.tensor(i).numpy()[()] for i in range(64)], batch_size=16, drop_last=False
+    )
+    loader = stoker.DataLoader(dataset, batch_sampler=sampler, num_workers=2, timeout=60)
+    expected = list(TorchLoader(dataset, batch_sampler=sampler))
+    before = _children()
+    first = list(loader)
+    assert loader.stats().inline is True and _children() <= before
+    second = []
+    pids: set[int] = set()
+    for batch in loader:
+        second.append(batch)
+        pids |= _children() - before
+    assert loader.stats().inline is False and pids
+    assert all(_same(a, b) for a, b in zip(first + second, expected * 2, strict=True))
+
+
+def _noop(worker_id: int) -> None:
+    pass

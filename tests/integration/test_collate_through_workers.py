@@ -139,6 +139,8 @@ def run_groups(Loader: type, groups: list[list[Any]], num_workers: int) -> tuple
     loader = Loader(
         dataset, batch_sampler=plan, num_workers=num_workers,
         persistent_workers=num_workers > 0, timeout=60 if num_workers else 0,
+        # A list dataset could run inline (NOTE [ Gathers need no workers ]): test workers.
+        **({"worker_type": "process"} if num_workers else {}),
     )
     for epoch in epochs:
         plan.plan([dataset.spans[g] for g in epoch])

@@ -70,7 +70,17 @@ class NumpyRows(_Base):
                 "zt": torch.as_tensor(self.z[i]), "pair": self.pairs[i]}
 
 
-SUPPORTED = [DictInt, TupleNumpy, Scalars, Images, NumpyRows]
+class Identity(_Base):
+    def __getitem__(self, index):
+        return index
+
+
+class IndexTensors(_Base):
+    def __getitem__(self, i):
+        return {"i": torch.tensor(i), "f": torch.as_tensor(float(self.y[i])), "j": i}
+
+
+SUPPORTED = [DictInt, TupleNumpy, Scalars, Images, NumpyRows, Identity, IndexTensors]
 
 
 def _plain(ds, indices):
@@ -270,6 +280,18 @@ def test_declines_sources_that_stop_being_cpu_arrays():
     ds.x = X.clone().requires_grad_()
     with pytest.raises(Decline):
         batched([0, 1])
+
+
+def test_declines_attributes_that_run_code():
+    class Computed(_Base):
+        @property
+        def rows(self):
+            return self.x
+
+        def __getitem__(self, i):
+            return self.rows[i]
+
+    _declines(Computed(), [0, 1])
 
 
 def test_declines_float_to_int_tensor_casts():

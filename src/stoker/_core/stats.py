@@ -37,6 +37,8 @@ class LoaderStats:
     unpack_s: float = 0.0
     pin_s: float = 0.0
     batched: int = 0  # batches fetched whole, not sample by sample (NOTE [ Vectorised fetch ])
+    # num_workers > 0, yet loaded in the calling thread (NOTE [ Gathers need no workers ])
+    inline: bool = False
     concurrency: tuple[int, ...] = ()
     tuner: tuple[TunerEvent, ...] = field(default_factory=tuple)
     summary: str = ""

@@ -18,7 +18,7 @@ from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
 
 class InlineIterator(BaseIterator):
     def __init__(self, loader: Any, resume: dict[str, Any] | None = None) -> None:
-        if loader.timeout != 0:
+        if loader.timeout != 0 and loader.num_workers == 0:
             raise AssertionError(
                 f"timeout={loader.timeout} needs worker processes: with num_workers=0 batches "
                 "are loaded in the calling thread and cannot time out. Set timeout=0, or "
@@ -30,6 +30,22 @@ class InlineIterator(BaseIterator):
         # Only the form read from the source: calling __getitem__ with a whole batch runs the
         # user's code, and here nothing has measured whether that is cheap.
         self._vector = VectorProbe(self._dataset, vectorisable(self._fetch_spec), direct=False)
+        # Running inline for num_workers > 0 (NOTE [ Gathers need no workers ]): if these
+        # batches reject the batched form, later epochs go back to workers.
+        self._loader = loader if loader.num_workers > 0 else None
+
+    # -- persistent_workers=True run inline (NOTE [ Gathers need no workers ]) ------------------
+    # One iterator for every epoch, as with persistent workers: the base seed is drawn once,
+    # so the generator is consumed exactly as torch's persistent iterator consumes it.
+
+    stopped = False
+
+    def _reset(self, loader: Any) -> None:
+        self._open_epoch(loader, None, first=False)
+        self._fetcher.sample_context = (self._base_seed, self._epoch)
+
+    def _shutdown(self) -> None:
+        pass  # no workers to stop
 
     def _fetch(self, position: int, index: Any) -> Any:
         if self._vector.adopted:
@@ -63,6 +79,8 @@ class InlineIterator(BaseIterator):
         stats.collate_s += time.perf_counter() - t1
         if self._vector.probing and isinstance(index, list):
             self._vector.check(index, batch)
+            if not self._vector.probing and not self._vector.adopted and self._loader:
+                self._loader._stoker_inline = False
         return batch
 
     def _batched(self, index: Any) -> Any:
@@ -87,8 +105,8 @@ class InlineIterator(BaseIterator):
             except MixedDeviceError as exc:
                 raise exc.with_indices(index) if isinstance(index, list) else exc from None
             except Exception as exc:
-                add_note(exc, f"stoker: raised in the main process (num_workers=0) while loading "
-                              f"{describe_indices(index)}.")
+                add_note(exc, f"stoker: raised in the main process (num_workers="
+                              f"{self._num_workers}) while loading {describe_indices(index)}.")
                 raise
             if self._fetcher.skipped:
                 self._skips.record(self._fetcher.skipped)

@@ -26,6 +26,7 @@ class StatsAccumulator:
         self.unpack_s = 0.0
         self.pin_s = 0.0
         self.batched = 0
+        self.inline = False
         self.concurrency: dict[int, int] = {}
         self.tuner: list[TunerEvent] = []
         self._left_next_at: float | None = None
@@ -64,7 +65,7 @@ class StatsAccumulator:
             num_workers=self.num_workers, wait_s=self.wait_s, loop_s=self.loop_s,
             fetch_wall_s=self.fetch_wall_s, fetch_cpu_s=self.fetch_cpu_s,
             collate_s=self.collate_s, pack_s=self.pack_s, unpack_s=self.unpack_s,
-            pin_s=self.pin_s, batched=self.batched,
+            pin_s=self.pin_s, batched=self.batched, inline=self.inline,
             concurrency=tuple(self.concurrency[w] for w in sorted(self.concurrency)),
             tuner=tuple(self.tuner),
         )

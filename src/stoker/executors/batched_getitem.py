@@ -20,7 +20,10 @@ computes the collated batch directly:
   methods ``float double half long int bool clone contiguous``; the ndarray methods ``copy``
   and ``astype(<numpy dtype or its name>)``; ``e + c``, ``e - c``, ``e * c``, ``e / c`` with
   a numeric constant ``c`` (the same elementwise kernel as for one sample);
-* dict displays with constant keys, tuple and list displays, names assigned earlier.
+* the index itself; dict displays with constant keys, tuple and list displays, names
+  assigned earlier.
+
+Attributes are read without running user code: a property (or any descriptor) declines.
 
 Anything else (another call, a branch, a loop, a decorator, a global named ``int`` or
 ``torch`` that is something else) and there is no batched form. Each batch re-reads the
@@ -137,7 +140,7 @@ class _Batch:
         if self._rows_t is None:
             self._rows_t = torch.tensor(self.indices, dtype=torch.int64)
             self._rows_np = self._rows_t.numpy()
-        if isinstance(source, torch.Tensor):
+        if source is None or isinstance(source, torch.Tensor):
             return self._rows_t
         return self._rows_np
 
@@ -156,9 +159,22 @@ def _array_source(source: Any) -> bool:
 Node = Callable[[_Batch], Any]
 
 
+def _index(b: _Batch) -> _Scalars:
+    """The index itself: Python ints, which collate into an int64 tensor."""
+    return _Scalars(b.rows_for(None))
+
+
+def _plain_attribute(obj: Any, attr: str) -> Any:
+    """``obj.attr`` when it is plain data (no property or other descriptor runs)."""
+    found = inspect.getattr_static(obj, attr, _MISSING)
+    if found is _MISSING or hasattr(type(found), "__get__"):
+        raise Decline
+    return found
+
+
 def _gather(attr: str) -> Node:
     def run(b: _Batch) -> Any:
-        source = getattr(b.dataset, attr)
+        source = _plain_attribute(b.dataset, attr)
         if _array_source(source):
             rows = b.rows_for(source)
             if int(rows.min()) < 0 or int(rows.max()) >= len(source):
@@ -261,6 +277,12 @@ def _to_tensor(name: str, child: Node) -> Node:
         if isinstance(col, _Items):
             fn = getattr(torch, name)
             return _Items([fn(v) for v in col.items])
+        if isinstance(col, _Scalars) and name != "from_numpy":
+            # A Python int gives int64, a bool bool, a float the default dtype: 0-d tensors.
+            values = col.values
+            if values.dtype == torch.float64:
+                values = values.to(torch.get_default_dtype())
+            return _Array(values)
         if not isinstance(col, _Array):
             raise Decline
         data = col.data
@@ -352,6 +374,8 @@ class _Compiler:
     def expr(self, node: ast.expr) -> Node:
         if isinstance(node, ast.Name) and node.id in self.locals:
             return self.locals[node.id]
+        if isinstance(node, ast.Name) and node.id == self.index_name:
+            return _index
         if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name)
                 and node.slice.id == self.index_name and isinstance(node.value, ast.Attribute)
                 and isinstance(node.value.value, ast.Name)
@@ -451,9 +475,54 @@ def _compile(fn: types.FunctionType) -> Node | None:
         return None
 
 
-def compile_batched(dataset: Any) -> Callable[[list[int]], Any] | None:
-    """A function computing ``dataset``'s collated batch for a list of indices, or ``None``
-    when ``__getitem__`` is not of the form in NOTE [ Batched getitem from source ]."""
+class BatchedGetitem:
+    """``dataset``'s batched form: call it with a list of indices for the collated batch."""
+
+    __slots__ = ("_dataset", "_root", "collates_objects")
+
+    def __init__(self, dataset: Any, root: Node) -> None:
+        self._dataset, self._root = dataset, root
+        # Whether the last batch collated per-sample objects other than Python scalars and
+        # strings (tensors or dicts from a list): that collate is real work, not a gather.
+        self.collates_objects = False
+
+    def __call__(self, indices: list[int]) -> Any:
+        if not indices or any(type(i) is not int for i in indices):
+            raise Decline
+        try:
+            value = self._root(_Batch(self._dataset, indices))
+            self.collates_objects = False
+            return self._finalize(value)
+        except Decline:
+            raise
+        except Exception as exc:  # whatever went wrong, one sample at a time will tell
+            raise Decline from exc
+
+    def _finalize(self, value: Any, in_sequence: bool = False) -> Any:
+        from stoker.collate import default_collate
+
+        if isinstance(value, _Array):
+            return value.leaf()
+        if isinstance(value, _Scalars):
+            return value.values
+        if isinstance(value, _Items):
+            if not all(type(v) in _SCALAR_TYPES for v in value.items):
+                self.collates_objects = True
+            # default_collate transposes a sequence sample with zip: its columns are tuples.
+            return default_collate(tuple(value.items) if in_sequence else value.items)
+        if isinstance(value, dict):
+            return {k: self._finalize(v) for k, v in value.items()}
+        if isinstance(value, tuple | list):
+            return [self._finalize(v, True) for v in value]  # default_collate: lists for both
+        raise Decline
+
+
+_SCALAR_TYPES = frozenset({int, float, bool, str, bytes})
+
+
+def compile_batched(dataset: Any) -> BatchedGetitem | None:
+    """``dataset``'s batched form, or ``None`` when ``__getitem__`` is not of the form in
+    NOTE [ Batched getitem from source ]."""
     fn = _getitem_function(dataset)
     if fn is None:
         return None
@@ -461,34 +530,4 @@ def compile_batched(dataset: Any) -> Callable[[list[int]], Any] | None:
         root = _COMPILED[fn]
     else:
         root = _COMPILED[fn] = _compile(fn)
-    if root is None:
-        return None
-
-    def batched(indices: list[int]) -> Any:
-        if not indices or any(type(i) is not int for i in indices):
-            raise Decline
-        try:
-            return _finalize(root(_Batch(dataset, indices)))
-        except Decline:
-            raise
-        except Exception as exc:  # whatever went wrong, one sample at a time will tell
-            raise Decline from exc
-
-    return batched
-
-
-def _finalize(value: Any, in_sequence: bool = False) -> Any:
-    from stoker.collate import default_collate
-
-    if isinstance(value, _Array):
-        return value.leaf()
-    if isinstance(value, _Scalars):
-        return value.values
-    if isinstance(value, _Items):
-        # default_collate transposes a sequence sample with zip: its columns are tuples.
-        return default_collate(tuple(value.items) if in_sequence else value.items)
-    if isinstance(value, dict):
-        return {k: _finalize(v) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return [_finalize(v, True) for v in value]  # default_collate gives lists for both
-    raise Decline
+    return None if root is None else BatchedGetitem(dataset, root)

@@ -39,6 +39,10 @@ def _why(s: LoaderStats, total: float) -> str:
         return (f"fetches wait {waiting:.0%} of their time (I/O or remote storage) at up to "
                 f"{conc} concurrent fetches per worker; raise num_workers or "
                 "worker_concurrency, or move the data closer")
+    if s.inline:
+        return ("batches are array gathers done in the training process (worker_type='auto': "
+                "cheaper than receiving them from workers); the gathers themselves are the "
+                "cost: use larger batches, or worker_type='process' to move them off this thread")
     if s.num_workers == 0:
         return ("batches are loaded in the training process (num_workers=0); "
                 f"set num_workers to use the machine's {_cores()} cores")
