@@ -47,6 +47,8 @@ class InlineIterator(BaseIterator):
     def _shutdown(self) -> None:
         pass  # no workers to stop
 
+    _shutdown_workers = _shutdown  # torch's name, for code that calls it on persistent loaders
+
     def _fetch(self, position: int, index: Any) -> Any:
         if self._vector.adopted:
             batch = self._batched(index)
