@@ -182,6 +182,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._stoker_memory_watch = MemoryWatch(dataset) if num_workers > 0 else None
         self._stoker_list_sharing = ListSharing()
         self._stoker_inline: bool | None = None  # NOTE [ Gathers need no workers ]; None: not asked
+        self._stoker_vector_trusted: Any = None  # the dataset whose batched form passed its probes
         if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):
             bs, dl = self.batch_size or 1, self.drop_last
             self._stoker_pad_steps = lambda: sampler.num_batches(bs, dl)

@@ -29,10 +29,11 @@ class InlineIterator(BaseIterator):
         self._fetcher.sample_context = (self._base_seed, self._epoch)
         # Only the form read from the source: calling __getitem__ with a whole batch runs the
         # user's code, and here nothing has measured whether that is cheap.
-        self._vector = VectorProbe(self._dataset, vectorisable(self._fetch_spec), direct=False)
-        # Running inline for num_workers > 0 (NOTE [ Gathers need no workers ]): if these
-        # batches reject the batched form, later epochs go back to workers.
-        self._loader = loader if loader.num_workers > 0 else None
+        # An earlier epoch of this loader that adopted the batched form vouches for it (each
+        # batch still declines where it cannot be exact): no probe batches again.
+        self._vector = VectorProbe(self._dataset, vectorisable(self._fetch_spec), direct=False,
+                                   trusted=loader._stoker_vector_trusted is self._dataset)
+        self._loader = loader
 
     # -- persistent_workers=True run inline (NOTE [ Gathers need no workers ]) ------------------
     # One iterator for every epoch, as with persistent workers: the base seed is drawn once,
@@ -81,7 +82,11 @@ class InlineIterator(BaseIterator):
         stats.collate_s += time.perf_counter() - t1
         if self._vector.probing and isinstance(index, list):
             self._vector.check(index, batch)
-            if not self._vector.probing and not self._vector.adopted and self._loader:
+            if self._vector.adopted:
+                self._loader._stoker_vector_trusted = self._dataset
+            elif not self._vector.probing and self._loader.num_workers > 0:
+                # Running inline for num_workers > 0 (NOTE [ Gathers need no workers ]) and
+                # these batches reject the batched form: later epochs go back to workers.
                 self._loader._stoker_inline = False
         return batch
 

@@ -80,7 +80,11 @@ class VectorProbe:
     difference, exception, warning, global RNG draw or decline.
     """
 
-    def __init__(self, dataset: Any, eligible: bool, direct: bool = True) -> None:
+    def __init__(
+        self, dataset: Any, eligible: bool, direct: bool = True, trusted: bool = False
+    ) -> None:
+        """``trusted``: the batched form already passed its probes for this dataset (an
+        earlier epoch of the same loader): adopt it without probing again."""
         self._dataset = dataset
         self._candidates: list[tuple[str, Callable[[list[int]], Any]]] = []
         if eligible:
@@ -90,7 +94,7 @@ class VectorProbe:
             if direct:
                 self._candidates.append(("call", self._call))
         self._left = _PROBES
-        self.adopted = False
+        self.adopted = trusted and self.kind == "source"
 
     @property
     def kind(self) -> str | None:
