@@ -217,9 +217,12 @@ def test_with_allocator_matches_torch(
         return
     if not refuse:
         # Tensors collate passed through untouched (a batch whose first sample is a str is
-        # returned as is) are the user's own; every tensor collate built must be in the buffer.
-        passed_through = {id(t) for t in tensors_in(batch)}
-        built = [t for t in tensors_in(result) if t.numel() and id(t) not in passed_through]
+        # returned as is; a str column of a sequence sample holds rows unpacked from the
+        # samples' tensors) view the user's own memory; every tensor collate built must be in
+        # the buffer.
+        users = {t.untyped_storage().data_ptr() for t in tensors_in(batch)}
+        built = [t for t in tensors_in(result)
+                 if t.numel() and t.untyped_storage().data_ptr() not in users]
         assert all(allocator.owns(t) for t in built)
 
 
