@@ -26,14 +26,11 @@ by ``loader.stats()``.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from stoker._core.specs import FetchSpec
-from stoker.executors.batched_getitem import compile_batched
-from stoker.executors.concurrency import rng_fingerprint, rng_touched
 from stoker.executors.fetch import vectorisable
-from stoker.executors.vectorized import same_batch
+from stoker.executors.vectorized import VectorProbe
 
 _PROBE_BATCH = 64  # samples per probe batch, at most
 
@@ -45,10 +42,10 @@ def _probe_batches(n: int, batch_size: int) -> list[list[int]]:
 
 def gathers_suffice(spec: FetchSpec, worker_init_fn: Any, batch_size: int | None) -> bool:
     """Whether the batches of ``spec`` are best computed in the calling thread."""
-    if worker_init_fn is not None or not vectorisable(spec):
+    if worker_init_fn is not None:
         return False
-    batched = compile_batched(spec.dataset)
-    if batched is None:
+    probe = VectorProbe(spec.dataset, vectorisable(spec), direct=False)
+    if probe.kind != "source":
         return False
     from stoker.collate import default_collate
 
@@ -56,16 +53,10 @@ def gathers_suffice(spec: FetchSpec, worker_init_fn: Any, batch_size: int | None
         n = len(spec.dataset)
     except TypeError:
         return False
-    if n <= 0:
-        return False
-    before = rng_fingerprint()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            for indices in _probe_batches(n, batch_size or 1):
-                plain = default_collate([spec.dataset[i] for i in indices])
-                if not same_batch(plain, batched(indices)) or batched.collates_objects:
-                    return False
-    except Exception:  # Decline included: the workers' plain path will tell
-        return False
-    return not rng_touched(before)
+    for indices in _probe_batches(n, batch_size or 1) if n > 0 else []:
+        try:  # the plain __getitem__ is a pure expression here (that is what compiled)
+            plain = default_collate([spec.dataset[i] for i in indices])
+        except Exception:
+            return False  # the workers' plain path will raise it, as torch's would
+        probe.check(indices, plain)
+    return probe.adopted and not probe.collates_objects

@@ -128,21 +128,28 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
 
 
 class _Batch:
-    __slots__ = ("dataset", "indices", "_rows_t", "_rows_np")
+    __slots__ = ("dataset", "indices", "_rows_t", "_rows_np", "_lo", "_hi")
 
     def __init__(self, dataset: Any, indices: list[int]) -> None:
         self.dataset = dataset
         self.indices = indices
         self._rows_t: torch.Tensor | None = None
         self._rows_np: np.ndarray | None = None
+        self._lo = self._hi = 0
 
-    def rows_for(self, source: Any) -> Any:
+    def rows_tensor(self) -> torch.Tensor:
         if self._rows_t is None:
             self._rows_t = torch.tensor(self.indices, dtype=torch.int64)
             self._rows_np = self._rows_t.numpy()
-        if source is None or isinstance(source, torch.Tensor):
-            return self._rows_t
-        return self._rows_np
+            self._lo, self._hi = int(self._rows_t.min()), int(self._rows_t.max())
+        return self._rows_t
+
+    def rows_for(self, source: Any) -> Any:
+        """The indices to gather ``source``'s rows with; declines unless all are in range."""
+        rows = self.rows_tensor()
+        if self._lo < 0 or self._hi >= len(source):
+            raise Decline  # negative or out of range: let one sample's indexing speak
+        return rows if isinstance(source, torch.Tensor) else self._rows_np
 
 
 def _array_source(source: Any) -> bool:
@@ -161,7 +168,7 @@ Node = Callable[[_Batch], Any]
 
 def _index(b: _Batch) -> _Scalars:
     """The index itself: Python ints, which collate into an int64 tensor."""
-    return _Scalars(b.rows_for(None))
+    return _Scalars(b.rows_tensor())
 
 
 def _plain_attribute(obj: Any, attr: str) -> Any:
@@ -176,10 +183,7 @@ def _gather(attr: str) -> Node:
     def run(b: _Batch) -> Any:
         source = _plain_attribute(b.dataset, attr)
         if _array_source(source):
-            rows = b.rows_for(source)
-            if int(rows.min()) < 0 or int(rows.max()) >= len(source):
-                raise Decline  # negative or out of range: let one sample's indexing speak
-            return _Array(source=source, rows=rows)
+            return _Array(source=source, rows=b.rows_for(source))
         if type(source) in (list, tuple) or isinstance(source, ReadOnlySequence):
             return _Items([source[i] for i in b.indices])  # incl. a worker's inherited list
         raise Decline

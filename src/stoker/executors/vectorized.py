@@ -105,6 +105,12 @@ class VectorProbe:
     def probing(self) -> bool:
         return not self.adopted and bool(self._candidates)
 
+    @property
+    def collates_objects(self) -> bool:
+        """The source candidate's last batch collated per-sample objects (not gathers)."""
+        fn = self._candidates[0][1] if self._candidates else None
+        return bool(getattr(fn, "collates_objects", False))
+
     def wants_probe(self, cheap_cpu_bound: bool) -> bool:
         """Whether the next batch should be fetched both ways and compared."""
         return self.probing and (self.kind == "source" or cheap_cpu_bound)
