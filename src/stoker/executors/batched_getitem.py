@@ -345,19 +345,9 @@ class _Compiler:
         self.index_name = index_name
         self.locals: dict[str, Node] = {}
 
-    def _is_global(self, node: ast.expr, obj: Any) -> bool:
-        """``node`` names ``obj`` (a dotted global like ``torch.from_numpy``, or a builtin)."""
-        if isinstance(node, ast.Name):
-            if node.id in self.locals or node.id in (self.self_name, self.index_name):
-                return False
-            value = self.globals.get(node.id, getattr(builtins, node.id, _MISSING))
-            return value is obj
-        if isinstance(node, ast.Attribute):
-            base = self._resolve(node.value)
-            return base is not _MISSING and getattr(base, node.attr, _MISSING) is obj
-        return False
-
     def _resolve(self, node: ast.expr) -> Any:
+        """The object ``node`` names as a global, builtin or dotted attribute of one (like
+        ``torch.from_numpy``); ``_MISSING`` for locals, ``self``, the index and expressions."""
         if isinstance(node, ast.Name):
             if node.id in self.locals or node.id in (self.self_name, self.index_name):
                 return _MISSING
@@ -410,10 +400,10 @@ class _Compiler:
     def _call(self, node: ast.Call) -> Node:
         func, args = node.func, node.args
         for kind in ("int", "float", "bool"):
-            if len(args) == 1 and self._is_global(func, getattr(builtins, kind)):
+            if len(args) == 1 and self._resolve(func) is getattr(builtins, kind):
                 return _scalar(kind, self.expr(args[0]))
         for name in ("as_tensor", "from_numpy", "tensor"):
-            if len(args) == 1 and self._is_global(func, getattr(torch, name)):
+            if len(args) == 1 and self._resolve(func) is getattr(torch, name):
                 return _to_tensor(name, self.expr(args[0]))
         if isinstance(func, ast.Attribute) and self._resolve(func.value) is _MISSING:
             if func.attr == "item" and not args:
