@@ -168,9 +168,15 @@ def compare(
     plan: Plan,
     variant: str = "",
     extra: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    reference: Callable[[], float] | None = None,
 ) -> list[dict[str, Any]]:
     """Measure torch's loader and the candidate on the same dataset and kwargs; one record
-    each. `extra(record)` may add workload-specific fields."""
+    each. `extra(record)` may add workload-specific fields.
+
+    `reference()`, if given, is a rate measured right before and right after each loader's run
+    (`reference_before`/`reference_after` in its record): on a shared machine the speed of a
+    core drifts within seconds, so a loader is compared with the machine as it was meanwhile.
+    """
     names = list(ctx.loaders)
     if ctx.comparisons % 2:
         names.reverse()
@@ -178,7 +184,10 @@ def compare(
     records = []
     for position, name in enumerate(names):
         record: dict[str, Any] = {"workload": workload, "variant": variant}
+        before = reference() if reference is not None else None
         record.update(measure(ctx, name, dataset, kwargs, plan))
+        if reference is not None:
+            record["reference_before"], record["reference_after"] = before, reference()
         record["run_position"] = position
         record["loader_kwargs"] = {k: repr(v) for k, v in kwargs.items()}
         if extra is not None:

@@ -85,7 +85,9 @@ def ratio_table(records: list[dict[str, Any]], candidate: str) -> str:
         lines.append(
             f"jpeg: {r['loader']} reaches {r['fraction_of_core_limit']:.0%} of the "
             f"{r['cores']}-core limit ({r['core_limit_samples_per_s']:.0f} samples/s = "
-            f"{r['single_process_samples_per_s']:.0f}/s single-process x {r['cores']})"
+            f"{r['single_process_samples_per_s']:.0f}/s single-process x {r['cores']}, measured "
+            f"around its run); {r['fraction_of_two_process_plain']:.0%} of {r['cores']} plain "
+            f"loops at once ({r['two_process_plain_samples_per_s']:.0f}/s)"
         )
     return "\n".join(line.rstrip() for line in lines)
 
