@@ -8,6 +8,7 @@ Iteration is stoker's (``_runtime``), and so are ``state_dict``/``load_state_dic
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
@@ -27,6 +28,7 @@ from stoker.formats.auto_share import ListSharing
 from stoker.profile.memory_watch import MemoryWatch
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.sharded import ShardedSampler
+from stoker.transport.slab_bank import SlabBank
 
 T_co = TypeVar("T_co", covariant=True)
 Seeding = Literal["per_batch", "per_worker"]
@@ -181,6 +183,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._stoker_stats = StatsAccumulator(num_workers)
         self._stoker_memory_watch = MemoryWatch(dataset) if num_workers > 0 else None
         self._stoker_list_sharing = ListSharing()
+        self._stoker_slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
+        weakref.finalize(self, self._stoker_slab_bank.close)
         self._stoker_inline: bool | None = None  # NOTE [ Gathers need no workers ]; None: not asked
         self._stoker_vector_trusted: Any = None  # the dataset whose batched form passed its probes
         if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):

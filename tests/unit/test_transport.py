@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 
 import numpy as np
@@ -10,6 +11,8 @@ import pytest
 import torch
 
 from stoker.collate import allocating_into, default_collate
+from stoker.transport import segments
+from stoker.transport.slab_bank import BankedSlab, SlabBank
 from stoker.transport.slab_reader import SlabReader
 from stoker.transport.slab_writer import SlabPool, write_batch
 
@@ -143,3 +146,102 @@ def test_idle_slabs_beyond_the_cap_are_retired(link):
         retired += pool.release(ids)
     assert len(retired) == 3  # five free, cap two
     reader.retire(0, retired)
+
+
+# -- NOTE [ Slabs outlive workers ] ----------------------------------------------------------
+
+
+def _slab_mappings() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("stoker-slab" in line for line in f)
+
+
+def _write_in_forked_child(inherited, value: float):
+    """What a forked worker does: collate into an inherited slab, send (sid, used, payload)."""
+    ctx = multiprocessing.get_context("fork")
+    parent_end, child_end = ctx.Pipe()
+
+    def child():
+        announced = []
+        pool = SlabPool(lambda fd, ref: announced.append(ref), max_idle=2, inherited=inherited)
+        slab = pool.acquire(1 << 10)
+        with allocating_into(slab):
+            batch = default_collate([torch.full((64,), value) for _ in range(4)])
+        child_end.send((write_batch(pool, slab, batch), announced))
+        pool.close()
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    try:
+        assert parent_end.poll(30), "the child did not answer"
+        return parent_end.recv()
+    finally:
+        proc.join(30)
+        assert proc.exitcode == 0
+
+
+def test_a_banked_slab_is_written_by_a_forked_child_through_the_inherited_mapping(link):
+    pool, reader, created = link
+    first, sid, _ = roundtrip(pool, reader, [torch.ones(256)])
+    del first
+    gc.collect()
+    bank = SlabBank()
+    pool.close()
+    reader.close(bank)  # the worker side is gone; the main process's mapping goes to the bank
+    assert bank.nbytes > 0 and _slab_mappings() == 1
+    slabs = bank.withdraw(0)
+    assert len(slabs) == 1 and bank.nbytes == 0
+    reader2 = SlabReader()
+    reader2.adopt_banked(0, 0, slabs[0])
+    (sid2, used, payload), announced = _write_in_forked_child(
+        tuple((s.address, s.nbytes) for s in slabs), 7.0
+    )
+    assert sid2 == 0 and announced == []  # the inherited slab: no new segment
+    out = reader2.unpack(0, sid2, used, payload)
+    assert torch.equal(out, torch.full((4, 64), 7.0))
+    assert out.data_ptr() == slabs[0].address  # read through the banked mapping, not a new one
+    del out
+    gc.collect()
+    reader2.close(bank)  # released: back to the bank
+    assert len(bank.withdraw(0)) == 1
+    assert _slab_mappings() == 1  # withdrawn but not freed: the caller owns it now
+    for s in slabs:
+        segments.unmap_address(s.address, s.nbytes)
+    assert _slab_mappings() == 0
+
+
+def test_a_slab_leased_when_the_workers_stop_is_banked_only_once_released(link):
+    pool, reader, _ = link
+    held, _, _ = roundtrip(pool, reader, [torch.full((256,), 3.0)])
+    bank = SlabBank()
+    pool.close()
+    reader.close(bank)
+    assert bank.nbytes == 0  # the user still reads it
+    assert torch.equal(held[0], torch.full((256,), 3.0))
+    del held
+    gc.collect()
+    assert bank.nbytes > 0
+    bank.close()
+    assert _slab_mappings() == 0
+
+
+def test_the_bank_frees_what_exceeds_its_cap_and_what_comes_after_close():
+    def mapped(nbytes):
+        fd, ref = segments.create(0, nbytes)
+        address = segments.map_address(fd, ref.nbytes)
+        segments.close(fd)
+        return BankedSlab(address, ref.nbytes)
+
+    bank = SlabBank(max_bytes=3 << 16)
+    bank.deposit(0, mapped(1 << 16))
+    bank.deposit(1, mapped(1 << 16))
+    bank.deposit(1, mapped(1 << 17))  # over the cap: freed at once
+    assert bank.nbytes == 2 << 16 and _slab_mappings() == 2
+    taken = bank.withdraw(1)
+    assert [s.nbytes for s in taken] == [1 << 16]
+    bank.close()
+    assert _slab_mappings() == 1  # the withdrawn one belongs to its taker
+    bank.deposit(0, mapped(1 << 16))  # a lease released after the loader is gone
+    assert bank.nbytes == 0 and _slab_mappings() == 1
+    segments.unmap_address(taken[0].address, taken[0].nbytes)
+    assert _slab_mappings() == 0

@@ -38,3 +38,5 @@ class WorkerSpec:
     concurrency: int | str = "auto"  # samples fetched at once: an int, or "auto" (tuned)
     # (owner, attribute, shared container): NOTE [ Automatic list sharing ]; fork only
     shared_lists: tuple = ()
+    # (address, nbytes) of inherited slabs: NOTE [ Slabs outlive workers ]; fork only
+    slabs: tuple[tuple[int, int], ...] = ()

@@ -12,6 +12,7 @@ epoch's sampler order (see NOTE [ Resume state ]).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
@@ -82,6 +83,8 @@ class ProcessIterator(BaseIterator):
         if fork and vectorisable(self._fetch_spec):
             compile_batched(self._dataset)  # cached: forked workers inherit it
         specs = [self._spec(loader, wid, shared) for wid in range(self._num_workers)]
+        if fork:
+            specs = [self._with_banked_slabs(loader._stoker_slab_bank, s) for s in specs]
         if fork or len(specs) == 1:
             self._group.workers.extend(start_worker(ctx, spec) for spec in specs)
             return
@@ -107,7 +110,7 @@ class ProcessIterator(BaseIterator):
             fetch=self._fetch_spec,
             base_seed=self._base_seed,
             worker_init_fn=loader.worker_init_fn,
-            max_idle_slabs=self._prefetch,  # idle slabs kept for reuse: memory vs allocations
+            max_idle_slabs=self._prefetch + 2,  # idle slabs kept: memory vs allocations
             parent_pid=os.getpid(),
             first_epoch=self._epoch,
             seed_per_batch=self._seeding == "per_batch",
@@ -115,6 +118,15 @@ class ProcessIterator(BaseIterator):
             concurrency=loader.worker_concurrency,
             shared_lists=shared_lists,
         )
+
+    def _with_banked_slabs(self, bank: Any, spec: WorkerSpec) -> WorkerSpec:
+        """Hand worker ``spec.worker_id`` the slabs its predecessor left (NOTE [ Slabs outlive
+        workers ]); the reader owns them from here, so a failed start returns them."""
+        self._group.bank = bank
+        slabs = bank.withdraw(spec.worker_id)
+        for sid, slab in enumerate(slabs):
+            self._group.reader.adopt_banked(spec.worker_id, sid, slab)
+        return dataclasses.replace(spec, slabs=tuple((s.address, s.nbytes) for s in slabs))
 
     # -- epoch state -------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from typing import Any
 from stoker.executors import messages as msg
 from stoker.executors.process_pool import WorkerHandle, stop_workers
 from stoker.transport import segments
+from stoker.transport.slab_bank import SlabBank
 from stoker.transport.slab_reader import SlabReader
 
 
@@ -44,6 +45,8 @@ class WorkerGroup:
         self.stack_logs: dict[int, int] = {}  # worker id -> fd of its faulthandler log
         self.stopped = False
         self._poller: tuple[select.poll, dict[int, tuple[WorkerHandle, bool]]] | None = None
+        # Where idle slabs go when the workers stop (fork only): NOTE [ Slabs outlive workers ]
+        self.bank: SlabBank | None = None
 
     def poller(self) -> tuple[select.poll, dict[int, tuple[WorkerHandle, bool]]]:
         """One poll object over every worker's socket and exit sentinel, built once (the
@@ -76,7 +79,7 @@ class WorkerGroup:
         try:
             stop_workers(self.workers, drain=self.file_control)
         finally:
-            self.reader.close()
+            self.reader.close(self.bank)
             for fd in self.stack_logs.values():
                 segments.close(fd)
             self.stack_logs.clear()

@@ -106,7 +106,7 @@ class _Worker:
         self.retired: list[int] = []
         self.exhausted = False
         self.init_error: RemoteError | None = None
-        self.pool = SlabPool(self._announce, spec.max_idle_slabs)
+        self.pool = SlabPool(self._announce, spec.max_idle_slabs, spec.slabs)
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.fetcher: Any = None
         self.tuner: ConcurrencyTuner | None = None

@@ -15,6 +15,8 @@ NOTE [ Slab lifecycle ]
 5. Retired slabs (too many idle) are closed on both sides; at shutdown every fd is closed and
    every mapping no lease uses is unmapped. A mapping a lease still uses outlives its fd and is
    unmapped by the lease's finalizer, so batches the user keeps stay valid.
+6. Under fork, shutdown gives the slabs no lease uses to the loader's bank instead, fd and
+   mapping kept, for the next iterator's workers (NOTE [ Slabs outlive workers ]).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 
 from stoker.transport import segments
 from stoker.transport.segments import SegmentRef
+from stoker.transport.slab_bank import BankedSlab, SlabBank
 
 
 class _LeaseUnpickler(pickle.Unpickler):
@@ -63,14 +66,15 @@ class _Slab:
     """One worker slab as the main process sees it. At most one lease at a time: the worker
     writes into a slab again only after its lease was released."""
 
-    __slots__ = ("fd", "nbytes", "address", "leased", "retired")
+    __slots__ = ("fd", "nbytes", "address", "leased", "retired", "bank")
 
-    def __init__(self, fd: int, nbytes: int) -> None:
-        self.fd = fd
+    def __init__(self, fd: int | None, nbytes: int) -> None:
+        self.fd = fd  # None for a banked slab: only its mapping is left
         self.nbytes = nbytes
         self.address: int | None = None
         self.leased = False
         self.retired = False
+        self.bank: tuple[SlabBank, int] | None = None  # (bank, worker id) once its lease ends
 
     def unmap(self) -> None:
         if self.address is not None:
@@ -93,8 +97,20 @@ class SlabReader:
         fd = segments.open_received(ref, fd)
         self._slabs[(worker_id, ref.segment_id)] = _Slab(fd, ref.nbytes)
 
+    def adopt_banked(self, worker_id: int, segment_id: int, banked: BankedSlab) -> None:
+        """A slab an earlier worker left, handed to worker ``worker_id`` as ``segment_id``:
+        mapped here already, and with no fd (NOTE [ Slabs outlive workers ])."""
+        slab = _Slab(None, banked.nbytes)
+        slab.address = banked.address
+        self._slabs[(worker_id, segment_id)] = slab
+
+    def _close_fd(self, slab: _Slab) -> None:
+        if slab.fd is not None:
+            fd, slab.fd = slab.fd, None
+            segments.close(fd)
+
     def _retire(self, slab: _Slab) -> None:
-        segments.close(slab.fd)
+        self._close_fd(slab)
         with self._lock:
             slab.retired = True
             if not slab.leased:
@@ -109,7 +125,12 @@ class SlabReader:
     def _released(self, key: tuple[int, int], slab: _Slab) -> None:
         with self._lock:
             slab.leased = False
-            if slab.retired:
+            if slab.bank is not None and slab.address is not None:
+                # The workers stopped while the user held this batch: bank it now.
+                (bank, wid), slab.bank = slab.bank, None
+                address, slab.address = slab.address, None
+                bank.deposit(wid, BankedSlab(address, slab.nbytes))
+            elif slab.retired:
                 slab.unmap()
             else:
                 self.released.append(key)
@@ -120,6 +141,7 @@ class SlabReader:
         key = (worker_id, segment_id)
         slab = self._slabs[key]
         if slab.address is None:
+            assert slab.fd is not None, "a banked slab keeps its mapping"
             slab.address = segments.map_address(slab.fd, slab.nbytes)
         slab.leased = True
         lease = segments.lease_at(slab.address, used, functools.partial(self._released, key, slab))
@@ -137,8 +159,25 @@ class SlabReader:
             by_worker.setdefault(wid, []).append(sid)
         return by_worker
 
-    def close(self) -> None:
-        for slab in self._slabs.values():
-            self._retire(slab)
+    def close(self, bank: SlabBank | None = None) -> None:
+        """Retire every slab; with a ``bank``, they go there instead, a leased one when the
+        user lets go of its batch (NOTE [ Slabs outlive workers ])."""
+        for (wid, _), slab in self._slabs.items():
+            if bank is None or not self._to_bank(slab, bank, wid):
+                self._retire(slab)
         self._slabs.clear()
         self.released.clear()
+
+    def _to_bank(self, slab: _Slab, bank: SlabBank, worker_id: int) -> bool:
+        """Give a mapped slab to the bank (a leased one on release); False: retire it."""
+        with self._lock:
+            if slab.retired or slab.address is None:
+                return False
+            self._close_fd(slab)  # the mapping alone keeps the memory
+            slab.retired = True  # the bank owns it (now or on release); this reader forgets it
+            if slab.leased:
+                slab.bank = (bank, worker_id)
+                return True
+            address, slab.address = slab.address, None
+        bank.deposit(worker_id, BankedSlab(address, slab.nbytes))
+        return True

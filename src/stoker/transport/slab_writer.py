@@ -9,6 +9,7 @@ not born in the slab is copied in once. See NOTE [ Slab lifecycle ] in ``slab_re
 
 from __future__ import annotations
 
+import ctypes
 import io
 import pickle
 from collections.abc import Callable
@@ -61,11 +62,19 @@ def _sendable_array(a: np.ndarray) -> bool:
 class SlabWriter:
     """One slab: a bump allocator over a shared mapping, reset for every batch."""
 
-    def __init__(self, fd: int, ref: SegmentRef) -> None:
+    def __init__(self, fd: int | None, ref: SegmentRef, address: int | None = None) -> None:
+        """Map segment ``fd``, or, with ``fd=None``, use the shared mapping at ``address`` this
+        process inherited (NOTE [ Slabs outlive workers ])."""
         self.fd = fd
         self.ref = ref
         self.capacity = ref.nbytes
-        self._mm = segments.map_segment(fd, ref.nbytes)
+        self._address = address
+        self._mm: Any
+        if fd is not None:
+            self._mm = segments.map_segment(fd, ref.nbytes)
+        else:
+            assert address is not None, "a slab needs an fd or an inherited mapping"
+            self._mm = (ctypes.c_ubyte * ref.nbytes).from_address(address)
         self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)
         self._base = self._bytes.data_ptr()
         self.cursor = 0
@@ -94,8 +103,13 @@ class SlabWriter:
 
     def close(self) -> None:
         del self._bytes
-        self._mm.close()
-        segments.close(self.fd)
+        if self.fd is not None:
+            self._mm.close()
+            segments.close(self.fd)
+        else:
+            del self._mm
+            assert self._address is not None
+            segments.unmap_address(self._address, self.capacity)
 
 
 class _PackingPickler(pickle.Pickler):
@@ -182,13 +196,24 @@ class SlabPool:
     main process can map it (the worker loop sends the fd over its socket).
     """
 
-    def __init__(self, announce: Callable[[int, SegmentRef], None], max_idle: int) -> None:
+    def __init__(
+        self,
+        announce: Callable[[int, SegmentRef], None],
+        max_idle: int,
+        inherited: tuple[tuple[int, int], ...] = (),
+    ) -> None:
         self._announce = announce
         self._max_idle = max(1, max_idle)
         self._slabs: dict[int, SlabWriter] = {}
         self._free: list[int] = []
-        self._next_id = 0
         self._expected = _MIN_SLAB_BYTES
+        # Slabs an earlier worker left, as (address, nbytes) of mappings inherited from the
+        # main process (NOTE [ Slabs outlive workers ]): ids 0..k-1, which the main process
+        # already knows, so they are not announced.
+        for sid, (address, nbytes) in enumerate(inherited):
+            self._slabs[sid] = SlabWriter(None, SegmentRef(sid, nbytes, None), address)
+            self._free.append(sid)
+        self._next_id = len(inherited)
 
     def acquire(self, nbytes: int | None = None) -> SlabWriter:
         need = max(nbytes or 0, self._expected)
