@@ -696,3 +696,49 @@ def test_allocator_is_per_thread() -> None:
     assert not thread.is_alive()
     assert seen == [True, True]
     assert len(mine.calls) == 1
+
+
+# ---------------------------------------------------------------- NOTE [ Interleaved samples ]
+
+
+def _hwc_views(dtype: torch.dtype, n: int = 4, size: int = 96) -> list[torch.Tensor]:
+    # what torch.from_numpy(decoded_image).permute(2, 0, 1) gives: channels 3 elements apart
+    return [
+        (torch.rand(size, size, 3) * 255).to(dtype).permute(2, 0, 1) for _ in range(n)
+    ]
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.uint8, torch.float32, torch.float16, torch.int64, torch.bool, torch.complex64],
+)
+def test_interleaved_views_stack_like_torch_with_and_without_allocator(
+    dtype: torch.dtype,
+) -> None:
+    batch = _hwc_views(dtype)
+    assert 1 < batch[0].stride(-1) <= 16  # the layout the numpy copy is for
+    check(batch)
+    allocator = BufferAllocator(nbytes=1 << 24)
+    out = _allocated(batch, allocator)
+    assert allocator.owns(out) and allocator.calls == [((4, 3, 96, 96), dtype)]
+    assert_same(out, torch_default_collate(batch))
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        [t.conj() for t in _hwc_views(torch.complex64)],  # numpy() refuses the conj bit
+        [t._neg_view() for t in _hwc_views(torch.float32)],  # ... and the neg bit
+        [*_hwc_views(torch.float32, 2), torch.rand(3, 96, 96)],  # mixed strides
+        [*_hwc_views(torch.float32, 2), *_hwc_views(torch.float64, 1)],  # mixed dtypes
+        [*_hwc_views(torch.float32, 2), torch.rand(3, 96, 97)],  # torch's shape error
+        [t.requires_grad_() for t in _hwc_views(torch.float32)],
+        _hwc_views(torch.bfloat16),  # no numpy dtype
+    ],
+)
+def test_interleaved_views_numpy_cannot_copy_take_torchs_path(batch: Any) -> None:
+    check(batch)
+    for allocator in (BufferAllocator(nbytes=1 << 24), BufferAllocator(refuse=True)):
+        assert_same_outcome(
+            lambda a=allocator: _allocated(batch, a), lambda: torch_default_collate(batch)
+        )

@@ -74,6 +74,10 @@ def collate_tensor_fn(batch: Any, *, collate_fn_map: CollateFnMap | None = None)
     allocator = _alloc.current_allocator()
     try:
         if allocator is None:
+            if _interleaved_batch(batch, elem):
+                out = torch.empty((len(batch), *elem.shape), dtype=elem.dtype)
+                if _copy_interleaved(batch, out):
+                    return out
             return torch.stack(batch, 0)
         return _stack_with(allocator, batch, elem)
     except RuntimeError:
@@ -103,11 +107,56 @@ def _stack_with(allocator: Any, batch: Any, elem: torch.Tensor) -> Any:
     ):
         out = _alloc.request(allocator, (n, *elem.shape), dtype)
         if out is not None:
+            if _interleaved_batch(batch, elem) and _copy_interleaved(batch, out):
+                return out
             try:
                 return torch.stack(batch, 0, out=out)
             except RuntimeError:
                 pass  # plain stack below raises torch's error, or works (inputs need grad)
     return place(torch.stack(batch, 0), allocator)
+
+
+# NOTE [ Interleaved samples ]
+# The commonest image sample is a view: ``torch.from_numpy(hwc).permute(2, 0, 1)`` (and
+# torchvision's PILToTensor), whose channels sit 3 bytes apart. torch.stack copies such
+# views with a scalar strided loop; numpy's strided copy of the same bytes takes about 20 %
+# less time (uint8 224x224x3: ~70 vs ~86 us per sample; float32: ~190 vs ~240 us), while for
+# other layouts (a transposed matrix, whose elements sit a row apart) torch is as fast or
+# faster. So only same-shape, same-strides, numpy-representable CPU views whose innermost
+# dimension reads elements 2..16 apart, of at least 16 KiB each, are copied sample by sample
+# through numpy. A copy is a copy: the bytes, dtype and shape are torch.stack's.
+_INTERLEAVED_MIN_ELEM_BYTES = 16 << 10
+_INTERLEAVED_MAX_STRIDE = 16
+_NUMPY_DTYPES = _PLAIN_DTYPES - {torch.bfloat16, torch.uint16, torch.uint32, torch.uint64}
+
+
+def _interleaved_batch(batch: Any, elem: torch.Tensor) -> bool:
+    if (
+        elem.dim() == 0
+        or not 1 < elem.stride(-1) <= _INTERLEAVED_MAX_STRIDE
+        or elem.dtype not in _NUMPY_DTYPES
+        or elem.numel() * elem.element_size() < _INTERLEAVED_MIN_ELEM_BYTES
+        or not elem.is_cpu
+        or elem.requires_grad
+    ):
+        return False
+    stride, shape, dtype = elem.stride(), elem.shape, elem.dtype
+    return all(
+        type(t) is torch.Tensor and t.dtype == dtype and t.shape == shape
+        and t.stride() == stride and not t.requires_grad
+        for t in batch
+    )
+
+
+def _copy_interleaved(batch: Any, out: torch.Tensor) -> bool:
+    """Copy each sample into its row of ``out`` through numpy; False: use torch.stack."""
+    try:
+        rows = out.numpy()
+        for row, t in zip(rows, batch, strict=True):
+            np.copyto(row, t.numpy(), casting="no")
+    except (RuntimeError, TypeError):  # conj/neg bit, a tensor subclass numpy() refuses
+        return False
+    return True
 
 
 def place(result: Any, allocator: Any) -> Any:
