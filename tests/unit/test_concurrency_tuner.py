@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
-import numpy as np
-import pytest
-import torch
-
 from stoker.executors.concurrency import _PROBE_SAMPLES, ConcurrencyTuner
 
 
@@ -66,27 +60,3 @@ def test_fixed_setting_and_whole_batch_datasets_do_not_explore():
     whole = ConcurrencyTuner("auto", thread_safe=False, can_split=False)
     assert (fixed.concurrency, fixed.exploring) == (3, False)
     assert (whole.concurrency, whole.exploring) == (1, False)
-
-
-@pytest.mark.parametrize(
-    "draw",
-    [
-        lambda: random.random(),
-        lambda: np.random.rand(),
-        lambda: np.random.randint(10),
-        lambda: np.random.randn(),  # legacy Gaussian: every other call is served from a cache
-        lambda: torch.rand(1),
-    ],
-    ids=["random", "numpy", "numpy-int", "numpy-gauss", "torch"],
-)
-def test_global_rng_draws_are_seen_on_two_consecutive_samples(draw):
-    from stoker.executors.concurrency import rng_fingerprint, rng_touched
-
-    seen = []
-    for _ in range(2):
-        before = rng_fingerprint()
-        draw()
-        seen.append(rng_touched(before))
-    assert any(seen)
-    before = rng_fingerprint()
-    assert not rng_touched(before)

@@ -20,15 +20,10 @@ reason and shown by ``loader.stats()``.
 
 from __future__ import annotations
 
-import ctypes
-import random
 import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
-import torch
 
 _MAX_CONCURRENCY = 64
 _MEMORY_BUDGET_BYTES = 512 << 20
@@ -78,35 +73,6 @@ class SampleClock:
         queued_now = _read_schedstat() if self._queued is not None else None
         queued = queued_now - self._queued if queued_now is not None and self._queued else 0.0
         return wall, cpu, queued
-
-
-# The bytes of numpy's global MT19937 state (key words, then position), read through the
-# bit generator's public ctypes address: ~1 us, where np.random.get_state() takes ~110 us.
-# Every draw moves the position (or regenerates the key); a legacy Gaussian served from
-# RandomState's one-value cache does not, but the draw that filled the cache did, so a dataset
-# drawing on consecutive probed samples is seen.
-_MT19937_STATE_BYTES = 624 * 4 + 4
-
-
-def _numpy_state() -> Any:
-    bit_generator = getattr(np.random.mtrand._rand, "_bit_generator", None)
-    if type(bit_generator) is np.random.MT19937:
-        return ctypes.string_at(bit_generator.ctypes.state_address, _MT19937_STATE_BYTES)
-    return np.random.get_state(legacy=False)["state"]  # pragma: no cover - another numpy
-
-
-def rng_fingerprint() -> tuple:
-    """States of ``random``, numpy's and torch's global RNGs, to compare after a fetch."""
-    return (random.getstate(), _numpy_state(), torch.get_rng_state())
-
-
-def rng_touched(before: tuple) -> bool:
-    py, nps, ts = before
-    now_np = _numpy_state()
-    same_np = now_np == nps if isinstance(now_np, bytes) else (
-        now_np["pos"] == nps["pos"] and np.array_equal(now_np["key"], nps["key"])
-    )
-    return random.getstate() != py or not same_np or not torch.equal(torch.get_rng_state(), ts)
 
 
 class ConcurrencyTuner:

@@ -18,13 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from stoker.executors.concurrency import (
-    ConcurrencyTuner,
-    SampleClock,
-    rng_fingerprint,
-    rng_touched,
-)
+from stoker.executors.concurrency import ConcurrencyTuner, SampleClock
 from stoker.executors.fetch import MapFetcher, Skipped, error_text
+from stoker.sampling import global_rngs
 from stoker.sampling.sample_rng import clear_sample_context, set_sample_context
 
 SAMPLE_DONE = "sample-done"
@@ -149,7 +145,7 @@ def explore(
     """
     for k, index in enumerate(job.indices):
         exploring = tuner.exploring
-        probe = rng_fingerprint() if tuner.probing else None
+        probe = global_rngs.snapshot() if tuner.probing else None
         set_context(index)
         clock = SampleClock() if exploring else None
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -164,7 +160,8 @@ def explore(
         job.remaining -= 1
         if clock is not None:
             wall, cpu, queued = clock.stop()
-            tuner.observe_sample(wall, cpu, probe is not None and rng_touched(probe), queued)
+            touched = probe is not None and global_rngs.changed_since(probe)
+            tuner.observe_sample(wall, cpu, touched, queued)
             if tuner.concurrency > 1:
                 return k + 1
     return len(job.indices)

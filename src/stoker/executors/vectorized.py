@@ -32,7 +32,7 @@ import torch
 
 from stoker.collate._alloc import allocating_into
 from stoker.executors.batched_getitem import compile_batched
-from stoker.executors.concurrency import rng_fingerprint, rng_touched
+from stoker.sampling import global_rngs
 
 _PROBES = 2
 
@@ -125,7 +125,7 @@ class VectorProbe:
     def check(self, indices: list[int], collated: Any) -> None:
         """After fetching a batch the plain way: does the candidate give the same?"""
         fn = self._candidates[0][1]
-        before = rng_fingerprint()
+        before = global_rngs.snapshot()
         try:
             with warnings.catch_warnings(), allocating_into(None):
                 warnings.simplefilter("error")
@@ -133,7 +133,7 @@ class VectorProbe:
         except Exception:  # Decline included: a candidate that cannot show it agrees
             self._drop()
             return
-        if rng_touched(before) or not same_batch(collated, candidate):
+        if global_rngs.changed_since(before) or not same_batch(collated, candidate):
             self._drop()
             return
         self._left -= 1

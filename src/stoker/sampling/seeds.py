@@ -14,6 +14,8 @@ import random
 
 import torch
 
+from stoker.sampling import global_rngs
+
 _MASK32 = 0xFFFFFFFF
 
 
@@ -94,17 +96,11 @@ def seed_global_rngs(seed: int) -> None:
 
 
 class GlobalRngGuard:
-    """Saves and restores the global RNGs around a fetch in the caller's own process."""
+    """Saves and restores the global RNGs around a fetch in the caller's own process
+    (NOTE [ Raw RNG snapshots ]: a few microseconds each way)."""
 
     def __enter__(self) -> None:
-        import numpy as np
-
-        self._states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        self._states = global_rngs.snapshot()
 
     def __exit__(self, *exc: object) -> None:
-        import numpy as np
-
-        py, nps, ts = self._states
-        random.setstate(py)
-        np.random.set_state(nps)
-        torch.set_rng_state(ts)
+        global_rngs.restore(self._states)

@@ -1,0 +1,226 @@
+"""Exact snapshots of the process-wide RNGs in microseconds: ``random``, numpy's global
+``RandomState`` and torch's default CPU generator.
+
+NOTE [ Raw RNG snapshots ]
+With ``num_workers=0`` every batch reseeds the global RNGs (NOTE [ Determinism ] in the README)
+and must leave the caller's streams as they were, so their states are saved and restored
+around each batch; the concurrency and vectorisation probes compare them around a fetch.
+Through the public API that costs ~300 us per batch: ``np.random.get_state``/``set_state``
+build and parse a 624-word array (~110 + ~150 us), ``random.getstate``/``setstate`` a tuple of
+625 ints (~30 + ~10 us). For a batch of 32 cheap samples that was more than the samples.
+
+Both states are plain memory: numpy's MT19937 words and position at the bit generator's public
+``ctypes.state_address``, plus the legacy Gaussian cache (``has_gauss``, ``gauss``) inside the
+``RandomState`` object; ``random``'s 624 words and index inside its C object, plus the
+``gauss_next`` attribute. Copying those bytes is ~2 us. Where they live inside the objects is
+not public, so it is found at import on private instances, by searching each object's memory
+for a state just set through the public API, and then checked: bytes copied out and back must
+reproduce the public state and the same draws. If anything does not check out (another Python
+or numpy, a subclass), that RNG uses the public API as before. torch's state is 5 KiB behind
+``get_rng_state``/``set_rng_state`` (~5 us): used as is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import struct
+from typing import Any
+
+import numpy as np
+import torch
+
+_MT_WORDS = 624
+_MT19937_STATE_BYTES = _MT_WORDS * 4 + 4  # uint32 key[624]; int pos
+
+
+def _memory(obj: object, nbytes: int) -> bytes:
+    return ctypes.string_at(id(obj), nbytes)
+
+
+def _find(obj: object, nbytes: int, needle: bytes) -> int | None:
+    """The one offset of ``needle`` in the first ``nbytes`` of ``obj``'s memory, else None."""
+    haystack = _memory(obj, nbytes)
+    at = haystack.find(needle)
+    return at if at >= 0 and haystack.find(needle, at + 1) < 0 else None
+
+
+# -- random ------------------------------------------------------------------------------------
+
+
+def _random_offset() -> int | None:
+    """Offset of ``int index; uint32_t state[624]`` in a ``random.Random`` object, checked."""
+    import _random
+
+    size = _random.Random.__basicsize__
+    probe = random.Random(0x5EED)
+    probe.random()
+    words = probe.getstate()[1]
+    at = _find(probe, size, struct.pack(f"={_MT_WORDS}I", *words[:_MT_WORDS]))
+    if at is None or at < 4:
+        return None
+    offset = at - 4
+    if struct.unpack_from("=i", _memory(probe, size), offset)[0] != words[_MT_WORDS]:
+        return None
+    # Round trip on a second object: copy out, draw, copy back, draw the same again.
+    other = random.Random(0xD1CE)
+    saved = ctypes.string_at(id(other) + offset, 4 + 4 * _MT_WORDS)
+    first = [other.random() for _ in range(700)]  # past a regeneration of the 624 words
+    ctypes.memmove(id(other) + offset, saved, len(saved))
+    if [other.random() for _ in range(700)] != first:
+        return None
+    return offset
+
+
+# -- numpy -------------------------------------------------------------------------------------
+
+
+def _numpy_gauss_offset() -> int | None:
+    """Offset of ``int has_gauss; double gauss`` (16 bytes with padding) in a RandomState."""
+    size = type(np.random.mtrand._rand).__basicsize__
+    probe = np.random.RandomState(0x5EED)
+    state: Any = probe.get_state(legacy=True)
+    key, pos = state[1], state[2]
+    sentinel = 0.7315926535897932
+    probe.set_state(("MT19937", key, pos, 1, sentinel))
+    at = _find(probe, size, struct.pack("=d", sentinel))
+    if at is None or at < 8:
+        return None
+    offset = at - 8
+    if struct.unpack_from("=i", _memory(probe, size), offset)[0] != 1:
+        return None
+    probe.set_state(("MT19937", key, pos, 0, 0.0))
+    if struct.unpack_from("=i", _memory(probe, size), offset)[0] != 0:
+        return None
+    # Round trip with a Gaussian cached: raw copies must give the same draws again.
+    probe.standard_normal()  # leaves the pair's second value cached
+    raw = _numpy_raw(probe, offset)
+    first = probe.standard_normal(5).tolist() + probe.random_sample(700).tolist()
+    _numpy_restore(probe, offset, raw)
+    if probe.standard_normal(5).tolist() + probe.random_sample(700).tolist() != first:
+        return None
+    return offset
+
+
+def _numpy_raw(rs: Any, gauss_offset: int) -> tuple[bytes, bytes]:
+    address = rs._bit_generator.ctypes.state_address
+    with rs._bit_generator.lock:  # the lock RandomState itself takes
+        return (
+            ctypes.string_at(address, _MT19937_STATE_BYTES),
+            ctypes.string_at(id(rs) + gauss_offset, 16),
+        )
+
+
+def _numpy_restore(rs: Any, gauss_offset: int, raw: tuple[bytes, bytes]) -> None:
+    address = rs._bit_generator.ctypes.state_address
+    with rs._bit_generator.lock:  # the lock RandomState itself takes
+        ctypes.memmove(address, raw[0], _MT19937_STATE_BYTES)
+        ctypes.memmove(id(rs) + gauss_offset, raw[1], 16)
+
+
+def _calibrated(find: Any) -> int | None:
+    try:
+        return find()
+    except Exception:  # an unexpected layout or API: the public path is used instead
+        return None
+
+
+_RANDOM_OFFSET = _calibrated(_random_offset)
+_NUMPY_GAUSS_OFFSET = _calibrated(_numpy_gauss_offset)
+
+
+# -- snapshots ---------------------------------------------------------------------------------
+
+
+def _module_random() -> tuple[Any, int] | None:
+    """The ``random.Random`` behind the module functions (if they still are its methods) and
+    the address of its state words, when they can be copied raw."""
+    inst = getattr(random.random, "__self__", None)
+    if _RANDOM_OFFSET is None or type(inst) is not random.Random:
+        return None
+    return inst, id(inst) + _RANDOM_OFFSET
+
+
+def _random_state() -> Any:
+    found = _module_random()
+    if found is None:
+        return random.getstate()
+    inst, address = found
+    return ctypes.string_at(address, 4 + 4 * _MT_WORDS), vars(inst)["gauss_next"]
+
+
+def _set_random_state(state: Any) -> None:
+    if not (isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], bytes)):
+        random.setstate(state)
+        return
+    raw, gauss_next = state
+    found = _module_random()
+    if found is None:  # random.random was replaced since: the same state, the public way
+        index, *words = struct.unpack(f"=i{_MT_WORDS}I", raw)
+        random.setstate((3, (*words, index), gauss_next))
+        return
+    inst, address = found
+    ctypes.memmove(address, raw, len(raw))
+    inst.gauss_next = gauss_next
+
+
+def _numpy_global() -> Any:
+    return np.random.mtrand._rand
+
+
+def _numpy_state() -> Any:
+    rs = _numpy_global()
+    if (
+        _NUMPY_GAUSS_OFFSET is not None
+        and type(rs) is np.random.RandomState
+        and type(rs._bit_generator) is np.random.MT19937
+    ):
+        return _numpy_raw(rs, _NUMPY_GAUSS_OFFSET)
+    return rs.get_state()
+
+
+def _set_numpy_state(state: Any) -> None:
+    rs = _numpy_global()
+    if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], bytes):
+        assert _NUMPY_GAUSS_OFFSET is not None
+        _numpy_restore(rs, _NUMPY_GAUSS_OFFSET, state)
+    else:
+        rs.set_state(state)
+
+
+def snapshot() -> tuple[Any, Any, torch.Tensor]:
+    """The states of ``random``, numpy's global RNG and torch's default CPU generator."""
+    return _random_state(), _numpy_state(), torch.get_rng_state()
+
+
+def restore(state: tuple[Any, Any, torch.Tensor]) -> None:
+    """Put back a ``snapshot()``: the next draws are those that followed it."""
+    py, nps, ts = state
+    _set_random_state(py)
+    _set_numpy_state(nps)
+    torch.set_rng_state(ts)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        if a and isinstance(a[0], bytes):
+            return a == b  # raw copies
+        return all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return bool(np.array_equal(a, b))
+    return bool(a == b)
+
+
+def changed_since(state: tuple[Any, Any, torch.Tensor]) -> bool:
+    """Whether any of the three RNGs drew (or was reseeded) since ``state`` was taken."""
+    py, nps, ts = state
+    return (
+        not _same(_random_state(), py)
+        or not _same(_numpy_state(), nps)
+        or not torch.equal(torch.get_rng_state(), ts)
+    )
+
+
+def raw_paths() -> dict[str, bool]:
+    """Which RNGs are copied as raw bytes here (the rest use the public API)."""
+    return {"random": _RANDOM_OFFSET is not None, "numpy": _NUMPY_GAUSS_OFFSET is not None}
