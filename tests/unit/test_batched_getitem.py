@@ -8,6 +8,7 @@ wherever one sample's code would raise or could differ, the form must decline.
 from __future__ import annotations
 
 import functools
+import linecache
 
 import numpy as np
 import pytest
@@ -80,7 +81,21 @@ class IndexTensors(_Base):
         return {"i": torch.tensor(i), "f": torch.as_tensor(float(self.y[i])), "j": i}
 
 
-SUPPORTED = [DictInt, TupleNumpy, Scalars, Images, NumpyRows, Identity, IndexTensors]
+class Arithmetic(_Base):
+    def __getitem__(self, i):
+        return {
+            "mod": i % 7, "floordiv": i // 3, "neg": -i, "half": i / 2, "rev": 100 - i,
+            "rdiv": 7 // (i + 1), "rtrue": 1 / (i + 1), "ymod": int(self.y[i]) % -4,
+            "yf": float(self.y[i]) * 0.5 - 3, "bool": bool(self.y[i]) + 1,
+            "negbool": -bool(self.y[i]), "fneg": -float(self.f[i]), "mixed": i * 1.5,
+            "negx": -self.x[i], "xto": self.x[i].to(torch.float64), "u8mod": self.u8[i] % 5,
+            "xfloordiv": self.x[i] // 0.5, "u8to": self.u8[i].to(torch.int16) - 300,
+        }
+
+
+SUPPORTED = [
+    DictInt, TupleNumpy, Scalars, Images, NumpyRows, Identity, IndexTensors, Arithmetic,
+]
 
 
 def _plain(ds, indices):
@@ -292,6 +307,40 @@ def test_declines_attributes_that_run_code():
             return self.rows[i]
 
     _declines(Computed(), [0, 1])
+
+
+def _dataset_returning(expr: str) -> Dataset:
+    """A dataset whose ``__getitem__`` is ``return <expr>`` (its source is what is compiled)."""
+    code = f"class Case(_Base):\n    def __getitem__(self, i):\n        return {expr}\n"
+    filename = f"<case {expr}>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    namespace: dict = {"torch": torch, "_Base": _Base}
+    exec(compile(code, filename, "exec"), namespace)
+    ds = namespace["Case"]()
+    ds.big = torch.tensor([2**62 + 1, -(2**62) - 1])
+    return ds
+
+
+@pytest.mark.parametrize(
+    ("expr", "indices"),
+    [
+        ("i / 0", [1, 2]),  # ZeroDivisionError per sample
+        ("1 / i", [3, 0]),
+        ("i % 0", [1]),
+        ("5 // i", [0, 4]),
+        ("float(self.f[i]) / 0", [1]),
+        ("int(self.big[i]) * 4", [0, 1]),  # beyond int64: Python ints do not wrap
+        ("int(self.big[i]) % 3", [0]),  # near int64's ends
+        ("int(self.big[i]) / 3", [0]),  # not exact as a float
+        ("float(self.f[i]) % 2", [1]),  # float % has its own sign rules
+        ("self.f[i].to(torch.int64)", [1]),  # float -> int cast
+    ],
+)
+def test_declines_arithmetic_python_would_compute_differently(expr, indices):
+    batched = compile_batched(_dataset_returning(expr))
+    assert batched is not None, expr
+    with pytest.raises(Decline):
+        batched(indices)
 
 
 def test_declines_float_to_int_tensor_casts():

@@ -17,9 +17,13 @@ computes the collated batch directly:
 * ``int(e)``, ``float(e)``, ``bool(e)``, ``e.item()``: Python scalars, which ``default_collate``
   turns into int64 / float64 / bool tensors: one cast of the gathered values;
 * ``torch.as_tensor(e)``, ``torch.from_numpy(e)``, ``torch.tensor(e)`` of an array; the tensor
-  methods ``float double half long int bool clone contiguous``; the ndarray methods ``copy``
-  and ``astype(<numpy dtype or its name>)``; ``e + c``, ``e - c``, ``e * c``, ``e / c`` with
-  a numeric constant ``c`` (the same elementwise kernel as for one sample);
+  methods ``float double half long int bool clone contiguous`` and ``to(<torch dtype>)``; the
+  ndarray methods ``copy`` and ``astype(<numpy dtype or its name>)``;
+* ``e + c``, ``e - c``, ``e * c``, ``e / c``, ``e % c``, ``e // c`` (either side) with a numeric
+  constant ``c``, and ``-e``: on arrays the same elementwise kernel as for one sample; on Python
+  numbers (the index, ``int(...)``, ``float(...)``) Python's own results, computed in int64 or
+  float64 only where those equal them (no int64 overflow, ints exact as floats before ``/``,
+  no division by zero, no float ``%``/``//``), else the batch declines;
 * the index itself; dict displays with constant keys, tuple and list displays, names
   assigned earlier.
 
@@ -250,7 +254,9 @@ _TENSOR_METHODS = {"float", "double", "half", "long", "int", "bool", "clone", "c
 _INT_CASTS = {"long", "int"}
 
 
-def _method(name: str, child: Node, dtype: np.dtype | None = None) -> Node:
+def _method(name: str, child: Node, dtype: Any = None) -> Node:
+    """A method call; ``dtype`` is the argument of ``astype`` (numpy) or ``to`` (torch)."""
+
     def run(b: _Batch) -> Any:
         col = child(b)
         if isinstance(col, _Items):
@@ -264,6 +270,10 @@ def _method(name: str, child: Node, dtype: np.dtype | None = None) -> Node:
             if name in _INT_CASTS and data.is_floating_point():
                 raise Decline  # NaN/inf casts are not defined: do not rely on them agreeing
             return _Array(getattr(data, name)())
+        if name == "to" and isinstance(data, torch.Tensor):
+            if data.is_floating_point() and not (dtype.is_floating_point or dtype.is_complex):
+                raise Decline  # as for .long(): float -> int casts of NaN/inf are undefined
+            return _Array(data.to(dtype))
         if name == "copy" and isinstance(data, np.ndarray):
             return _Array(data.copy())
         if name == "astype" and isinstance(data, np.ndarray) and dtype is not None:
@@ -307,20 +317,92 @@ _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Sub: lambda a, c: a - c,
     ast.Mult: lambda a, c: a * c,
     ast.Div: lambda a, c: a / c,
+    ast.Mod: lambda a, c: a % c,
+    ast.FloorDiv: lambda a, c: a // c,
 }
+_INT64_MAX = 2**63 - 1
+_EXACT_FLOAT_INT = 2**53  # ints up to this convert to float64 exactly
 
 
-def _binop(op: Callable[[Any, Any], Any], child: Node, const: int | float, left: bool) -> Node:
+def _python_ints(op: type, values: torch.Tensor, const: int, left: bool) -> torch.Tensor:
+    """``values <op> const`` (or ``const <op> values``) as Python would compute it for each
+    int, when int64 arithmetic gives exactly that; declines otherwise."""
+    lo, hi = (int(values.min()), int(values.max())) if len(values) else (0, 0)
+    if op is ast.Div:
+        if max(abs(lo), abs(hi), abs(const)) > _EXACT_FLOAT_INT or (left and const == 0) or (
+                not left and lo <= 0 <= hi):
+            raise Decline  # int / int is float(a) / float(b) only for exact floats; 1/0 raises
+        floats = values.to(torch.float64)
+        return floats / float(const) if left else float(const) / floats
+    if op in (ast.Mod, ast.FloorDiv):
+        if max(abs(lo), abs(hi), abs(const)) >= 2**62 or (left and const == 0) or (
+                not left and lo <= 0 <= hi):
+            raise Decline  # x % 0 raises; far from int64's ends, torch's floor ops are Python's
+        num, den = values, torch.full_like(values, const)
+        if not left:
+            num, den = den, num
+        if op is ast.Mod:
+            return torch.remainder(num, den)
+        return torch.div(num, den, rounding_mode="floor")
+    ends = [_BINOPS[op](v, const) if left else _BINOPS[op](const, v) for v in (lo, hi)]
+    if max(abs(e) for e in ends) > _INT64_MAX:  # +, -, * are monotonic: the ends bound all
+        raise Decline
+    return _BINOPS[op](values, const) if left else _BINOPS[op](const, values)
+
+
+def _python_numbers(op: type, col: _Scalars, const: int | float, left: bool) -> _Scalars:
+    """Arithmetic on per-sample Python numbers, exactly as Python does it."""
+    values = col.values
+    if values.dtype == torch.bool:
+        values = values.to(torch.int64)  # True + 1 == 2: bools compute as ints
+    if values.dtype == torch.int64 and isinstance(const, int):
+        return _Scalars(_python_ints(op, values, const, left))
+    if op in (ast.Mod, ast.FloorDiv):
+        raise Decline  # float % and // have their own sign and rounding rules
+    if values.dtype == torch.int64:
+        if len(values) and int(values.abs().max()) > _EXACT_FLOAT_INT:
+            raise Decline
+        values = values.to(torch.float64)  # int op float: Python converts the int first
+    if op is ast.Div and ((left and const == 0) or (not left and bool((values == 0).any()))):
+        raise Decline  # ZeroDivisionError in Python, inf here
+    c = float(const)
+    if isinstance(const, int) and abs(const) > _EXACT_FLOAT_INT:
+        raise Decline
+    return _Scalars(_BINOPS[op](values, c) if left else _BINOPS[op](c, values))
+
+
+def _binop(op: type, child: Node, const: int | float, left: bool) -> Node:
+    fn = _BINOPS[op]
+
     def run(b: _Batch) -> Any:
         col = child(b)
         if isinstance(col, _Items):
-            return _Items([op(v, const) if left else op(const, v) for v in col.items])
+            return _Items([fn(v, const) if left else fn(const, v) for v in col.items])
+        if isinstance(col, _Scalars):
+            return _python_numbers(op, col, const, left)
         if not isinstance(col, _Array):
             raise Decline
         data = col.data
         if isinstance(data, np.ndarray) and data.ndim == 1:
             raise Decline  # numpy scalars: promotion rules of scalars and arrays may differ
-        return _Array(op(data, const) if left else op(const, data))
+        return _Array(fn(data, const) if left else fn(const, data))
+
+    return run
+
+
+def _negate(child: Node) -> Node:
+    def run(b: _Batch) -> Any:
+        col = child(b)
+        if isinstance(col, _Items):
+            return _Items([-v for v in col.items])
+        if isinstance(col, _Scalars):
+            return _python_numbers(ast.Sub, col, 0, left=False)  # -x == 0 - x, also for bools
+        if not isinstance(col, _Array):
+            raise Decline
+        data = col.data
+        if isinstance(data, np.ndarray) and data.ndim == 1:
+            raise Decline
+        return _Array(-data)
 
     return run
 
@@ -357,6 +439,17 @@ class _Compiler:
             return _MISSING if base is _MISSING else getattr(base, node.attr, _MISSING)
         return _MISSING
 
+    @staticmethod
+    def _number(node: ast.expr) -> int | float | None:
+        """A numeric constant (``-2`` is a unary minus on ``2`` in the tree)."""
+        sign = 1
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            node, sign = node.operand, -1
+        value = node.value if isinstance(node, ast.Constant) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return sign * value
+        return None
+
     def _dtype(self, node: ast.expr) -> np.dtype:
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             return np.dtype(node.value)
@@ -386,13 +479,14 @@ class _Compiler:
                 raise _Unsupported
             return _display(kind, None, [self.expr(e) for e in node.elts])
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            op = _BINOPS[type(node.op)]
             for const, other, left in ((node.right, node.left, True),
                                        (node.left, node.right, False)):
-                value = const.value if isinstance(const, ast.Constant) else None
-                if isinstance(value, int | float) and not isinstance(value, bool):
-                    return _binop(op, self.expr(other), value, left)
+                value = self._number(const)
+                if value is not None:
+                    return _binop(type(node.op), self.expr(other), value, left)
             raise _Unsupported
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return _negate(self.expr(node.operand))
         if isinstance(node, ast.Call) and not node.keywords:
             return self._call(node)
         raise _Unsupported
@@ -412,6 +506,10 @@ class _Compiler:
                 return _method(func.attr, self.expr(func.value))
             if func.attr == "astype" and len(args) == 1:
                 return _method("astype", self.expr(func.value), self._dtype(args[0]))
+            if func.attr == "to" and len(args) == 1:
+                dtype = self._resolve(args[0])
+                if isinstance(dtype, torch.dtype):
+                    return _method("to", self.expr(func.value), dtype)
         raise _Unsupported
 
     def body(self, statements: list[ast.stmt]) -> Node:
