@@ -149,3 +149,21 @@ def test_a_rejection_during_an_inline_epoch_sends_the_next_epoch_to_workers():
 
 def _noop(worker_id: int) -> None:
     pass
+
+
+def test_tensor_dataset_loads_inline_with_torchs_batches():
+    # TensorDataset's own __getitem__ is a gather per tensor: no workers needed.
+    dataset = torch.utils.data.TensorDataset(
+        torch.randn(400, 8), torch.arange(400), torch.randint(0, 255, (400, 3), dtype=torch.uint8)
+    )
+    kwargs = {"num_workers": 2, "batch_size": 32, "shuffle": True}
+    expected = list(TorchLoader(dataset, generator=torch.Generator().manual_seed(2), **kwargs))
+    loader = stoker.DataLoader(dataset, generator=torch.Generator().manual_seed(2), **kwargs)
+    before = _children()
+    got = list(loader)
+    assert _children() <= before
+    assert len(got) == len(expected) == 13
+    for a, b in zip(got, expected, strict=True):
+        assert type(a) is type(b) is list
+        assert all(torch.equal(x, y) and x.dtype == y.dtype for x, y in zip(a, b, strict=True))
+    assert loader.stats().inline and loader.stats().batched == 13 - 2

@@ -93,8 +93,25 @@ class Arithmetic(_Base):
         }
 
 
+class TensorPair(torch.utils.data.TensorDataset):
+    """torch's own ``tuple(tensor[index] for tensor in self.tensors)``."""
+
+    def __init__(self) -> None:
+        super().__init__(X, Y)
+
+
+class EachArray(_Base):
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrays = (X, Z, W)
+
+    def __getitem__(self, idx):
+        return {"t": tuple(a[idx] for a in self.arrays), "l": list(b[idx] for b in self.arrays)}
+
+
 SUPPORTED = [
     DictInt, TupleNumpy, Scalars, Images, NumpyRows, Identity, IndexTensors, Arithmetic,
+    TensorPair, EachArray,
 ]
 
 
@@ -228,8 +245,15 @@ def test_other_forms_have_no_batched_form(cls):
 
 
 def test_a_dataset_without_python_getitem_has_no_batched_form():
-    assert compile_batched(BuiltinGetitem(X)) is None
     assert compile_batched(X) is None
+
+
+def test_tensor_dataset_gathers_each_tensor_and_declines_other_items():
+    ds = BuiltinGetitem(X, Y)  # a subclass that keeps TensorDataset's __getitem__
+    assert same_batch(_plain(ds, [4, 1]), compile_batched(ds)([4, 1]))
+    ds.tensors = (X, list(range(N)))  # not an array: one sample at a time
+    with pytest.raises(Decline):
+        compile_batched(ds)([4, 1])
 
 
 def test_a_global_bound_to_int_is_not_trusted_by_name():

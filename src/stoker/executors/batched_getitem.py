@@ -24,6 +24,8 @@ computes the collated batch directly:
   numbers (the index, ``int(...)``, ``float(...)``) Python's own results, computed in int64 or
   float64 only where those equal them (no int64 overflow, ints exact as floats before ``/``,
   no division by zero, no float ``%``/``//``), else the batch declines;
+* ``tuple(t[<index>] for t in self.<attr>)`` (or ``list(...)``) over a tuple or list of
+  arrays: TensorDataset's own ``__getitem__``, one gather per array;
 * the index itself; dict displays with constant keys, tuple and list displays, names
   assigned earlier.
 
@@ -191,6 +193,18 @@ def _gather(attr: str) -> Node:
         if type(source) in (list, tuple) or isinstance(source, ReadOnlySequence):
             return _Items([source[i] for i in b.indices])  # incl. a worker's inherited list
         raise Decline
+
+    return run
+
+
+def _gather_each(attr: str, kind: type) -> Node:
+    """``kind(t[index] for t in self.<attr>)`` (TensorDataset's form): one gather per array."""
+
+    def run(b: _Batch) -> Any:
+        sources = _plain_attribute(b.dataset, attr)
+        if type(sources) not in (tuple, list) or not all(map(_array_source, sources)):
+            raise Decline
+        return kind(_Array(source=s, rows=b.rows_for(s)) for s in sources)
 
     return run
 
@@ -491,8 +505,30 @@ class _Compiler:
             return self._call(node)
         raise _Unsupported
 
+    def _each(self, node: ast.expr) -> str | None:
+        """``self.<attr>`` of a generator ``<t>[<index>] for <t> in self.<attr>``, or None."""
+        if not isinstance(node, ast.GeneratorExp) or len(node.generators) != 1:
+            return None
+        gen, elt = node.generators[0], node.elt
+        if (gen.ifs or gen.is_async or not isinstance(gen.target, ast.Name)
+                or gen.target.id in (self.self_name, self.index_name)):
+            return None
+        if not (isinstance(gen.iter, ast.Attribute) and isinstance(gen.iter.value, ast.Name)
+                and gen.iter.value.id == self.self_name):
+            return None
+        if (isinstance(elt, ast.Subscript) and isinstance(elt.value, ast.Name)
+                and elt.value.id == gen.target.id and isinstance(elt.slice, ast.Name)
+                and elt.slice.id == self.index_name):
+            return gen.iter.attr
+        return None
+
     def _call(self, node: ast.Call) -> Node:
         func, args = node.func, node.args
+        for sequence in (tuple, list):
+            if len(args) == 1 and self._resolve(func) is sequence:
+                attr = self._each(args[0])
+                if attr is not None:
+                    return _gather_each(attr, sequence)
         for kind in ("int", "float", "bool"):
             if len(args) == 1 and self._resolve(func) is getattr(builtins, kind):
                 return _scalar(kind, self.expr(args[0]))
