@@ -81,8 +81,14 @@ class _Array:
 
     @property
     def data(self) -> Any:
-        if self._data is None:
-            self._data = self._source[self._rows]
+        if self._data is None:  # the gather: index_select / take are ~2x advanced indexing
+            src, rows = self._source, self._rows
+            if isinstance(src, torch.Tensor) and isinstance(rows, torch.Tensor):
+                self._data = torch.index_select(src, 0, rows)
+            elif isinstance(src, np.ndarray) and isinstance(rows, np.ndarray):
+                self._data = np.take(src, rows, axis=0)
+            else:
+                self._data = src[rows]
         return self._data
 
     def leaf(self) -> torch.Tensor:
