@@ -473,3 +473,42 @@ def test_leak_check_sees_each_kind_of_leftover(leak_tools):
             os.close(fd)
         os.unlink(shm_path)
     assert leak_tools.wait_for_baseline(before) == []
+
+
+class _WorkerIds(torch.utils.data.Dataset):
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        return torch.utils.data.get_worker_info().id
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+def test_each_worker_gets_its_first_task_before_the_next_is_forked(monkeypatch):
+    # NOTE [ Tasks before the next fork ]: the first worker works while the others are forked,
+    # and which worker loads which batch stays torch's at the start (task k -> worker k mod n).
+    import stoker
+    from stoker._runtime import process_iter
+
+    loads_at_start = []
+    real_start = process_iter.start_worker
+
+    def start_worker(ctx, spec, *args):
+        if spec.worker_id > 0:
+            loads_at_start.append(list(started[0]._load))
+        return real_start(ctx, spec, *args)
+
+    started = []
+    real_init = process_iter.ProcessIterator._init_dispatch
+
+    def init_dispatch(self):
+        real_init(self)
+        started.append(self)
+
+    monkeypatch.setattr(process_iter, "start_worker", start_worker)
+    monkeypatch.setattr(process_iter.ProcessIterator, "_init_dispatch", init_dispatch)
+    loader = stoker.DataLoader(_WorkerIds(), batch_size=2, num_workers=3, timeout=60,
+                               worker_type="process")
+    ids = [batch.tolist() for batch in loader]
+    assert loads_at_start == [[1, 0, 0], [1, 1, 0]]
+    assert ids[:6] == [[0, 0], [1, 1], [2, 2], [0, 0], [1, 1], [2, 2]]

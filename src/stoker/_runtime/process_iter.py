@@ -67,13 +67,14 @@ class ProcessIterator(BaseIterator):
         self._group = WorkerGroup()
         self._finalizer = weakref.finalize(self, self._group.stop)
         method = ctx.get_start_method()
+        self._init_dispatch()
         with pools_quiet_for_fork(method), gc_frozen_for_fork(method):
             self._start_workers(loader, ctx)
         self._worker_pids = tuple(w.pid for w in self._group.workers)
         self._memory_watch = loader._stoker_memory_watch
         # Its first reads cost ~10 ms each: keep them out of the time to the first batch.
         self._watch_from = time.monotonic() + _WATCH_DELAY_S
-        self._start_dispatch()
+        self._fill()
 
     def _start_workers(self, loader: Any, ctx: Any) -> None:
         # Under fork, large plain lists go to the workers as shared containers (NOTE
@@ -86,7 +87,9 @@ class ProcessIterator(BaseIterator):
         if fork:
             specs = [self._with_banked_slabs(loader._stoker_slab_bank, s) for s in specs]
         if fork or len(specs) == 1:
-            self._group.workers.extend(start_worker(ctx, spec) for spec in specs)
+            for spec in specs:
+                self._group.workers.append(start_worker(ctx, spec))
+                self._prime(spec.worker_id)  # NOTE [ Tasks before the next fork ]
             return
         # spawn/forkserver: the spec is pickled once for all workers (NOTE [ Pickle once ]);
         # each child imports torch and unpickles, seconds each, so start them side by side
@@ -130,7 +133,33 @@ class ProcessIterator(BaseIterator):
 
     # -- epoch state -------------------------------------------------------------------------
 
+    # NOTE [ Tasks before the next fork ]
+    # Forking a worker costs the main process ~6 ms (its page tables), and workers are forked
+    # one after another. Sending tasks only once all were forked left the first worker idle
+    # for the forks after it, at the start of every epoch. So each worker of a map-style
+    # dataset gets its first task as soon as it is forked; the rest follow after the last fork,
+    # in the same order as before (task k to worker k mod n at the start), so which worker
+    # loads which batch does not change. An IterableDataset's tasks follow torch's round-robin
+    # cycle, which is only walked after every fork.
+
+    def _prime(self, wid: int) -> None:
+        if not self._is_iterable and self._load[wid] < min(1, self._depth[wid]) and not (
+                self._sampler_done):
+            self._try_put_index(wid)
+
     def _start_dispatch(self) -> None:
+        self._init_dispatch()
+        self._fill()
+
+    def _fill(self) -> None:
+        """Send tasks until every worker holds its depth of them."""
+        missing = sum(max(0, d - n) for d, n in zip(self._depth, self._load, strict=True))
+        for _ in range(missing):
+            if self._sampler_done:
+                return
+            self._try_put_index()
+
+    def _init_dispatch(self) -> None:
         n = self._num_workers
         self._order: deque[int] = deque()  # dispatched positions, in sampler order
         self._task_worker: dict[int, int] = {}  # outstanding task -> worker
@@ -147,8 +176,6 @@ class ProcessIterator(BaseIterator):
         self._sampler_done = False
         self._last_reply_at = time.monotonic()
         self._stall_warned = False
-        for _ in range(self._prefetch * n):
-            self._try_put_index()
 
     def _reset(self, loader: Any) -> None:
         """Next epoch on persistent workers (called by ``DataLoader.__iter__``)."""
@@ -204,8 +231,10 @@ class ProcessIterator(BaseIterator):
             candidates = [w for w in range(n) if self._active[w]]
         return min(candidates, key=lambda w: self._load[w]) if candidates else None
 
-    def _try_put_index(self) -> None:
-        wid = self._pick_worker()
+    def _try_put_index(self, wid: int | None = None) -> None:
+        """Send the next task to worker ``wid``, or to the one ``_pick_worker`` chooses."""
+        if wid is None:
+            wid = self._pick_worker()
         if wid is None:
             return
         try:
