@@ -1,5 +1,6 @@
 """`tiny`: many tiny in-memory samples. Measures per-sample and per-batch overhead of the
-loader itself (fetch loop, collate of dicts, inter-process transfer), num_workers 0 and 2."""
+loader itself (fetch loop, collate of dicts, inter-process transfer), num_workers 0 and 2, and
+the same tensors in a `torch.utils.data.TensorDataset` with num_workers 2."""
 
 from __future__ import annotations
 
@@ -31,4 +32,7 @@ def run(ctx: Context) -> list[dict[str, Any]]:
     for workers in (0, 2):
         kwargs = {"batch_size": 256, "shuffle": True, "num_workers": workers}
         records += compare(ctx, "tiny", dataset, kwargs, plan, variant=f"num_workers={workers}")
+    tensors = torch.utils.data.TensorDataset(dataset.x, dataset.y)
+    kwargs = {"batch_size": 256, "shuffle": True, "num_workers": 2}
+    records += compare(ctx, "tiny", tensors, kwargs, plan, variant="TensorDataset, num_workers=2")
     return records
