@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import threading
 import warnings
 
@@ -243,6 +244,37 @@ def test_stats_count_batches_and_samples(executor):
     assert (stats.batches, stats.samples) == (5, 40)
     assert stats.summary.startswith("stoker: 5 batches, ") and str(stats) == stats.summary
     assert stats.fetch_wall_s > 0
+
+
+class _Busy(torch.utils.data.Dataset):
+    """About a millisecond of pure-Python CPU work per sample."""
+
+    def __len__(self):
+        return 480
+
+    def __getitem__(self, i):
+        total = 0
+        for k in range(20000):
+            total += k ^ i
+        return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux schedstat")
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 2 worker processes")
+def test_stats_tell_waiting_for_a_cpu_from_waiting_for_io():
+    # Two CPU-bound workers confined to one CPU (children inherit the affinity): each fetch
+    # spends about half its wall time queued, which is neither I/O nor idle.
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(saved)})
+    try:
+        loader = stoker.DataLoader(_Busy(), batch_size=16, num_workers=2, timeout=120,
+                                   worker_type="process")
+        assert len(list(loader)) == 30
+    finally:
+        os.sched_setaffinity(0, saved)
+    stats = loader.stats()
+    assert stats.fetch_queued_s > 0.2 * stats.fetch_wall_s, stats
+    assert "for a CPU" in stats.summary and "I/O" not in stats.summary, stats.summary
 
 
 # -- sharding ----------------------------------------------------------------------------------

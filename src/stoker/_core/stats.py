@@ -36,6 +36,11 @@ class LoaderStats:
     pack_s: float = 0.0
     unpack_s: float = 0.0
     pin_s: float = 0.0
+    # Worker time runnable but waiting for a CPU (more threads than cores), and the share of
+    # the machine's CPU time a hypervisor gave to other guests (steal) meanwhile: neither is
+    # I/O, though both make fetches take longer than their CPU time.
+    fetch_queued_s: float = 0.0
+    cpu_steal_share: float = 0.0
     batched: int = 0  # batches fetched whole, not sample by sample (NOTE [ Vectorised fetch ])
     # num_workers > 0, yet loaded in the calling thread (NOTE [ Gathers need no workers ])
     inline: bool = False

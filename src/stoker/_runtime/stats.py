@@ -25,13 +25,17 @@ class StatsAccumulator:
         self.pack_s = 0.0
         self.unpack_s = 0.0
         self.pin_s = 0.0
+        self.fetch_queued_s = 0.0
         self.batched = 0
         self.inline = False
         self.concurrency: dict[int, int] = {}
         self.tuner: list[TunerEvent] = []
         self._left_next_at: float | None = None
+        self._cpu_times_at_start: tuple[int, int] | None = None
 
     def entered_next(self) -> float:
+        if self._cpu_times_at_start is None:
+            self._cpu_times_at_start = machine_steal()
         now = time.perf_counter()
         if self._left_next_at is not None:
             self.loop_s += now - self._left_next_at
@@ -48,8 +52,9 @@ class StatsAccumulator:
         self._left_next_at = None  # the gap between epochs is not the user's step
 
     def worker_batch(self, worker_id: int, info: tuple) -> None:
-        concurrency, fetch_wall, fetch_cpu, collate_s, pack_s, events, batched = info
+        concurrency, fetch_wall, fetch_cpu, collate_s, pack_s, events, batched, queued = info
         self.batched += batched
+        self.fetch_queued_s += queued
         self.concurrency[worker_id] = concurrency
         self.fetch_wall_s += fetch_wall
         self.fetch_cpu_s += fetch_cpu
@@ -65,11 +70,30 @@ class StatsAccumulator:
             num_workers=self.num_workers, wait_s=self.wait_s, loop_s=self.loop_s,
             fetch_wall_s=self.fetch_wall_s, fetch_cpu_s=self.fetch_cpu_s,
             collate_s=self.collate_s, pack_s=self.pack_s, unpack_s=self.unpack_s,
-            pin_s=self.pin_s, batched=self.batched, inline=self.inline,
+            pin_s=self.pin_s, fetch_queued_s=self.fetch_queued_s,
+            cpu_steal_share=self._steal_share(), batched=self.batched, inline=self.inline,
             concurrency=tuple(self.concurrency[w] for w in sorted(self.concurrency)),
             tuner=tuple(self.tuner),
         )
         return replace(stats, summary=summarize(stats))
+
+
+    def _steal_share(self) -> float:
+        start, now = self._cpu_times_at_start, machine_steal()
+        if start is None or now is None or now[1] <= start[1]:
+            return 0.0
+        return (now[0] - start[0]) / (now[1] - start[1])
+
+
+def machine_steal() -> tuple[int, int] | None:
+    """(steal, total) CPU ticks of the whole machine so far (Linux ``/proc/stat``): time the
+    hypervisor ran other guests while this one's CPUs had work."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7], sum(fields)) if len(fields) == 8 else None
 
 
 def batch_samples(data: Any) -> int:

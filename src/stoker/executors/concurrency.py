@@ -51,6 +51,29 @@ def _read_schedstat() -> float | None:
         return None
 
 
+class RunQueueMeter:
+    """Time this thread spent runnable but not running (more threads than CPUs), for
+    ``loader.stats()``. Read from ``/proc/thread-self/schedstat`` at most every ``every_s`` (a
+    read costs ~10 us), so it also counts the queueing of collate and pack, and what accrues
+    after a worker's last report is not counted; ``take()`` returns what accrued since its last
+    read. Create it on the thread it measures."""
+
+    def __init__(self, every_s: float = 0.1) -> None:
+        self._every = every_s
+        self._last = _read_schedstat()
+        self._at = time.perf_counter()
+
+    def take(self) -> float:
+        now = time.perf_counter()
+        if self._last is None or now - self._at < self._every:
+            return 0.0
+        value = _read_schedstat()
+        if value is None:
+            return 0.0
+        delta, self._last, self._at = value - self._last, value, now
+        return max(0.0, delta)
+
+
 class SampleClock:
     """Wall, CPU and run-queue time of one fetch on this thread.
 

@@ -27,7 +27,7 @@ from stoker.errors import MixedDeviceError
 from stoker.executors import diagnostics
 from stoker.executors import messages as msg
 from stoker.executors.batched_getitem import Decline
-from stoker.executors.concurrency import ConcurrencyTuner, declared_thread_safe
+from stoker.executors.concurrency import ConcurrencyTuner, RunQueueMeter, declared_thread_safe
 from stoker.executors.fetch import EMPTY, make_fetcher, vectorisable
 from stoker.executors.pipeline import (
     JOB_READY,
@@ -115,6 +115,7 @@ class _Worker:
         self.vector: VectorProbe | None = None
         self._reader_started = False
         self.pipeline: SamplePipeline | None = None
+        self.run_queue = RunQueueMeter()  # this (the main) thread: where batches are fetched
 
     def _announce(self, fd: int, ref: SegmentRef) -> None:
         self.conn.send((msg.SLAB, ref))
@@ -294,6 +295,7 @@ class _Worker:
         info = (
             self.tuner.concurrency, timing[0], timing[1], t1 - t0, t2 - t1,
             [(e.at_s, e.concurrency, e.reason) for e in events], batched,
+            self.run_queue.take(),
         )
         reply = (
             msg.DONE, self.epoch, task_id, segment_id, used, payload, self.retired, skipped, info

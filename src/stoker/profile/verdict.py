@@ -33,7 +33,7 @@ def summarize(s: LoaderStats) -> str:
 
 def _why(s: LoaderStats, total: float) -> str:
     work = s.fetch_cpu_s + s.collate_s + s.pack_s
-    waiting = 1.0 - s.fetch_cpu_s / s.fetch_wall_s if s.fetch_wall_s > 0 else 0.0
+    waiting, queued = _fetch_waiting(s)
     conc = max(s.concurrency) if s.concurrency else 1
     if waiting > 0.5:
         return (f"fetches wait {waiting:.0%} of their time (I/O or remote storage) at up to "
@@ -49,12 +49,38 @@ def _why(s: LoaderStats, total: float) -> str:
     if s.unpack_s + s.pin_s > 0.3 * s.wait_s:
         return ("the main process spends its time receiving batches (IPC/pinning); use larger "
                 "batches or fewer Python objects per batch")
+    steal = (f"; the hypervisor gave {s.cpu_steal_share:.0%} of this machine's CPU time to "
+             "other guests (steal)" if s.cpu_steal_share >= _NOTABLE_STEAL else "")
+    if queued > _OVERSUBSCRIBED:
+        return (f"the {s.num_workers} workers' fetches wait {queued:.0%} of their time for a "
+                f"CPU: more threads want to run than the machine's {_cores()} cores; use "
+                f"num_workers <= {_cores()} or make __getitem__ cheaper" + steal)
     busy = work / (total * s.num_workers) if total > 0 else 0.0
     if s.collate_s > s.fetch_cpu_s:
         return (f"workers spend most time collating ({s.collate_s:.1f} s vs {s.fetch_cpu_s:.1f} s "
                 "fetching); return tensors/arrays of one shape, or batch in __getitems__")
     if busy > 0.8 and s.num_workers < _cores():
         return (f"the {s.num_workers} workers are busy {busy:.0%} of the time on CPU work "
-                f"(decode/augment); raise num_workers (this machine has {_cores()} cores)")
+                f"(decode/augment); raise num_workers (this machine has {_cores()} cores)" + steal)
     return (f"the {s.num_workers} workers are CPU-bound (busy {busy:.0%}) and the machine has "
-            f"{_cores()} cores; make __getitem__ cheaper (faster decoding, smaller images)")
+            f"{_cores()} cores; make __getitem__ cheaper (faster decoding, smaller images)"
+            + steal)
+
+
+_OVERSUBSCRIBED = 0.25  # fetches queued for a CPU more than this share of their wall time
+_NOTABLE_STEAL = 0.10
+
+
+def _fetch_waiting(s: LoaderStats) -> tuple[float, float]:
+    """(share of fetch time spent waiting on anything but a CPU, share queued for a CPU).
+
+    A fetch's wall time is its CPU time, plus time runnable but queued behind other threads
+    (``fetch_queued_s``), plus time the hypervisor ran other guests (``cpu_steal_share`` of it),
+    plus real waiting (I/O, sleeps, locks). Only the last is what more concurrency would use.
+    """
+    if s.fetch_wall_s <= 0:
+        return 0.0, 0.0
+    queued = min(1.0, s.fetch_queued_s / s.fetch_wall_s)
+    available = max(1e-9, 1.0 - s.cpu_steal_share)
+    busy = (s.fetch_cpu_s + s.fetch_queued_s) / (s.fetch_wall_s * available)
+    return max(0.0, 1.0 - busy), queued
