@@ -40,3 +40,5 @@ class WorkerSpec:
     shared_lists: tuple = ()
     # (address, nbytes) of inherited slabs: NOTE [ Slabs outlive workers ]; fork only
     slabs: tuple[tuple[int, int], ...] = ()
+    # the batched form read from __getitem__'s source passed its probes in an earlier epoch
+    vector_trusted: bool = False

@@ -66,6 +66,10 @@ class ProcessIterator(BaseIterator):
         ctx = safe_context(loader.multiprocessing_context, default_context(), loader)
         self._group = WorkerGroup()
         self._finalizer = weakref.finalize(self, self._group.stop)
+        # A worker that adopts the batched form read from the source vouches for it: the next
+        # epoch's workers use it without probe batches, as the inline iterator does.
+        self._loader_ref = weakref.ref(loader)
+        self._vector_trusted = loader._stoker_vector_trusted is self._dataset
         method = ctx.get_start_method()
         self._init_dispatch()
         with pools_quiet_for_fork(method), gc_frozen_for_fork(method):
@@ -120,6 +124,7 @@ class ProcessIterator(BaseIterator):
             dist=loader.dist_context,
             concurrency=loader.worker_concurrency,
             shared_lists=shared_lists,
+            vector_trusted=self._vector_trusted,
         )
 
     def _with_banked_slabs(self, bank: Any, spec: WorkerSpec) -> WorkerSpec:
@@ -375,6 +380,11 @@ class ProcessIterator(BaseIterator):
             raise rebuild(reply[3])
         _, _, _, segment_id, used, payload, _, skipped, info = reply
         self._stats.worker_batch(wid, info)
+        if info[6] == "source" and not self._vector_trusted:
+            self._vector_trusted = True
+            loader = self._loader_ref()
+            if loader is not None:
+                loader._stoker_vector_trusted = self._dataset
         if skipped:
             self._skips.record(skipped)
         t0 = time.perf_counter()

@@ -53,7 +53,7 @@ class StatsAccumulator:
 
     def worker_batch(self, worker_id: int, info: tuple) -> None:
         concurrency, fetch_wall, fetch_cpu, collate_s, pack_s, events, batched, queued = info
-        self.batched += batched
+        self.batched += bool(batched)  # "" or which batched form: "source" or "call"
         self.fetch_queued_s += queued
         self.concurrency[worker_id] = concurrency
         self.fetch_wall_s += fetch_wall

@@ -11,9 +11,10 @@ worker -> main
     (SLAB, ref)        a new slab; on Linux its fd follows at once (SCM_RIGHTS)
     (DONE, epoch, task_id, segment_id, used, payload, retired, skipped, info)
                        ``info`` = (concurrency, fetch wall s, fetch CPU s, collate s, pack s,
-                       new tuner decisions, fetched whole, s queued for a CPU since the last
-                       report): stats, and the worker asks for more tasks in flight when its
-                       concurrency outgrows prefetch_factor
+                       new tuner decisions, which batched form fetched it whole ("" for none),
+                       s queued for a CPU since the last report): stats, and the worker
+                       asks for more tasks in flight when its concurrency outgrows
+                       prefetch_factor
     (FAILED, epoch, task_id, RemoteError)
     (EXHAUSTED, epoch, task_id)  the iterable dataset ended in this worker
 

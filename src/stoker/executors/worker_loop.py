@@ -148,7 +148,8 @@ class _Worker:
         self.fetcher = make_fetcher(self.spec.fetch)
         self.fetcher.sample_context = (self.spec.base_seed, self.epoch)
         if self.vector is None:
-            self.vector = VectorProbe(self.spec.fetch.dataset, vectorisable(self.spec.fetch))
+            self.vector = VectorProbe(self.spec.fetch.dataset, vectorisable(self.spec.fetch),
+                                      trusted=self.spec.vector_trusted)
         if self.tuner is None:
             self.tuner = ConcurrencyTuner(
                 self.spec.concurrency, declared_thread_safe(self.spec.fetch.dataset),
@@ -243,7 +244,8 @@ class _Worker:
             self._fail(task_id, indices, exc)
             return True
         timing = (time.perf_counter() - t0, time.thread_time() - c0)
-        self._finish(task_id, indices, _Collated(batch), [], timing, slab, batched=True)
+        self._finish(task_id, indices, _Collated(batch), [], timing, slab,
+                     batched=self.vector.kind or "")
         return True
 
     def _explore(self, job: Job) -> None:
@@ -262,7 +264,7 @@ class _Worker:
 
     def _finish(
         self, task_id: int, indices: Any, data: Any, skipped: list, timing: tuple,
-        slab: SlabWriter | None = None, batched: bool = False,
+        slab: SlabWriter | None = None, batched: str = "",
     ) -> None:
         """Collate into a slab (or use the one the batch is in), pack, send; feed the tuner."""
         if slab is None:
