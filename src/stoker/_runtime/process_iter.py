@@ -88,8 +88,9 @@ class ProcessIterator(BaseIterator):
         if fork and vectorisable(self._fetch_spec):
             compile_batched(self._dataset)  # cached: forked workers inherit it
         specs = [self._spec(loader, wid, shared) for wid in range(self._num_workers)]
-        if fork:
-            specs = [self._with_banked_slabs(loader._stoker_slab_bank, s) for s in specs]
+        if fork:  # NOTE [ Slabs outlive workers ]
+            self._group.bank = loader._stoker_slab_bank
+            specs = [self._with_banked_slabs(s) for s in specs]
         if fork or len(specs) == 1:
             for spec in specs:
                 self._group.workers.append(start_worker(ctx, spec))
@@ -127,11 +128,11 @@ class ProcessIterator(BaseIterator):
             vector_trusted=self._vector_trusted,
         )
 
-    def _with_banked_slabs(self, bank: Any, spec: WorkerSpec) -> WorkerSpec:
-        """Hand worker ``spec.worker_id`` the slabs its predecessor left (NOTE [ Slabs outlive
-        workers ]); the reader owns them from here, so a failed start returns them."""
-        self._group.bank = bank
-        slabs = bank.withdraw(spec.worker_id)
+    def _with_banked_slabs(self, spec: WorkerSpec) -> WorkerSpec:
+        """Hand worker ``spec.worker_id`` the slabs its predecessor left; the reader owns them
+        from here, so a failed start gives them back to the bank."""
+        assert self._group.bank is not None
+        slabs = self._group.bank.withdraw(spec.worker_id)
         for sid, slab in enumerate(slabs):
             self._group.reader.adopt_banked(spec.worker_id, sid, slab)
         return dataclasses.replace(spec, slabs=tuple((s.address, s.nbytes) for s in slabs))

@@ -15,8 +15,9 @@ NOTE [ Slab lifecycle ]
 5. Retired slabs (too many idle) are closed on both sides; at shutdown every fd is closed and
    every mapping no lease uses is unmapped. A mapping a lease still uses outlives its fd and is
    unmapped by the lease's finalizer, so batches the user keeps stay valid.
-6. Under fork, shutdown gives the slabs no lease uses to the loader's bank instead, fd and
-   mapping kept, for the next iterator's workers (NOTE [ Slabs outlive workers ]).
+6. Under fork, shutdown gives the slabs to the loader's bank instead (mapping kept, fd
+   closed; a leased one once its lease ends), for the next iterator's workers (NOTE [ Slabs
+   outlive workers ]).
 """
 
 from __future__ import annotations
