@@ -23,7 +23,11 @@ from stoker.transport.segments import SegmentRef
 
 _ALIGN = 64
 _MIN_SLAB_BYTES = 1 << 16
-_HEADROOM = 1.25  # slack for batches that vary in size, so one slab fits the next batch too
+# Slack over the batch a slab is sized for. Every byte of a slab is memory (it is mapped with
+# MAP_POPULATE), and most loaders' batches all have one size, so slabs start nearly exact; once
+# a batch did not fit (sizes vary), new slabs get room for the next larger one too.
+_TIGHT_HEADROOM = 1.0625
+_HEADROOM = 1.25
 
 
 class SlabFull(Exception):
@@ -207,6 +211,7 @@ class SlabPool:
         self._slabs: dict[int, SlabWriter] = {}
         self._free: list[int] = []
         self._expected = _MIN_SLAB_BYTES
+        self._headroom = _TIGHT_HEADROOM
         # Slabs an earlier worker left, as (address, nbytes) of mappings inherited from the
         # main process (NOTE [ Slabs outlive workers ]): ids 0..k-1, which the main process
         # already knows, so they are not announced.
@@ -223,7 +228,7 @@ class SlabPool:
             self._free.remove(sid)
             slab = self._slabs[sid]
         else:
-            slab = self._create(int(need * _HEADROOM))
+            slab = self._create(int(need * self._headroom))
         slab.cursor = 0
         return slab
 
@@ -238,6 +243,10 @@ class SlabPool:
             raise
         self._slabs[ref.segment_id] = slab
         return slab
+
+    def outgrown(self) -> None:
+        """A batch did not fit its slab: batch sizes vary, so size new slabs with room."""
+        self._headroom = _HEADROOM
 
     @property
     def sized(self) -> bool:
@@ -280,6 +289,7 @@ def write_batch(pool: SlabPool, slab: SlabWriter, batch: Any) -> tuple[int | Non
         payload = pack_into(slab, batch)
     except SlabFull:
         # Acquire before giving the small slab back: the batch may still live in it.
+        pool.outgrown()
         small, slab = slab, pool.acquire(batch_nbytes(batch))
         payload = pack_into(slab, batch)
         pool.release_one(small)
