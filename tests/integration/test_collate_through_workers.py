@@ -221,3 +221,35 @@ def test_worker_path_collates_like_torch(Loader, stoker_only, groups):
     workers give exactly ``default_collate``'s batch, or its exception type and message.
     """
     check_groups(Loader, groups, num_workers=2)
+
+
+class _Images(torch.utils.data.Dataset):
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        hwc = torch.arange(i, i + 48 * 32 * 3).remainder(256).to(torch.uint8).reshape(48, 32, 3)
+        return hwc.permute(2, 0, 1), i
+
+
+def _wraps_torchs_default_collate(batch):
+    images, labels = torch.utils.data.default_collate(batch)
+    # Where torch's collate put the images: in a worker, torch allocates a shared segment.
+    return {"x": images, "y": labels, "shared": torch.tensor(images.is_shared())}
+
+
+def test_a_collate_fn_calling_torchs_default_collate_writes_into_the_slab(Loader, stoker_only):
+    # NOTE [ torch's collate in stoker workers ]: same batches as torch's workers give, without
+    # a shared-memory segment of torch's per batch.
+    kwargs = {"batch_size": 4, "num_workers": 2, "collate_fn": _wraps_torchs_default_collate}
+    ours = list(Loader(_Images(), timeout=60, worker_type="process", **kwargs))
+    theirs = list(torch.utils.data.DataLoader(_Images(), timeout=60, **kwargs))
+    assert len(ours) == len(theirs) == 3
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a["x"], b["x"]) and a["x"].dtype == b["x"].dtype
+        assert torch.equal(a["y"], b["y"])
+        assert bool(b["shared"]) and not bool(a["shared"])
+    # the user's own process keeps torch's stock map
+    from torch.utils.data._utils import collate as torch_collate
+
+    assert torch_collate.default_collate_fn_map[torch.Tensor] is torch_collate.collate_tensor_fn

@@ -23,6 +23,7 @@ from typing import Any
 
 from stoker._core.specs import WorkerSpec
 from stoker.collate import allocating_into
+from stoker.collate.torch_in_workers import collate_into_slabs_in_this_worker
 from stoker.errors import MixedDeviceError
 from stoker.executors import diagnostics
 from stoker.executors import messages as msg
@@ -416,6 +417,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     process_pool.close_inherited_parent_ends()
     threading.Thread(target=_watch_parent, args=(spec.parent_pid,), daemon=True).start()
     cap_worker_threads(1)
+    collate_into_slabs_in_this_worker()  # NOTE [ torch's collate in stoker workers ]
     apply_in_worker(spec.shared_lists)  # before any user code runs here
     worker = _Worker(spec, conn)
     try:
