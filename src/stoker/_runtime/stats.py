@@ -31,11 +31,11 @@ class StatsAccumulator:
         self.concurrency: dict[int, int] = {}
         self.tuner: list[TunerEvent] = []
         self._left_next_at: float | None = None
-        self._cpu_times_at_start: tuple[int, int] | None = None
+        self._steal_at_start: tuple[int, int] | None = None
 
     def entered_next(self) -> float:
-        if self._cpu_times_at_start is None:
-            self._cpu_times_at_start = machine_steal()
+        if self._steal_at_start is None:
+            self._steal_at_start = machine_steal()
         now = time.perf_counter()
         if self._left_next_at is not None:
             self.loop_s += now - self._left_next_at
@@ -79,7 +79,7 @@ class StatsAccumulator:
 
 
     def _steal_share(self) -> float:
-        start, now = self._cpu_times_at_start, machine_steal()
+        start, now = self._steal_at_start, machine_steal()
         if start is None or now is None or now[1] <= start[1]:
             return 0.0
         return (now[0] - start[0]) / (now[1] - start[1])
