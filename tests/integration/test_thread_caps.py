@@ -25,8 +25,13 @@ class Resize(torch.utils.data.Dataset):
         )
 
 
+def _parent_blas_threads():
+    return [p["num_threads"] for p in threadpool_info() if p["internal_api"] == "openblas"]
+
+
 def test_workers_resize_with_opencv_after_the_parent_used_its_thread_pool():
     parent_threads = cv2.getNumThreads()
+    parent_blas = _parent_blas_threads()
     cv2.setNumThreads(4)
     try:
         big = np.random.randint(0, 255, (2048, 2048, 3), dtype=np.uint8)
@@ -38,5 +43,7 @@ def test_workers_resize_with_opencv_after_the_parent_used_its_thread_pool():
         assert rows[:, 2].tolist() == list(range(8))
         assert rows[:, 3].tolist() == [1] * 8  # numpy's OpenBLAS capped too
         assert cv2.getNumThreads() == 4  # the parent's setting is untouched
+        # OpenBLAS counts one thread only while the workers are forked (they inherit it)
+        assert _parent_blas_threads() == parent_blas
     finally:
         cv2.setNumThreads(parent_threads)

@@ -42,3 +42,5 @@ class WorkerSpec:
     slabs: tuple[tuple[int, int], ...] = ()
     # the batched form read from __getitem__'s source passed its probes in an earlier epoch
     vector_trusted: bool = False
+    forked: bool = False  # started by fork inside pools_quiet_for_fork
+

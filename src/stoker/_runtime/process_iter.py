@@ -90,7 +90,7 @@ class ProcessIterator(BaseIterator):
         specs = [self._spec(loader, wid, shared) for wid in range(self._num_workers)]
         if fork:  # NOTE [ Slabs outlive workers ]
             self._group.bank = loader._stoker_slab_bank
-            specs = [self._with_banked_slabs(s) for s in specs]
+            specs = [self._forked_spec(s) for s in specs]
         if fork or len(specs) == 1:
             for spec in specs:
                 self._group.workers.append(start_worker(ctx, spec))
@@ -128,14 +128,16 @@ class ProcessIterator(BaseIterator):
             vector_trusted=self._vector_trusted,
         )
 
-    def _with_banked_slabs(self, spec: WorkerSpec) -> WorkerSpec:
-        """Hand worker ``spec.worker_id`` the slabs its predecessor left; the reader owns them
-        from here, so a failed start gives them back to the bank."""
+    def _forked_spec(self, spec: WorkerSpec) -> WorkerSpec:
+        """A forked worker's spec: the slabs its predecessor left (the reader owns them from
+        here, so a failed start gives them back to the bank), and ``forked``."""
         assert self._group.bank is not None
         slabs = self._group.bank.withdraw(spec.worker_id)
         for sid, slab in enumerate(slabs):
             self._group.reader.adopt_banked(spec.worker_id, sid, slab)
-        return dataclasses.replace(spec, slabs=tuple((s.address, s.nbytes) for s in slabs))
+        return dataclasses.replace(
+            spec, slabs=tuple((s.address, s.nbytes) for s in slabs), forked=True
+        )
 
     # -- epoch state -------------------------------------------------------------------------
 

@@ -93,17 +93,54 @@ def pool_setters() -> list[tuple[str, Any]]:
     return _found[1]
 
 
-def _cap_native_pools(threads: int) -> list[str]:
-    """Call each loaded library's own setter (what threadpoolctl does, without its scan cost)."""
+def _cap_native_pools(threads: int, forked: bool) -> list[str]:
+    """Call each loaded library's own setter (what threadpoolctl does, without its scan cost).
+
+    Not OpenBLAS's in a forked worker: there its setter first rebuilds the thread pool the fork
+    left behind ("lazy re-init after fork"), and the new threads spin for ~0.1 s, about 60 ms
+    of CPU per worker start measured here, taken from the fetches. The parent sets OpenBLAS's
+    count around the fork instead (``pools_quiet_for_fork``) and the worker inherits it.
+    """
     capped = []
     for name, fn in pool_setters():
+        if forked and "openblas" in name:
+            continue
         fn(threads)
         capped.append(name)
     return capped
 
 
-def cap_worker_threads(threads: int = 1) -> list[str]:
-    """Limit every reachable native pool to ``threads``; returns what was capped."""
+_blas_found: tuple[int, list[tuple[Any, Any]]] | None = None  # as _found
+
+
+def _openblas_counts() -> list[tuple[Any, Any]]:
+    """(getter, setter) of each loaded OpenBLAS's thread count, found again after imports."""
+    global _blas_found
+    if _blas_found is None or _blas_found[0] != len(sys.modules):
+        _blas_found = (len(sys.modules), _find_openblas_counts())
+    return _blas_found[1]
+
+
+def _find_openblas_counts() -> list[tuple[Any, Any]]:
+    pairs = []
+    for path, _ in _loaded_pool_libraries():
+        if "openblas" not in os.path.basename(path):
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for setter in _SETTERS[0][1]:
+            getter = setter.replace("_set_", "_get_")
+            if hasattr(lib, setter) and hasattr(lib, getter):
+                pairs.append((getattr(lib, getter), getattr(lib, setter)))
+                break
+    return pairs
+
+
+def cap_worker_threads(threads: int = 1, forked: bool = False) -> list[str]:
+    """Limit every reachable native pool to ``threads``; returns what was capped. ``forked``:
+    this worker was forked inside ``pools_quiet_for_fork``."""
     for name in _THREAD_ENV:
         os.environ[name] = str(threads)
     torch.set_num_threads(threads)
@@ -116,12 +153,13 @@ def cap_worker_threads(threads: int = 1) -> list[str]:
             capped.append("cv2")
         except Exception:  # an unusual build without these entry points
             pass
-    return capped + _cap_native_pools(threads)
+    return capped + _cap_native_pools(threads, forked)
 
 
 @contextlib.contextmanager
 def pools_quiet_for_fork(start_method: str | None) -> Iterator[None]:
-    """Around forking workers: no OpenCV pool threads exist while the children are made."""
+    """Around forking workers: no OpenCV pool threads exist while the children are made, and
+    OpenBLAS counts one thread, which the children inherit (see ``_cap_native_pools``)."""
     if start_method == "fork":
         pool_setters()  # found here once, inherited by every worker
     cv2 = sys.modules.get("cv2") if start_method == "fork" else None
@@ -132,8 +170,14 @@ def pools_quiet_for_fork(start_method: str | None) -> Iterator[None]:
             cv2.setNumThreads(1)
         except Exception:
             saved = None
+    # In the parent its pool exists: changing the count starts no thread.
+    blas = [(set_, get()) for get, set_ in _openblas_counts()] if start_method == "fork" else []
+    for set_, _ in blas:
+        set_(1)
     try:
         yield
     finally:
+        for set_, count in blas:
+            set_(count)
         if saved is not None and cv2 is not None:
             cv2.setNumThreads(saved)
