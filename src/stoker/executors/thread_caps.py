@@ -63,8 +63,9 @@ def _loaded_pool_libraries() -> list[tuple[str, tuple[str, ...]]]:
     return found
 
 
-def _find_setters() -> list[tuple[str, Any]]:
-    """(library name, its pool-size setter) for each loaded thread-pool library."""
+def _find_pools() -> list[tuple[str, Any, Any]]:
+    """(library name, its pool-size setter, the matching getter or None) for each loaded
+    thread-pool library."""
     found = []
     for path, setters in _loaded_pool_libraries():
         try:
@@ -74,23 +75,36 @@ def _find_setters() -> list[tuple[str, Any]]:
         for setter in setters:
             fn = getattr(lib, setter, None)
             if fn is not None:
-                found.append((os.path.basename(path), fn))
+                getter = getattr(lib, setter.replace("_set_", "_get_"), None)
+                found.append((os.path.basename(path), fn, getter))
                 break
     return found
 
 
-# (len(sys.modules) when found, setters). Found in the main process before it forks workers,
+# (len(sys.modules) when found, pools). Found in the main process before it forks workers,
 # so a forked worker inherits them and skips reading /proc/self/maps (2-15 ms per worker
 # start measured here). A native library comes with an import, so a new import re-scans.
-_found: tuple[int, list[tuple[str, Any]]] | None = None
+_found: tuple[int, list[tuple[str, Any]], list[tuple[Any, Any]]] | None = None
+
+
+def _pools() -> tuple[list[tuple[str, Any]], list[tuple[Any, Any]]]:
+    """(setters, OpenBLAS (getter, setter) pairs), found again only after new imports."""
+    global _found
+    if _found is None or _found[0] != len(sys.modules):
+        pools = _find_pools()
+        blas = [(get, set_) for name, set_, get in pools if "openblas" in name and get]
+        _found = (len(sys.modules), [(name, set_) for name, set_, _ in pools], blas)
+    return _found[1], _found[2]
 
 
 def pool_setters() -> list[tuple[str, Any]]:
     """The loaded pool libraries' setters, found again only after new imports."""
-    global _found
-    if _found is None or _found[0] != len(sys.modules):
-        _found = (len(sys.modules), _find_setters())
-    return _found[1]
+    return _pools()[0]
+
+
+def _openblas_counts() -> list[tuple[Any, Any]]:
+    """(getter, setter) of each loaded OpenBLAS's thread count."""
+    return _pools()[1]
 
 
 def _cap_native_pools(threads: int, forked: bool) -> list[str]:
@@ -108,34 +122,6 @@ def _cap_native_pools(threads: int, forked: bool) -> list[str]:
         fn(threads)
         capped.append(name)
     return capped
-
-
-_blas_found: tuple[int, list[tuple[Any, Any]]] | None = None  # as _found
-
-
-def _openblas_counts() -> list[tuple[Any, Any]]:
-    """(getter, setter) of each loaded OpenBLAS's thread count, found again after imports."""
-    global _blas_found
-    if _blas_found is None or _blas_found[0] != len(sys.modules):
-        _blas_found = (len(sys.modules), _find_openblas_counts())
-    return _blas_found[1]
-
-
-def _find_openblas_counts() -> list[tuple[Any, Any]]:
-    pairs = []
-    for path, _ in _loaded_pool_libraries():
-        if "openblas" not in os.path.basename(path):
-            continue
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for setter in _SETTERS[0][1]:
-            getter = setter.replace("_set_", "_get_")
-            if hasattr(lib, setter) and hasattr(lib, getter):
-                pairs.append((getattr(lib, getter), getattr(lib, setter)))
-                break
-    return pairs
 
 
 def cap_worker_threads(threads: int = 1, forked: bool = False) -> list[str]:
