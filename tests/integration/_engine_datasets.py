@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
 import multiprocessing
 import os
 import random
@@ -178,3 +179,77 @@ class Records(Dataset):
 
     def __getitem__(self, index):
         return {"x": self.x[index] * 2, "y": int(self.y[index]), "name": self.names[index]}
+
+
+class QueuedBehindSlow(Dataset):
+    """Batch ``slow`` waits until ``release_after`` samples of other batches were loaded.
+
+    With ``num_workers=2`` and ``prefetch_factor=3``, 6 batches are all sent at the start,
+    task k to worker k % 2: worker 0 holds batches 0, 2 and 4, so batch 4 queues behind the
+    slow batch 2. Released after every other sample (the default), the epoch ends only if
+    worker 1 takes batch 4 over. Each sample returns ``[index, worker id, a draw from torch's
+global RNG]``; ``loads`` counts
+    the loads of each index in every process (forked workers only: the counts live in an
+    anonymous shared mapping).
+    """
+
+    def __init__(self, n: int = 24, batch_size: int = 4, slow: int = 2,
+                 release_after: int | None = None) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self.n, self.batch_size, self.slow = n, batch_size, slow
+        self.release_after = n - batch_size if release_after is None else release_after
+        self._counts = mmap.mmap(-1, 4 * (n + 1))  # loads per index, then other samples loaded
+        self._lock = ctx.Lock()
+        self.released = ctx.Event()
+        self.reloaded = ctx.Event()  # a batch's last index was loaded a second time
+
+    @property
+    def loads(self) -> np.ndarray:
+        return np.frombuffer(self._counts, dtype=np.int32)[: self.n]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def rearm(self) -> None:
+        """Block batch ``slow`` again (next epoch)."""
+        with self._lock:
+            np.frombuffer(self._counts, dtype=np.int32)[self.n] = 0
+        self.released.clear()
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if not isinstance(i, int):  # stoker's batched-call probe: not counted as loads
+            raise TypeError("one index at a time")
+        info = torch.utils.data.get_worker_info()
+        counts = np.frombuffer(self._counts, dtype=np.int32)
+        with self._lock:
+            counts[i] += 1
+            if counts[i] == 2 and i % self.batch_size == self.batch_size - 1:
+                self.reloaded.set()
+            if i // self.batch_size != self.slow:
+                counts[self.n] += 1
+                if counts[self.n] == self.release_after:
+                    self.released.set()
+        if i // self.batch_size == self.slow and i % self.batch_size == 0:
+            if not self.released.wait(BLOCK_S):
+                raise TimeoutError(f"sample {i} was never released")
+        draw = int(torch.randint(1 << 30, ()))  # an augmentation from the global RNG
+        return torch.tensor([i, info.id if info is not None else -1, draw])
+
+
+class Gated(Dataset):
+    """Sample ``i`` (in ``gated``) tells ``started`` and waits for ``gate`` before loading."""
+
+    def __init__(self, n: int = 8, gated: tuple[int, ...] = (0,)) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self.n, self.gated = n, gated
+        self.started, self.gate = ctx.Event(), ctx.Event()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i in self.gated:
+            self.started.set()
+            if not self.gate.wait(BLOCK_S):
+                raise TimeoutError(f"sample {i} was never let through")
+        return torch.tensor(i)

@@ -44,6 +44,10 @@ class LoaderStats:
     batched: int = 0  # batches fetched whole, not sample by sample (NOTE [ Vectorised fetch ])
     # num_workers > 0, yet loaded in the calling thread (NOTE [ Gathers need no workers ])
     inline: bool = False
+    # Batches a worker left without tasks took from another's queue (NOTE [ Idle workers take
+    # queued tasks ]), and how many of those the first worker had already started (loaded twice).
+    tasks_moved: int = 0
+    tasks_loaded_twice: int = 0
     concurrency: tuple[int, ...] = ()
     tuner: tuple[TunerEvent, ...] = field(default_factory=tuple)
     summary: str = ""

@@ -4,9 +4,11 @@ Ordering follows torch exactly. With ``in_order=True`` batches are yielded in sa
 For an IterableDataset each task goes round-robin to the next worker still running (its data
 depends on which worker serves it), and a worker's end is announced once; its later tasks are
 skipped. Map-style tasks go to the least-loaded worker instead: the output is the same and a
-slow batch does not queue more work behind it. ``prefetch_factor * num_workers`` tasks are
-sent at the start (more for small batches or concurrent fetches, see NOTE [ Deeper prefetch for
-small batches ]); one new task is sent per batch yielded. A task's id is its position in the
+slow batch does not queue more work behind it; a worker left without tasks takes one still
+queued at another (NOTE [ Idle workers take queued tasks ] in ``executors.worker_loop``).
+``prefetch_factor * num_workers`` tasks are sent at the start (more for small batches or
+concurrent fetches, see NOTE [ Deeper prefetch for small batches ]); one new task is sent per
+batch yielded. A task's id is its position in the
 epoch's sampler order (see NOTE [ Resume state ]).
 """
 
@@ -60,6 +62,10 @@ class ProcessIterator(BaseIterator):
         self._in_order = loader.in_order
         self._persistent = loader.persistent_workers
         self._is_iterable = self._fetch_spec.kind == "iterable"
+        # Which worker loads a batch changes nothing only if batches are seeded by position.
+        self._may_move = (
+            not self._is_iterable and self._seeding == "per_batch" and self._num_workers > 1
+        )
         self._stall_warning_s = loader.stall_warning_s
         self._step_samples = loader.batch_size or 1
         refuse_device_tensors(self._dataset, self._num_workers)
@@ -176,6 +182,12 @@ class ProcessIterator(BaseIterator):
         self._arrivals: deque[int] = deque()  # completion order, for in_order=False
         self._load = [0] * n
         self._active = [True] * n
+        # NOTE [ Idle workers take queued tasks ]: each worker's unanswered tasks in the order
+        # sent (the first is running), whether its last reply said it can give one back, and
+        # moved tasks -> the workers that still owe a reply for them.
+        self._queued: list[deque[int]] = [deque() for _ in range(n)]
+        self._gives_back = [False] * n
+        self._moved: dict[int, set[int]] = {}
         # Tasks a worker may hold: prefetch_factor, or enough to keep its concurrent fetches
         # busy once its tuner raised them (batches of samples in flight + one).
         self._depth = [self._prefetch] * n
@@ -223,8 +235,70 @@ class ProcessIterator(BaseIterator):
             wid = w.worker_id
             if not w.stop_sent and (
                 not self._active[wid] or (self._sampler_done and self._load[wid] == 0)
-            ):
+            ) and not (self._active[wid] and self._queued_elsewhere()):
                 self._group.stop_early(w)
+
+    # -- moving queued tasks to idle workers (NOTE [ Idle workers take queued tasks ]) --------
+
+    def _queued_elsewhere(self) -> bool:
+        """Does some worker hold a task it has not started and could give back?"""
+        return self._may_move and any(
+            g and len(q) > 1 for g, q in zip(self._gives_back, self._queued, strict=True)
+        )
+
+    def _idle_workers(self) -> list[int]:
+        return [
+            w.worker_id for w in self._group.workers
+            if not w.stop_sent and self._active[w.worker_id] and self._load[w.worker_id] == 0
+        ]
+
+    def _move_queued_tasks(self) -> None:
+        """Give each idle worker a task another worker holds but has not started."""
+        if not self._queued_elsewhere() or not self._idle_workers():
+            return
+        self._read_waiting_replies()  # a task that looks queued may be answered already
+        for thief in self._idle_workers():
+            victims = [w for w in range(self._num_workers)
+                       if self._gives_back[w] and len(self._queued[w]) > 1]
+            if not victims:
+                break
+            victim = max(victims, key=lambda w: len(self._queued[w]))
+            position = self._queued[victim][1]  # the first not started: [0] runs
+            del self._queued[victim][1]
+            self._send(victim, (msg.CANCEL, self._epoch, position))
+            self._moved[position] = {victim, thief}
+            self._send_task(thief, position, self._task_indices[position])
+            self._stats.tasks_moved += 1
+        self._let_idle_workers_go()
+
+    def _read_waiting_replies(self) -> None:
+        poller, by_fd = self._group.poller()
+        while True:
+            ready = [by_fd[fd][0] for fd, _ in poller.poll(0) if by_fd.get(fd, (None, 0))[1]]
+            if not ready:
+                return
+            for w in ready:
+                try:
+                    self._file(w, w.conn.recv())
+                except (EOFError, OSError):
+                    return  # a dead worker: the next wait reports it
+
+    def _settle_moved(self, wid: int, reply: tuple) -> bool:
+        """A reply for a moved task: True if it is not the batch (a withdrawal, or the copy
+        that came second; its slab goes back)."""
+        position = reply[2]
+        owing = self._moved[position]
+        owing.discard(wid)
+        if not owing:
+            del self._moved[position]
+        if reply[0] == msg.CANCELLED:
+            return True
+        if position in self._task_worker:
+            return False  # the first copy
+        self._stats.tasks_loaded_twice += 1
+        if reply[0] == msg.DONE:
+            self._group.reader.release_now(wid, reply[3])
+        return True
 
     def _pick_worker(self) -> int | None:
         n = self._num_workers
@@ -251,11 +325,15 @@ class ProcessIterator(BaseIterator):
             self._sampler_done = True
             self._let_idle_workers_go()
             return
+        self._order.append(position)
+        self._task_indices[position] = index
+        self._send_task(wid, position, index)
+
+    def _send_task(self, wid: int, position: int, index: Any) -> None:
         self._collect_released()
         self._send(wid, (msg.TASK, self._epoch, position, index, self._take_release(wid)))
-        self._order.append(position)
         self._task_worker[position] = wid
-        self._task_indices[position] = index
+        self._queued[wid].append(position)
         self._load[wid] += 1
 
     # -- receiving ---------------------------------------------------------------------------
@@ -324,7 +402,9 @@ class ProcessIterator(BaseIterator):
                 except (EOFError, OSError):
                     lost_worker(self, w)
                 got_reply = True
-        if not got_reply:
+        if got_reply:
+            self._move_queued_tasks()
+        else:
             check_workers_alive(self)
             if not ready and self._timeout > 0:
                 self._raise_timeout()
@@ -343,23 +423,36 @@ class ProcessIterator(BaseIterator):
             if tag == msg.DONE:
                 self._group.reader.release_now(w.worker_id, reply[3])
             return
-        self._load[w.worker_id] -= 1
-        self._task_worker.pop(position, None)
+        wid = w.worker_id
+        self._load[wid] -= 1
+        queued = self._queued[wid]
+        if queued and queued[0] == position:
+            queued.popleft()
+        elif position in queued:
+            queued.remove(position)
         self._last_reply_at = time.monotonic()
         self._stall_warned = False
+        if position in self._moved and self._settle_moved(wid, reply):
+            if self._sampler_done:
+                self._let_idle_workers_go()
+            return
+        self._task_worker.pop(position, None)
         if tag == msg.EXHAUSTED:
             self._active[w.worker_id] = False
             self._task_indices.pop(position, None)
             self._try_put_index()
             self._let_idle_workers_go()
             return
-        if self._sampler_done and self._load[w.worker_id] == 0:
+        if tag == msg.DONE:
+            info = reply[8]
+            self._gives_back[wid] = info[0] == 1 and info[8]
+        if self._sampler_done:
             self._let_idle_workers_go()
-        self._ready[position] = (w.worker_id, reply)
+        self._ready[position] = (wid, reply)
         if not self._in_order:
             self._arrivals.append(position)
         if tag == msg.DONE and not self._is_iterable:
-            self._follow_concurrency(w.worker_id, reply[8][0], reply[4])
+            self._follow_concurrency(wid, info[0], reply[4])
 
     def _follow_concurrency(self, wid: int, concurrency: int, batch_bytes: int) -> None:
         """Raise a worker's task depth to keep its concurrent fetches busy, and for small

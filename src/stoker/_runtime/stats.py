@@ -28,6 +28,8 @@ class StatsAccumulator:
         self.fetch_queued_s = 0.0
         self.batched = 0
         self.inline = False
+        self.tasks_moved = 0
+        self.tasks_loaded_twice = 0
         self.concurrency: dict[int, int] = {}
         self.tuner: list[TunerEvent] = []
         self._left_next_at: float | None = None
@@ -52,7 +54,7 @@ class StatsAccumulator:
         self._left_next_at = None  # the gap between epochs is not the user's step
 
     def worker_batch(self, worker_id: int, info: tuple) -> None:
-        concurrency, fetch_wall, fetch_cpu, collate_s, pack_s, events, batched, queued = info
+        concurrency, fetch_wall, fetch_cpu, collate_s, pack_s, events, batched, queued = info[:8]
         self.batched += bool(batched)  # "" or which batched form: "source" or "call"
         self.fetch_queued_s += queued
         self.concurrency[worker_id] = concurrency
@@ -72,6 +74,7 @@ class StatsAccumulator:
             collate_s=self.collate_s, pack_s=self.pack_s, unpack_s=self.unpack_s,
             pin_s=self.pin_s, fetch_queued_s=self.fetch_queued_s,
             cpu_steal_share=self._steal_share(), batched=self.batched, inline=self.inline,
+            tasks_moved=self.tasks_moved, tasks_loaded_twice=self.tasks_loaded_twice,
             concurrency=tuple(self.concurrency[w] for w in sorted(self.concurrency)),
             tuner=tuple(self.tuner),
         )

@@ -5,6 +5,8 @@ main -> worker
                                                slab ids the main process no longer uses
     (RESET, epoch, released)                   new epoch for persistent workers: restart the
                                                iterable dataset, forget the old epoch
+    (CANCEL, epoch, task_id)                   give this task back if it has not started
+                                               (NOTE [ Idle workers take queued tasks ])
     (STOP,)                                    exit now
 worker -> main
     (HELLO, has_log)   first message; when ``has_log`` the fd of its stack log follows
@@ -12,15 +14,19 @@ worker -> main
     (DONE, epoch, task_id, segment_id, used, payload, retired, skipped, info)
                        ``info`` = (concurrency, fetch wall s, fetch CPU s, collate s, pack s,
                        new tuner decisions, which batched form fetched it whole ("" for none),
-                       s queued for a CPU since the last report): stats, and the worker
-                       asks for more tasks in flight when its concurrency outgrows
-                       prefetch_factor
+                       s queued for a CPU since the last report, whether it can give a
+                       queued task back): stats, and the worker asks for more tasks in
+                       flight when its concurrency outgrows prefetch_factor
     (FAILED, epoch, task_id, RemoteError)
     (EXHAUSTED, epoch, task_id)  the iterable dataset ended in this worker
+    (CANCELLED, epoch, task_id)  answers a CANCEL: the task was not started and never will be
+
+Each TASK gets exactly one reply: DONE, FAILED, EXHAUSTED or CANCELLED. A CANCEL for a task
+already started or answered gets none (the task's own reply follows or went before).
 
 Every reply carries its epoch so that replies to an abandoned epoch (``break`` with persistent
 workers) are recognised and their slabs recycled instead of being delivered.
 """
 
-TASK, RESET, STOP = 0, 1, 2
-SLAB, DONE, FAILED, EXHAUSTED, HELLO = 10, 11, 12, 13, 14
+TASK, RESET, STOP, CANCEL = 0, 1, 2, 3
+SLAB, DONE, FAILED, EXHAUSTED, HELLO, CANCELLED = 10, 11, 12, 13, 14, 15

@@ -17,6 +17,7 @@ import queue
 import signal
 import threading
 import time
+from collections import deque
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
 from typing import Any
@@ -116,6 +117,7 @@ class _Worker:
         self.vector: VectorProbe | None = None
         self._reader_started = False
         self.pipeline: SamplePipeline | None = None
+        self.inbox: deque[tuple[str, Any]] = deque()  # NOTE [ Idle workers take queued tasks ]
         self.run_queue = RunQueueMeter()  # this (the main) thread: where batches are fetched
 
     def _announce(self, fd: int, ref: SegmentRef) -> None:
@@ -298,7 +300,7 @@ class _Worker:
         info = (
             self.tuner.concurrency, timing[0], timing[1], t1 - t0, t2 - t1,
             [(e.at_s, e.concurrency, e.reason) for e in events], batched,
-            self.run_queue.take(),
+            self.run_queue.take(), self.pipeline is None,
         )
         reply = (
             msg.DONE, self.epoch, task_id, segment_id, used, payload, self.retired, skipped, info
@@ -340,11 +342,10 @@ class _Worker:
         fetch threads exist, a reader thread feeds both into one queue (a message must not wait
         behind a slow fetch, nor a finished sample behind a blocking read).
         """
+        if self.inbox:  # read ahead by ``_withdrawn``
+            return self.inbox.popleft()
         if self.pipeline is None:
-            try:
-                return _MESSAGE, self.conn.recv()
-            except (EOFError, OSError):
-                return _EOF, None
+            return self._recv()
         if not self._reader_started:
             self._reader_started = True
             reader = threading.Thread(
@@ -352,6 +353,51 @@ class _Worker:
             )
             reader.start()
         return self.events.get()
+
+    def _recv(self) -> tuple[str, Any]:
+        try:
+            return _MESSAGE, self.conn.recv()
+        except (EOFError, OSError):
+            return _EOF, None
+
+    # NOTE [ Idle workers take queued tasks ]
+    # A worker runs its tasks one after another, in the order they were sent. When another
+    # worker has run out of tasks (the sampler is spent, or in-order delivery waits on a slow
+    # batch so no new task is sent), the main process moves a task still queued here to it:
+    # it sends us CANCEL, and the task to the idle worker. Tasks and CANCELs wait in our socket
+    # in the order sent, so before starting a task we read everything already waiting: a CANCEL
+    # for this task or for one read ahead withdraws it (answered CANCELLED, never started). A
+    # CANCEL that comes too late is ignored and both workers load the batch; the main process
+    # keeps the first reply. Either way the batch is the same: it is seeded by its position,
+    # not by the worker (seeding="per_batch"). Fetch threads start tasks as they arrive, so a
+    # worker with a pipeline ignores CANCEL and says so in its replies.
+
+    def _withdrawn(self, task_id: int) -> bool:
+        """Read what is already waiting in the socket; True if the main process took
+        ``task_id`` back. Tasks read ahead that it took back are answered here."""
+        withdrawn = False
+        while self.conn.poll():
+            event = self._recv()
+            if event[0] != _MESSAGE or event[1][0] != msg.CANCEL:
+                self.inbox.append(event)
+                if event[0] == _EOF:
+                    break
+                continue
+            _, epoch, cancelled = event[1]
+            if (epoch, cancelled) == (self.epoch, task_id):
+                withdrawn = True
+            else:
+                self._withdraw_read_ahead(epoch, cancelled)
+        return withdrawn
+
+    def _withdraw_read_ahead(self, epoch: int, task_id: int) -> None:
+        for event in self.inbox:
+            item = event[1]
+            if event[0] == _MESSAGE and item[0] == msg.TASK and item[1:3] == (epoch, task_id):
+                self.inbox.remove(event)
+                self.retired += self.pool.release(item[4])
+                self.conn.send((msg.CANCELLED, epoch, task_id))
+                return
 
     def serve(self) -> None:
         while True:
@@ -370,8 +416,14 @@ class _Worker:
             if tag == msg.TASK:
                 _, epoch, task_id, indices, released = item
                 self.retired += self.pool.release(released)
-                if epoch == self.epoch:
-                    self.run_task(task_id, indices)
+                if epoch != self.epoch:
+                    continue
+                if self.pipeline is None and self._withdrawn(task_id):
+                    self.conn.send((msg.CANCELLED, epoch, task_id))
+                    continue
+                self.run_task(task_id, indices)
+            elif tag == msg.CANCEL:
+                continue  # started or answered already: its reply stands
             elif tag == msg.RESET:
                 self.reset(item[1], item[2])
             else:
