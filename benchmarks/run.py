@@ -89,6 +89,12 @@ def ratio_table(records: list[dict[str, Any]], candidate: str) -> str:
             f"around its run); {r['fraction_of_two_process_plain']:.0%} of {r['cores']} plain "
             f"loops at once ({r['two_process_plain_samples_per_s']:.0f}/s)"
         )
+    for r in (r for r in records if "two_core_bound_s" in r):
+        lines.append(
+            f"stragglers: {r['loader']} runs an epoch in {r['epoch_s']:.2f} s, "
+            f"{r['two_core_bound_s'] / r['epoch_s']:.0%} of the 2-core bound "
+            f"({r['two_core_bound_s']:.2f} s: the epoch's CPU time / 2)"
+        )
     return "\n".join(line.rstrip() for line in lines)
 
 

@@ -2,5 +2,6 @@
 spawned workers) and `run(ctx) -> list[record]`."""
 
 NAMES = (
-    "tiny", "jpeg", "remote_get", "startup", "paths_memory", "paths_memory_shared", "spawn_array"
+    "tiny", "jpeg", "remote_get", "stragglers", "startup", "paths_memory", "paths_memory_shared",
+    "spawn_array",
 )

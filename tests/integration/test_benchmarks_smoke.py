@@ -15,7 +15,8 @@ pytest.importorskip("psutil", reason="PSS sampling needs psutil")
 
 RUNNER = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
 WORKLOADS = {
-    "tiny", "jpeg", "remote_get", "startup", "paths_memory", "paths_memory_shared", "spawn_array"
+    "tiny", "jpeg", "remote_get", "stragglers", "startup", "paths_memory", "paths_memory_shared",
+    "spawn_array",
 }
 
 
