@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import multiprocessing
+
 import numpy as np
 import pytest
 import torch
@@ -43,7 +47,55 @@ def test_workers_resize_with_opencv_after_the_parent_used_its_thread_pool():
         assert rows[:, 2].tolist() == list(range(8))
         assert rows[:, 3].tolist() == [1] * 8  # numpy's OpenBLAS capped too
         assert cv2.getNumThreads() == 4  # the parent's setting is untouched
-        # OpenBLAS counts one thread only while the workers are forked (they inherit it)
-        assert _parent_blas_threads() == parent_blas
+        assert _parent_blas_threads() == parent_blas  # the parent's OpenBLAS is not touched
     finally:
         cv2.setNumThreads(parent_threads)
+
+
+def _openblas_pool_built():
+    """numpy's OpenBLAS: is its thread pool built (``blas_server_avail``)? None if unknown."""
+    from stoker.executors.thread_caps import pool_setters
+
+    for pool in pool_setters():
+        if pool.blas_count is not None:
+            lib = ctypes.CDLL(pool.name if "/" in pool.name else _library_path(pool.name))
+            with contextlib.suppress(ValueError):
+                return ctypes.c_int.in_dll(lib, "blas_server_avail").value
+    return None
+
+
+def _library_path(name):
+    with open("/proc/self/maps") as f:
+        return next(line.split()[5] for line in f if line.rstrip().endswith(name))
+
+
+class BlasPoolState(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.tensor([_openblas_pool_built(), int(np.ones((64, 64)).dot(np.ones(64))[0])])
+
+
+def _after_a_bare_fork():
+    """What a plain fork does to OpenBLAS's pool, in the parent and in the child."""
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.SimpleQueue()
+    child = ctx.Process(target=lambda: queue.put(_openblas_pool_built()))
+    child.start()
+    child.join(60)
+    return _openblas_pool_built(), queue.get()
+
+
+def test_forked_workers_leave_openblas_pools_as_a_bare_fork_does():
+    # NOTE [ OpenBLAS after fork ]: neither the parent nor a worker rebuilds the pool (its new
+    # threads would spin ~0.1 s), yet the worker counts one thread and its BLAS calls work.
+    np.ones((64, 64)).dot(np.ones((64, 64)))  # the parent's pool is in use
+    if _openblas_pool_built() is None:
+        pytest.skip("this OpenBLAS does not export blas_server_avail")
+    parent_after_fork, child_after_fork = _after_a_bare_fork()
+    loader = stoker.DataLoader(BlasPoolState(), batch_size=2, num_workers=2, timeout=60)
+    rows = torch.cat(list(loader))
+    assert rows[:, 0].tolist() == [child_after_fork] * 4
+    assert rows[:, 1].tolist() == [64] * 4
+    assert _openblas_pool_built() == parent_after_fork

@@ -14,6 +14,15 @@ OpenCV cannot be fixed from inside the child: ``cv2.setNumThreads`` there destro
 inherited pool's condition variables, whose waiters do not exist in the child, and hangs (seen
 here in about one fork in seven). So ``pools_quiet_for_fork`` shrinks OpenCV's pool in the
 parent, where its threads exist, for the moment of the fork, and restores it right after.
+
+NOTE [ OpenBLAS after fork ]
+OpenBLAS shuts its pool down before every fork (an atfork handler) and rebuilds it lazily. Its
+setter rebuilds it first, and the new threads spin waiting for work for ~0.1 s: about 60 ms of
+CPU per call on this machine, whether called in a forked worker (per worker start) or in the
+parent right after forking (where it competed with the workers' first batches). So a forked
+worker writes the count the setter would leave, the library's ``blas_cpu_number``, directly:
+one thread, no pool built (a single-threaded call never needs one), and the parent's OpenBLAS
+is not touched at all, as with torch. A build that does not export it gets its setter.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import ctypes
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -63,9 +72,15 @@ def _loaded_pool_libraries() -> list[tuple[str, tuple[str, ...]]]:
     return found
 
 
-def _find_pools() -> list[tuple[str, Any, Any]]:
-    """(library name, its pool-size setter, the matching getter or None) for each loaded
-    thread-pool library."""
+class Pool(NamedTuple):
+    """One loaded thread-pool library: its setter, and for OpenBLAS the count it keeps."""
+
+    name: str
+    setter: Any
+    blas_count: Any = None  # ctypes.c_int over OpenBLAS's blas_cpu_number, if exported
+
+
+def _find_pools() -> list[Pool]:
     found = []
     for path, setters in _loaded_pool_libraries():
         try:
@@ -75,8 +90,12 @@ def _find_pools() -> list[tuple[str, Any, Any]]:
         for setter in setters:
             fn = getattr(lib, setter, None)
             if fn is not None:
-                getter = getattr(lib, setter.replace("_set_", "_get_"), None)
-                found.append((os.path.basename(path), fn, getter))
+                name = os.path.basename(path)
+                count = None
+                if "openblas" in name:
+                    with contextlib.suppress(ValueError):
+                        count = ctypes.c_int.in_dll(lib, "blas_cpu_number")
+                found.append(Pool(name, fn, count))
                 break
     return found
 
@@ -84,43 +103,27 @@ def _find_pools() -> list[tuple[str, Any, Any]]:
 # (len(sys.modules) when found, pools). Found in the main process before it forks workers,
 # so a forked worker inherits them and skips reading /proc/self/maps (2-15 ms per worker
 # start measured here). A native library comes with an import, so a new import re-scans.
-_found: tuple[int, list[tuple[str, Any]], list[tuple[Any, Any]]] | None = None
+_found: tuple[int, list[Pool]] | None = None
 
 
-def _pools() -> tuple[list[tuple[str, Any]], list[tuple[Any, Any]]]:
-    """(setters, OpenBLAS (getter, setter) pairs), found again only after new imports."""
+def pool_setters() -> list[Pool]:
+    """The loaded pool libraries, found again only after new imports."""
     global _found
     if _found is None or _found[0] != len(sys.modules):
-        pools = _find_pools()
-        blas = [(get, set_) for name, set_, get in pools if "openblas" in name and get]
-        _found = (len(sys.modules), [(name, set_) for name, set_, _ in pools], blas)
-    return _found[1], _found[2]
-
-
-def pool_setters() -> list[tuple[str, Any]]:
-    """The loaded pool libraries' setters, found again only after new imports."""
-    return _pools()[0]
-
-
-def _openblas_counts() -> list[tuple[Any, Any]]:
-    """(getter, setter) of each loaded OpenBLAS's thread count."""
-    return _pools()[1]
+        _found = (len(sys.modules), _find_pools())
+    return _found[1]
 
 
 def _cap_native_pools(threads: int, forked: bool) -> list[str]:
-    """Call each loaded library's own setter (what threadpoolctl does, without its scan cost).
-
-    Not OpenBLAS's in a forked worker: there its setter first rebuilds the thread pool the fork
-    left behind ("lazy re-init after fork"), and the new threads spin for ~0.1 s, about 60 ms
-    of CPU per worker start measured here, taken from the fetches. The parent sets OpenBLAS's
-    count around the fork instead (``pools_quiet_for_fork``) and the worker inherits it.
-    """
+    """Call each loaded library's own setter (what threadpoolctl does, without its scan cost);
+    in a forked worker, OpenBLAS's count is written instead (NOTE [ OpenBLAS after fork ])."""
     capped = []
-    for name, fn in pool_setters():
-        if forked and "openblas" in name:
-            continue
-        fn(threads)
-        capped.append(name)
+    for pool in pool_setters():
+        if forked and pool.blas_count is not None:
+            pool.blas_count.value = threads
+        else:
+            pool.setter(threads)
+        capped.append(pool.name)
     return capped
 
 
@@ -144,8 +147,7 @@ def cap_worker_threads(threads: int = 1, forked: bool = False) -> list[str]:
 
 @contextlib.contextmanager
 def pools_quiet_for_fork(start_method: str | None) -> Iterator[None]:
-    """Around forking workers: no OpenCV pool threads exist while the children are made, and
-    OpenBLAS counts one thread, which the children inherit (see ``_cap_native_pools``)."""
+    """Around forking workers: no OpenCV pool threads exist while the children are made."""
     if start_method == "fork":
         pool_setters()  # found here once, inherited by every worker
     cv2 = sys.modules.get("cv2") if start_method == "fork" else None
@@ -156,14 +158,8 @@ def pools_quiet_for_fork(start_method: str | None) -> Iterator[None]:
             cv2.setNumThreads(1)
         except Exception:
             saved = None
-    # In the parent its pool exists: changing the count starts no thread.
-    blas = [(set_, get()) for get, set_ in _openblas_counts()] if start_method == "fork" else []
-    for set_, _ in blas:
-        set_(1)
     try:
         yield
     finally:
-        for set_, count in blas:
-            set_(count)
         if saved is not None and cv2 is not None:
             cv2.setNumThreads(saved)
