@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import statistics
 import sys
 import tempfile
 import threading
@@ -334,6 +335,7 @@ class DemoOptions:
     num_workers: int = 2
     batch_size: int = 64
     candidate: str = CANDIDATE
+    rounds: int = 3  # runs of each loader, order alternating; the table shows medians
 
 
 @dataclass(frozen=True)
@@ -367,7 +369,7 @@ class ProgressBar:
         now = time.perf_counter()
         filled = min(20, 20 * done // self.total)
         self._line = (
-            f"{self.label:<7} [{'#' * filled}{'.' * (20 - filled)}] {done}/{self.total} batches"
+            f"{self.label:<11} [{'#' * filled}{'.' * (20 - filled)}] {done}/{self.total} batches"
             f"  {seen / max(now - self.start, 1e-9):8.1f} samples/s"
         )
         if self.live and (now - self._drawn >= 0.1 or done >= self.total):
@@ -431,6 +433,16 @@ _TABLE_ROWS = (  # label, DemoResult field, value format, which way is better
 )
 
 
+def median_result(runs: list[DemoResult]) -> DemoResult:
+    """Each measure's median over runs of one loader; the last run's stats line."""
+    return DemoResult(
+        samples_per_s=statistics.median(r.samples_per_s for r in runs),
+        time_to_first_batch_s=statistics.median(r.time_to_first_batch_s for r in runs),
+        peak_pss_mib=statistics.median(r.peak_pss_mib for r in runs),
+        stats_line=runs[-1].stats_line,
+    )
+
+
 def format_table(base: DemoResult, cand: DemoResult, cand_name: str = "stoker") -> str:
     """The demo's result table: one row per measure, both loaders, and cand/base ratio."""
     rows = [("", "torch", cand_name, f"{cand_name}/torch", "")]
@@ -457,14 +469,29 @@ def run_demo(opts: DemoOptions) -> int:
     with tempfile.TemporaryDirectory(prefix="stoker-demo-") as tmp:
         print(f"writing {opts.images} synthetic JPEGs to {tmp} ...", file=sys.stderr)
         dataset = JpegDataset(make_jpeg_files(tmp, opts.images))
+        base_runs: list[DemoResult] = []
+        cand_runs: list[DemoResult] = []
         with TreeMemorySampler() as mem:
-            base = _measure("torch", baseline, dataset, opts, mem)
-            cand = _measure(cand_name, candidate, dataset, opts, mem)
+            # A core's speed drifts within seconds on shared machines: alternate the order
+            # and report medians, so neither loader always runs in the better moment.
+            for r in range(opts.rounds):
+                tag = f" {r + 1}/{opts.rounds}" if opts.rounds > 1 else ""
+                order = [("torch", baseline, base_runs), (cand_name, candidate, cand_runs)]
+                for name, cls, runs in order if r % 2 == 0 else order[::-1]:
+                    runs.append(_measure(name + tag, cls, dataset, opts, mem))
+    base, cand = median_result(base_runs), median_result(cand_runs)
     print(
         f"stoker demo: {opts.images} JPEGs -> random-resized-crop {CROP_SIZE} + flip, "
         f"batch_size={opts.batch_size}, num_workers={opts.num_workers}, "
         f"epochs={opts.epochs}, {os.cpu_count()} CPUs, torch {torch.__version__}"
     )
+    if opts.rounds > 1:
+        per_round = " ".join(
+            f"{c.samples_per_s / b.samples_per_s:.2f}x"
+            for b, c in zip(base_runs, cand_runs, strict=True) if b.samples_per_s > 0
+        )
+        print(f"medians of {opts.rounds} runs each, order alternating; "
+              f"{cand_name}/torch samples/s run by run: {per_round}")
     print(format_table(base, cand, cand_name))
     if cand.stats_line is not None:
         print(f"{cand_name} stats: {cand.stats_line}")

@@ -1,7 +1,7 @@
 """The `stoker` command. Each subcommand's module is imported only when that command runs,
 so `stoker --help` stays fast and a missing optional extra only affects its own command.
 
-    stoker demo [--images N] [--epochs N] [--num-workers N] [--batch-size N]
+    stoker demo [--images N] [--epochs N] [--num-workers N] [--batch-size N] [--rounds N]
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--num-workers", type=_non_negative, default=2, help="default 2")
     demo.add_argument("--batch-size", type=_positive, default=64, help="default 64")
     demo.add_argument(
+        "--rounds", type=_positive, default=3,
+        help="runs of each loader, order alternating; medians are shown (default 3)",
+    )
+    demo.add_argument(
         "--compare-with",
         default="stoker:DataLoader",
         metavar="MODULE:CLASS",
@@ -84,6 +88,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         num_workers=args.num_workers,
         batch_size=args.batch_size,
+        rounds=args.rounds,
         candidate=args.compare_with,
     )
     return _demo.run_demo(options)

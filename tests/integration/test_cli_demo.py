@@ -13,14 +13,17 @@ pytest.importorskip("psutil", reason="stoker demo needs the demo extra (psutil)"
 
 def test_demo_prints_the_comparison_table() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "stoker.cli", "demo", "--images", "64", "--epochs", "1"],
+        [sys.executable, "-m", "stoker.cli", "demo", "--images", "64", "--epochs", "1",
+         "--rounds", "2"],
         capture_output=True,
         text=True,
         timeout=100,
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     lines = proc.stdout.splitlines()
-    header = next(line for line in lines if "stoker/torch" in line)
+    runs = next(line for line in lines if line.startswith("medians of 2 runs each"))
+    assert len(runs.split(": ")[-1].split()) == 2, runs  # each round's ratio
+    header = next(line for line in lines if line.split()[-1:] == ["stoker/torch"])
     assert header.split() == ["torch", "stoker", "stoker/torch"]
     for row in ("samples/s", "time to first batch", "peak memory (PSS)"):
         matching = [line for line in lines if line.startswith(row)]
