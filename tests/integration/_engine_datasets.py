@@ -253,3 +253,19 @@ class Gated(Dataset):
             if not self.gate.wait(BLOCK_S):
                 raise TimeoutError(f"sample {i} was never let through")
         return torch.tensor(i)
+
+
+class GatedBig(Dataset):
+    """2 MiB samples; sample ``gated`` waits for ``gate`` (set by the test's main process)."""
+
+    def __init__(self, n: int = 4, gated: int = 1) -> None:
+        self.n, self.gated = n, gated
+        self.gate = multiprocessing.get_context("fork").Event()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == self.gated and not self.gate.wait(BLOCK_S):
+            raise TimeoutError(f"sample {i} was never let through")
+        return torch.full((1 << 19,), float(i))

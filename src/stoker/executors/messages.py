@@ -7,6 +7,9 @@ main -> worker
                                                iterable dataset, forget the old epoch
     (CANCEL, epoch, task_id)                   give this task back if it has not started
                                                (NOTE [ Idle workers take queued tasks ])
+    (RELEASE, released)                        slabs the main process no longer uses, sent
+                                               without a task when they are large (NOTE
+                                               [ Slabs come back before the next task ])
     (STOP,)                                    exit now
 worker -> main
     (HELLO, has_log)   first message; when ``has_log`` the fd of its stack log follows
@@ -28,5 +31,5 @@ Every reply carries its epoch so that replies to an abandoned epoch (``break`` w
 workers) are recognised and their slabs recycled instead of being delivered.
 """
 
-TASK, RESET, STOP, CANCEL = 0, 1, 2, 3
+TASK, RESET, STOP, CANCEL, RELEASE = 0, 1, 2, 3, 4
 SLAB, DONE, FAILED, EXHAUSTED, HELLO, CANCELLED = 10, 11, 12, 13, 14, 15

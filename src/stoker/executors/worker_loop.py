@@ -276,6 +276,8 @@ class _Worker:
             hint = None if self.pool.sized or data is EMPTY else batch_nbytes(
                 data.batch if isinstance(data, _Collated) else data
             )
+            if self.pipeline is None and not self.pool.has_free(hint):
+                self._withdrawn(None)  # NOTE [ Slabs come back before the next task ]
             slab = self.pool.acquire(hint)
         try:
             t0 = time.perf_counter()
@@ -372,12 +374,20 @@ class _Worker:
     # not by the worker (seeding="per_batch"). Fetch threads start tasks as they arrive, so a
     # worker with a pipeline ignores CANCEL and says so in its replies.
 
-    def _withdrawn(self, task_id: int) -> bool:
+    def _withdrawn(self, task_id: int | None) -> bool:
         """Read what is already waiting in the socket; True if the main process took
-        ``task_id`` back. Tasks read ahead that it took back are answered here."""
+        ``task_id`` back. Tasks read ahead that it took back are answered here, and slabs
+        it gave back are free at once; the rest waits in ``inbox``."""
         withdrawn = False
         while self.conn.poll():
             event = self._recv()
+            if event[0] == _MESSAGE and event[1][0] in (msg.RELEASE, msg.TASK):
+                # Slabs given back are free now, also those riding with a task read ahead.
+                item = event[1]
+                self.retired += self.pool.release(item[-1])
+                if item[0] == msg.RELEASE:
+                    continue
+                event = (_MESSAGE, (*item[:-1], []))
             if event[0] != _MESSAGE or event[1][0] != msg.CANCEL:
                 self.inbox.append(event)
                 if event[0] == _EOF:
@@ -424,6 +434,8 @@ class _Worker:
                 self.run_task(task_id, indices)
             elif tag == msg.CANCEL:
                 continue  # started or answered already: its reply stands
+            elif tag == msg.RELEASE:
+                self.retired += self.pool.release(item[1])
             elif tag == msg.RESET:
                 self.reset(item[1], item[2])
             else:

@@ -153,6 +153,10 @@ class SlabReader:
         if segment_id is not None:
             self.released.append((worker_id, segment_id))
 
+    def nbytes(self, worker_id: int, segment_id: int) -> int:
+        slab = self._slabs.get((worker_id, segment_id))
+        return slab.nbytes if slab is not None else 0
+
     def take_released(self) -> dict[int, list[int]]:
         by_worker: dict[int, list[int]] = {}
         while self.released:

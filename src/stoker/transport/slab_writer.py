@@ -220,6 +220,11 @@ class SlabPool:
             self._free.append(sid)
         self._next_id = len(inherited)
 
+    def has_free(self, nbytes: int | None = None) -> bool:
+        """Whether ``acquire(nbytes)`` would reuse a slab instead of creating one."""
+        need = max(nbytes or 0, self._expected)
+        return any(self._slabs[sid].capacity >= need for sid in self._free)
+
     def acquire(self, nbytes: int | None = None) -> SlabWriter:
         need = max(nbytes or 0, self._expected)
         fits = [sid for sid in self._free if self._slabs[sid].capacity >= need]

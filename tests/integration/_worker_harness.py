@@ -1,0 +1,64 @@
+"""A real forked worker driven through its socket by the test, which plays the main process:
+for tests of the worker's side of the protocol (``stoker.executors.messages``)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from multiprocessing.reduction import recv_handle
+
+from _engine_datasets import BLOCK_S
+from torch.utils.data import default_collate
+
+from stoker._core.specs import FetchSpec, WorkerSpec
+from stoker._runtime.base_iter import resolve_collate
+from stoker.executors import messages as msg
+from stoker.executors.process_pool import start_worker
+
+
+class PlayedMain:
+    """Plays the main process for one real forked worker: sends messages, reads replies."""
+
+    def __init__(self, dataset) -> None:
+        ctx = multiprocessing.get_context("fork")
+        fetch = FetchSpec(dataset, "map", True, resolve_collate(default_collate), False)
+        spec = WorkerSpec(
+            worker_id=0, num_workers=1, fetch=fetch, base_seed=1, worker_init_fn=None,
+            max_idle_slabs=4, parent_pid=os.getpid(), first_epoch=0, seed_per_batch=True,
+            concurrency=1,
+        )
+        self.handle = start_worker(ctx, spec)
+        self.fds: list[int] = []  # received from the worker (its stack log, memfd slabs)
+        self.slabs_made = 0
+
+    def send(self, *message) -> None:
+        self.handle.conn.send(message)
+
+    def reply(self) -> tuple:
+        """The next reply that is not a HELLO or a new slab (their fds are taken and kept)."""
+        conn = self.handle.conn
+        while True:
+            assert conn.poll(BLOCK_S), "the worker did not answer"
+            message = conn.recv()
+            if message[0] == msg.HELLO:
+                if message[1]:
+                    self.fds.append(recv_handle(conn))
+            elif message[0] == msg.SLAB:
+                self.slabs_made += 1
+                if message[1].name is None:
+                    self.fds.append(recv_handle(conn))
+            else:
+                return message
+
+    def stop(self) -> None:
+        self.send(msg.STOP)
+        self.handle.process.join(BLOCK_S)
+        assert self.handle.process.exitcode == 0
+        self.handle.conn.close()
+        self.handle.process.close()
+        for fd in self.fds:
+            os.close(fd)
+
+
+def tag_and_task(reply):
+    return reply[0], reply[2]
