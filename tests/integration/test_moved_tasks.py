@@ -90,7 +90,7 @@ def test_a_cancel_too_late_loads_the_batch_twice_and_delivers_it_once(monkeypatc
     # A worker that reads CANCEL only after it started the task (a race in real life; here
     # every worker ignores it, and forked workers inherit the patch) loads the batch too. The
     # first copy is delivered, the second's slab is recycled, and later epochs are unaffected.
-    monkeypatch.setattr(_Worker, "_withdrawn", lambda self, task_id: False)
+    monkeypatch.setattr(_Worker, "_read_waiting", lambda self, task_id: False)
     ds = QueuedBehindSlow(N, BS)
     loader = _loader(ds, persistent_workers=True)
     first = list(loader)

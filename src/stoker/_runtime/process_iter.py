@@ -8,8 +8,8 @@ slow batch does not queue more work behind it; a worker left without tasks takes
 queued at another (NOTE [ Idle workers take queued tasks ] in ``executors.worker_loop``).
 ``prefetch_factor * num_workers`` tasks are sent at the start (more for small batches or
 concurrent fetches, see NOTE [ Deeper prefetch for small batches ]); one new task is sent per
-batch yielded. A task's id is its position in the
-epoch's sampler order (see NOTE [ Resume state ]).
+batch yielded. A task's id is its position in the epoch's sampler order (see NOTE [ Resume
+state ]).
 """
 
 from __future__ import annotations

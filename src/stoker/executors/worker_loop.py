@@ -277,7 +277,7 @@ class _Worker:
                 data.batch if isinstance(data, _Collated) else data
             )
             if self.pipeline is None and not self.pool.has_free(hint):
-                self._withdrawn(None)  # NOTE [ Slabs come back before the next task ]
+                self._read_waiting(None)  # NOTE [ Slabs come back before the next task ]
             slab = self.pool.acquire(hint)
         try:
             t0 = time.perf_counter()
@@ -344,7 +344,7 @@ class _Worker:
         fetch threads exist, a reader thread feeds both into one queue (a message must not wait
         behind a slow fetch, nor a finished sample behind a blocking read).
         """
-        if self.inbox:  # read ahead by ``_withdrawn``
+        if self.inbox:  # read ahead by ``_read_waiting``
             return self.inbox.popleft()
         if self.pipeline is None:
             return self._recv()
@@ -374,7 +374,7 @@ class _Worker:
     # not by the worker (seeding="per_batch"). Fetch threads start tasks as they arrive, so a
     # worker with a pipeline ignores CANCEL and says so in its replies.
 
-    def _withdrawn(self, task_id: int | None) -> bool:
+    def _read_waiting(self, task_id: int | None) -> bool:
         """Read what is already waiting in the socket; True if the main process took
         ``task_id`` back. Tasks read ahead that it took back are answered here, and slabs
         it gave back are free at once; the rest waits in ``inbox``."""
@@ -404,8 +404,7 @@ class _Worker:
         for event in self.inbox:
             item = event[1]
             if event[0] == _MESSAGE and item[0] == msg.TASK and item[1:3] == (epoch, task_id):
-                self.inbox.remove(event)
-                self.retired += self.pool.release(item[4])
+                self.inbox.remove(event)  # its slabs were released when it was read
                 self.conn.send((msg.CANCELLED, epoch, task_id))
                 return
 
@@ -428,7 +427,7 @@ class _Worker:
                 self.retired += self.pool.release(released)
                 if epoch != self.epoch:
                     continue
-                if self.pipeline is None and self._withdrawn(task_id):
+                if self.pipeline is None and self._read_waiting(task_id):
                     self.conn.send((msg.CANCELLED, epoch, task_id))
                     continue
                 self.run_task(task_id, indices)
