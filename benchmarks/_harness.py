@@ -196,3 +196,75 @@ def compare(
         records.append(record)
     records.sort(key=lambda r: r["loader"] != "torch")
     return records
+
+
+def compare_interleaved(
+    ctx: Context,
+    workload: str,
+    dataset: Any,
+    kwargs: dict[str, Any],
+    rounds: int,
+    variant: str,
+    extra: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """Like `compare`, but both loaders live through the whole comparison and their epochs
+    alternate (A B, B A, A B, ...): a machine whose speed drifts within seconds slows both
+    alike. Each loader's record is the median of its `rounds` epochs (after a one-batch
+    warm-up each), and its `epoch_ratios` lists torch's epoch time over its own, round by
+    round. Peak PSS is taken over the loader's own epochs; only loaders whose workers exit
+    between epochs (no `persistent_workers`) keep the two loaders' figures apart.
+    """
+    names = list(ctx.loaders)
+    if ctx.comparisons % 2:
+        names.reverse()
+    ctx.comparisons += 1
+    gc.collect()
+    pss_before = tree_pss_bytes() / 2**20
+    loaders: dict[str, Any] = {}
+    cold: dict[str, float] = {}
+    for name in names:
+        started = time.perf_counter()
+        loaders[name] = ctx.loaders[name](dataset, **kwargs)
+        cold[name] = time_epoch(
+            loaders[name], started=started, max_batches=1
+        ).time_to_first_batch_s
+    timings: dict[str, list[EpochTiming]] = {name: [] for name in names}
+    peaks: dict[str, float] = dict.fromkeys(names, 0.0)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            ctx.sampler.reset()
+            timings[name].append(time_epoch(loaders[name]))
+            ctx.sampler.sample()
+            peaks[name] = max(peaks[name], ctx.sampler.peak_mib)
+    del loaders
+    gc.collect()
+    records = []
+    for position, name in enumerate(names):
+        epochs = timings[name]
+        epoch_s = _median(t.epoch_s for t in epochs)
+        record: dict[str, Any] = {
+            "workload": workload, "variant": variant, "loader": name,
+            "samples_per_s": epochs[0].samples / epoch_s if epoch_s > 0 else 0.0,
+            "time_to_first_batch_s": cold[name],
+            "epoch_s": epoch_s,
+            "epoch_s_min": min(t.epoch_s for t in epochs),
+            "epochs_measured": len(epochs),
+            "warm_time_to_first_batch_s": _median(t.time_to_first_batch_s for t in epochs),
+            "samples_per_epoch": epochs[0].samples,
+            "batches_per_epoch": epochs[0].batches,
+            "peak_pss_mib": peaks[name],
+            "pss_before_mib": pss_before,
+            "peak_pss_ratio_to_before": peaks[name] / pss_before if pss_before > 0 else 0.0,
+            "run_position": position,
+            "loader_kwargs": {k: repr(v) for k, v in kwargs.items()},
+            "epoch_ratios": [
+                base.epoch_s / own.epoch_s
+                for base, own in zip(timings["torch"], epochs, strict=True)
+            ],
+        }
+        if extra is not None:
+            record.update(extra(record))
+        record["machine"] = ctx.machine
+        records.append(record)
+    records.sort(key=lambda r: r["loader"] != "torch")
+    return records

@@ -82,13 +82,18 @@ def ratio_table(records: list[dict[str, Any]], candidate: str) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     fractions = [r for r in records if "fraction_of_core_limit" in r]
     for r in fractions:
+        which = f"jpeg ({r['variant']})" if r["variant"] else "jpeg"
         lines.append(
-            f"jpeg: {r['loader']} reaches {r['fraction_of_core_limit']:.0%} of the "
+            f"{which}: {r['loader']} reaches {r['fraction_of_core_limit']:.0%} of the "
             f"{r['cores']}-core limit ({r['core_limit_samples_per_s']:.0f} samples/s = "
             f"{r['single_process_samples_per_s']:.0f}/s single-process x {r['cores']}, measured "
             f"around its run); {r['fraction_of_two_process_plain']:.0%} of {r['cores']} plain "
             f"loops at once ({r['two_process_plain_samples_per_s']:.0f}/s)"
         )
+    for r in (r for r in records if "epoch_ratios" in r and r["loader"] != "torch"):
+        ratios = ", ".join(f"{x:.2f}" for x in r["epoch_ratios"])
+        lines.append(f"{r['workload']} ({r['variant']}): torch/{r['loader']} epoch time, "
+                     f"round by round: {ratios}")
     for r in (r for r in records if "two_core_bound_s" in r):
         lines.append(
             f"stragglers: {r['loader']} runs an epoch in {r['epoch_s']:.2f} s, "

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _harness import Context, Plan, compare
+from _harness import Context, Plan, compare, compare_interleaved
 
 from stoker._demo import JpegDataset, make_jpeg_files
 
@@ -88,4 +88,15 @@ def run(ctx: Context) -> list[dict[str, Any]]:
     def reference() -> float:
         return single_process_rate(dataset, count)
 
-    return compare(ctx, "jpeg", dataset, kwargs, plan, extra=extra, reference=reference)
+    records = compare(ctx, "jpeg", dataset, kwargs, plan, extra=extra, reference=reference)
+    # The same, with the two loaders' epochs alternating: the machine's drift (a core's rate
+    # moved 260-520 samples/s within seconds here) then slows both alike.
+    before = reference()
+    interleaved = compare_interleaved(
+        ctx, "jpeg", dataset, kwargs, rounds=2 if ctx.quick else 6, variant="epochs interleaved"
+    )
+    after = reference()
+    for record in interleaved:
+        record.update(reference_before=before, reference_after=after)
+        record.update(extra(record))
+    return records + interleaved
