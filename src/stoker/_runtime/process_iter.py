@@ -53,10 +53,11 @@ _SMALL_BATCH_BUDGET = 16 << 20
 # A slab the user let go of travels back to its worker with that worker's next task. A worker
 # whose next task is already queued may finish it before another task comes, find every slab
 # still out, and create one: ~8 ms for a 10 MiB slab (the kernel zeroes its pages), plus the
-# memory. So released slabs of at least _EAGER_RELEASE_BYTES go back at once, in a RELEASE
-# message of their own, and a worker about to create a slab first reads what is waiting in
-# its socket. Smaller slabs are cheap to create and keep riding with tasks: a message per
-# batch would cost tiny batches more than it saves.
+# memory. So while the main process waits for a batch (the workers are the bottleneck then),
+# released slabs of at least _EAGER_RELEASE_BYTES go back at once, in a RELEASE message of
+# their own, and a worker about to create a slab first reads what is waiting in its socket.
+# Smaller slabs are cheap to create and keep riding with tasks, as do all slabs when batches
+# are ready before they are asked for: a message per batch would cost more than it saves.
 _EAGER_RELEASE_BYTES = 1 << 20
 _LIVENESS_POLL_S = 5.0
 _WATCH_DELAY_S = 1.0  # only a fallback: worker sentinels wake the wait at once on death
@@ -337,7 +338,6 @@ class ProcessIterator(BaseIterator):
         self._order.append(position)
         self._task_indices[position] = index
         self._send_task(wid, position, index)
-        self._send_large_releases()
 
     def _send_large_releases(self) -> None:
         """NOTE [ Slabs come back before the next task ]"""

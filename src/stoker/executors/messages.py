@@ -8,7 +8,8 @@ main -> worker
     (CANCEL, epoch, task_id)                   give this task back if it has not started
                                                (NOTE [ Idle workers take queued tasks ])
     (RELEASE, released)                        slabs the main process no longer uses, sent
-                                               without a task when they are large (NOTE
+                                               without a task when they are large and the
+                                               main process waits for a batch (NOTE
                                                [ Slabs come back before the next task ])
     (STOP,)                                    exit now
 worker -> main
