@@ -13,6 +13,7 @@ import json
 import os
 import random
 import threading
+import time
 from collections import namedtuple
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -597,3 +598,20 @@ class FlagsDS(Dataset):
 
     def __getitem__(self, i: int) -> tuple:
         return int(self.writable.flags.writeable), int(self.frozen.flags.writeable)
+
+
+class UnevenRandomDS(Dataset):
+    """Draws from ``random`` per sample, and every 7th sample costs ~3 ms of CPU, so workers
+    finish their batches at uneven times: which worker loads a batch shows in its draws."""
+
+    def __init__(self, n: int = 160) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        end = time.thread_time() + (0.003 if i % 7 == 0 else 0.0003)
+        while time.thread_time() < end:  # CPU work, not a wait
+            pass
+        return torch.tensor([i, random.randint(0, 10**9)])

@@ -26,6 +26,7 @@ from _datasets import (
     ShardedIterDS,
     SizedDuplicatingIterDS,
     SizedShardedIterDS,
+    UnevenRandomDS,
     VariableBatchSampler,
     assert_batches_equal,
     collate_fn_for,
@@ -470,3 +471,12 @@ def test_without_generator_uses_global_rng(Loader, TorchLoader):
     torch.manual_seed(SEED)
     run(Loader, MapDS(N, "tensor"), epochs=2, batch_size=5, shuffle=True, generator=None)
     assert torch.equal(torch.rand(3), after_torch)
+
+
+def test_per_worker_seeding_gives_torchs_augmentations(Loader, TorchLoader):
+    """seeding="per_worker" is torch's seeding: each worker's RNG stream is its own, so a batch
+    must go to the worker torch gives it (round-robin), whatever the workers' speeds."""
+    kwargs = {"batch_size": 8, "shuffle": True, "num_workers": 2}
+    expected = run(TorchLoader, UnevenRandomDS(), **kwargs)
+    options = {"seeding": "per_worker"} if Loader is not TorchLoader else {}
+    assert_same(expected, run(Loader, UnevenRandomDS(), **kwargs, **options))

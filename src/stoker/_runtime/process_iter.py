@@ -3,7 +3,8 @@
 Ordering follows torch exactly. With ``in_order=True`` batches are yielded in sampler order.
 For an IterableDataset each task goes round-robin to the next worker still running (its data
 depends on which worker serves it), and a worker's end is announced once; its later tasks are
-skipped. Map-style tasks go to the least-loaded worker instead: the output is the same and a
+skipped. Map-style tasks under ``seeding="per_worker"`` go round-robin too (each worker's RNG
+stream is its own); otherwise they go to the least-loaded worker: the output is the same and a
 slow batch does not queue more work behind it; a worker left without tasks takes one still
 queued at another (NOTE [ Idle workers take queued tasks ] in ``executors.worker_loop``).
 ``prefetch_factor * num_workers`` tasks are sent at the start (more for small batches or
@@ -72,10 +73,11 @@ class ProcessIterator(BaseIterator):
         self._in_order = loader.in_order
         self._persistent = loader.persistent_workers
         self._is_iterable = self._fetch_spec.kind == "iterable"
-        # Which worker loads a batch changes nothing only if batches are seeded by position.
-        self._may_move = (
-            not self._is_iterable and self._seeding == "per_batch" and self._num_workers > 1
-        )
+        # Which worker loads a batch changes nothing only if batches are seeded by position;
+        # else tasks follow torch's cycle (an iterable's data, and under seeding="per_worker"
+        # a batch's augmentations, depend on the worker), at torch's depth.
+        self._torch_cycle = self._is_iterable or self._seeding != "per_batch"
+        self._may_move = not self._torch_cycle and self._num_workers > 1
         self._stall_warning_s = loader.stall_warning_s
         self._step_samples = loader.batch_size or 1
         refuse_device_tensors(self._dataset, self._num_workers)
@@ -312,7 +314,7 @@ class ProcessIterator(BaseIterator):
 
     def _pick_worker(self) -> int | None:
         n = self._num_workers
-        if self._is_iterable:
+        if self._torch_cycle:
             for _ in range(n):
                 wid = next(self._rr)
                 if self._active[wid] and (self._in_order or self._load[wid] < self._prefetch):
@@ -472,7 +474,7 @@ class ProcessIterator(BaseIterator):
         self._ready[position] = (wid, reply)
         if not self._in_order:
             self._arrivals.append(position)
-        if tag == msg.DONE and not self._is_iterable:
+        if tag == msg.DONE and not self._torch_cycle:
             self._follow_concurrency(wid, info[0], reply[4])
 
     def _follow_concurrency(self, wid: int, concurrency: int, batch_bytes: int) -> None:
