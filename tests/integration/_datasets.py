@@ -615,3 +615,17 @@ class UnevenRandomDS(Dataset):
         while time.thread_time() < end:  # CPU work, not a wait
             pass
         return torch.tensor([i, random.randint(0, 10**9)])
+
+
+class IndexableRandomDS(Dataset):
+    """Cheap, indexable by a tensor of indices (so stoker probes a batched call), and draws
+    from torch's and numpy's global RNGs per sample."""
+
+    def __init__(self, n: int = 160) -> None:
+        self.x = torch.arange(float(n))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: Any) -> torch.Tensor:
+        return self.x[i] * torch.rand(()) + float(np.random.rand())

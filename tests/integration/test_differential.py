@@ -21,6 +21,7 @@ from _datasets import (
     STRUCTURES,
     DuplicatingIterDS,
     GetItemsDS,
+    IndexableRandomDS,
     LyingLenIterDS,
     MapDS,
     ShardedIterDS,
@@ -473,10 +474,12 @@ def test_without_generator_uses_global_rng(Loader, TorchLoader):
     assert torch.equal(torch.rand(3), after_torch)
 
 
-def test_per_worker_seeding_gives_torchs_augmentations(Loader, TorchLoader):
+@pytest.mark.parametrize("dataset", [UnevenRandomDS, IndexableRandomDS])
+def test_per_worker_seeding_gives_torchs_augmentations(Loader, TorchLoader, dataset):
     """seeding="per_worker" is torch's seeding: each worker's RNG stream is its own, so a batch
-    must go to the worker torch gives it (round-robin), whatever the workers' speeds."""
+    must go to the worker torch gives it (round-robin), whatever the workers' speeds, and
+    nothing stoker does on the side (a probe of a batched call) may draw from it."""
     kwargs = {"batch_size": 8, "shuffle": True, "num_workers": 2}
-    expected = run(TorchLoader, UnevenRandomDS(), **kwargs)
+    expected = run(TorchLoader, dataset(), **kwargs)
     options = {"seeding": "per_worker"} if Loader is not TorchLoader else {}
-    assert_same(expected, run(Loader, UnevenRandomDS(), **kwargs, **options))
+    assert_same(expected, run(Loader, dataset(), **kwargs, **options))

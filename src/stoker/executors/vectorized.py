@@ -23,6 +23,7 @@ alike, and compared with the plain path the same way.
 
 from __future__ import annotations
 
+import pickle
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,8 +34,10 @@ import torch
 from stoker.collate._alloc import allocating_into
 from stoker.executors.batched_getitem import compile_batched
 from stoker.sampling import global_rngs
+from stoker.sampling.dataset_rngs import find_dataset_rngs, restore_states, save_states
 
 _PROBES = 2
+_FAILED = object()
 
 
 def shape_like_collate(obj: Any) -> Any:
@@ -95,6 +98,7 @@ class VectorProbe:
                 self._candidates.append(("call", self._call))
         self._left = _PROBES
         self.adopted = trusted and self.kind == "source"
+        self._owned_rngs: list[tuple[str, Any]] | None = None  # found at the first probe
 
     @property
     def kind(self) -> str | None:
@@ -123,17 +127,29 @@ class VectorProbe:
         self._left = _PROBES
 
     def check(self, indices: list[int], collated: Any) -> None:
-        """After fetching a batch the plain way: does the candidate give the same?"""
+        """After fetching a batch the plain way: does the candidate give the same?
+
+        The candidate call must leave no trace: the RNGs it drew from (global ones, and those
+        the dataset owns) are put back, else every later draw of this process would shift
+        (under ``seeding="per_worker"`` nothing reseeds them before the next batch).
+        """
         fn = self._candidates[0][1]
+        if self._owned_rngs is None:
+            self._owned_rngs = find_dataset_rngs(self._dataset)
         before = global_rngs.snapshot()
+        owned_before = pickle.dumps(save_states(self._owned_rngs))
         try:
             with warnings.catch_warnings(), allocating_into(None):
                 warnings.simplefilter("error")
                 candidate = fn(list(indices))
         except Exception:  # Decline included: a candidate that cannot show it agrees
-            self._drop()
-            return
-        if global_rngs.changed_since(before) or not same_batch(collated, candidate):
+            candidate = _FAILED
+        drew = global_rngs.changed_since(before) or (
+            pickle.dumps(save_states(self._owned_rngs)) != owned_before)
+        if drew:
+            global_rngs.restore(before)
+            restore_states(self._owned_rngs, pickle.loads(owned_before))
+        if candidate is _FAILED or drew or not same_batch(collated, candidate):
             self._drop()
             return
         self._left -= 1
