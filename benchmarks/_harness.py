@@ -142,22 +142,49 @@ def measure(
     peak = ctx.sampler.peak_mib
     del loader
     gc.collect()
+    return {"loader": name, **_epoch_fields(timings, cold_ttfb, peak, pss_before)}
+
+
+def _epoch_fields(
+    timings: list[EpochTiming], cold_ttfb: float, peak: float, pss_before: float
+) -> dict[str, Any]:
+    """A record's figures from one loader's measured epochs (the median epoch counts)."""
     epoch_s = _median(t.epoch_s for t in timings)
-    samples = timings[0].samples
     return {
-        "loader": name,
-        "samples_per_s": samples / epoch_s if epoch_s > 0 else 0.0,
+        "samples_per_s": timings[0].samples / epoch_s if epoch_s > 0 else 0.0,
         "time_to_first_batch_s": cold_ttfb,
         "epoch_s": epoch_s,
         "epoch_s_min": min(t.epoch_s for t in timings),
         "epochs_measured": len(timings),
         "warm_time_to_first_batch_s": _median(t.time_to_first_batch_s for t in timings),
-        "samples_per_epoch": samples,
+        "samples_per_epoch": timings[0].samples,
         "batches_per_epoch": timings[0].batches,
         "peak_pss_mib": peak,
         "pss_before_mib": pss_before,
         "peak_pss_ratio_to_before": peak / pss_before if pss_before > 0 else 0.0,
     }
+
+
+def _loader_order(ctx: Context) -> list[str]:
+    """The loaders in the order to run them; it alternates from one comparison to the next."""
+    names = list(ctx.loaders)
+    if ctx.comparisons % 2:
+        names.reverse()
+    ctx.comparisons += 1
+    return names
+
+
+def _finish(
+    ctx: Context, records: list[dict[str, Any]],
+    extra: Callable[[dict[str, Any]], dict[str, Any]] | None,
+) -> list[dict[str, Any]]:
+    """Add the workload's own fields and the machine to each record; torch's first."""
+    for record in records:
+        if extra is not None:
+            record.update(extra(record))
+        record["machine"] = ctx.machine
+    records.sort(key=lambda r: r["loader"] != "torch")
+    return records
 
 
 def compare(
@@ -177,12 +204,8 @@ def compare(
     (`reference_before`/`reference_after` in its record): on a shared machine the speed of a
     core drifts within seconds, so a loader is compared with the machine as it was meanwhile.
     """
-    names = list(ctx.loaders)
-    if ctx.comparisons % 2:
-        names.reverse()
-    ctx.comparisons += 1
     records = []
-    for position, name in enumerate(names):
+    for position, name in enumerate(_loader_order(ctx)):
         record: dict[str, Any] = {"workload": workload, "variant": variant}
         before = reference() if reference is not None else None
         record.update(measure(ctx, name, dataset, kwargs, plan))
@@ -190,12 +213,8 @@ def compare(
             record["reference_before"], record["reference_after"] = before, reference()
         record["run_position"] = position
         record["loader_kwargs"] = {k: repr(v) for k, v in kwargs.items()}
-        if extra is not None:
-            record.update(extra(record))
-        record["machine"] = ctx.machine
         records.append(record)
-    records.sort(key=lambda r: r["loader"] != "torch")
-    return records
+    return _finish(ctx, records, extra)
 
 
 def compare_interleaved(
@@ -214,10 +233,7 @@ def compare_interleaved(
     round. Peak PSS is taken over the loader's own epochs; only loaders whose workers exit
     between epochs (no `persistent_workers`) keep the two loaders' figures apart.
     """
-    names = list(ctx.loaders)
-    if ctx.comparisons % 2:
-        names.reverse()
-    ctx.comparisons += 1
+    names = _loader_order(ctx)
     gc.collect()
     pss_before = tree_pss_bytes() / 2**20
     loaders: dict[str, Any] = {}
@@ -238,33 +254,17 @@ def compare_interleaved(
             peaks[name] = max(peaks[name], ctx.sampler.peak_mib)
     del loaders
     gc.collect()
-    records = []
-    for position, name in enumerate(names):
-        epochs = timings[name]
-        epoch_s = _median(t.epoch_s for t in epochs)
-        record: dict[str, Any] = {
+    records = [
+        {
             "workload": workload, "variant": variant, "loader": name,
-            "samples_per_s": epochs[0].samples / epoch_s if epoch_s > 0 else 0.0,
-            "time_to_first_batch_s": cold[name],
-            "epoch_s": epoch_s,
-            "epoch_s_min": min(t.epoch_s for t in epochs),
-            "epochs_measured": len(epochs),
-            "warm_time_to_first_batch_s": _median(t.time_to_first_batch_s for t in epochs),
-            "samples_per_epoch": epochs[0].samples,
-            "batches_per_epoch": epochs[0].batches,
-            "peak_pss_mib": peaks[name],
-            "pss_before_mib": pss_before,
-            "peak_pss_ratio_to_before": peaks[name] / pss_before if pss_before > 0 else 0.0,
+            **_epoch_fields(timings[name], cold[name], peaks[name], pss_before),
             "run_position": position,
             "loader_kwargs": {k: repr(v) for k, v in kwargs.items()},
             "epoch_ratios": [
                 base.epoch_s / own.epoch_s
-                for base, own in zip(timings["torch"], epochs, strict=True)
+                for base, own in zip(timings["torch"], timings[name], strict=True)
             ],
         }
-        if extra is not None:
-            record.update(extra(record))
-        record["machine"] = ctx.machine
-        records.append(record)
-    records.sort(key=lambda r: r["loader"] != "torch")
-    return records
+        for position, name in enumerate(names)
+    ]
+    return _finish(ctx, records, extra)
