@@ -284,16 +284,11 @@ class ProcessIterator(BaseIterator):
         self._let_idle_workers_go()
 
     def _read_waiting_replies(self) -> None:
-        poller, by_fd = self._group.poller()
-        while True:
-            ready = [by_fd[fd][0] for fd, _ in poller.poll(0) if by_fd.get(fd, (None, 0))[1]]
-            if not ready:
-                return
-            for w in ready:
-                try:
-                    self._file(w, w.conn.recv())
-                except (EOFError, OSError):
-                    return  # a dead worker: the next wait reports it
+        """File every reply already sent (a dead worker is reported by the next wait)."""
+        for w in self._group.workers:
+            if not w.stop_sent:
+                for reply in self._group.drain(w):
+                    self._file_reply(w, reply)
 
     def _settle_moved(self, wid: int, reply: tuple) -> bool:
         """A reply for a moved task: True if it is not the batch (a withdrawal, or the copy

@@ -220,14 +220,20 @@ class SlabPool:
             self._free.append(sid)
         self._next_id = len(inherited)
 
+    def _need(self, nbytes: int | None) -> int:
+        """Bytes a batch of ``nbytes`` needs (unknown: the size batches had)."""
+        return max(nbytes or 0, self._expected)
+
+    def _fitting(self, need: int) -> list[int]:
+        return [sid for sid in self._free if self._slabs[sid].capacity >= need]
+
     def has_free(self, nbytes: int | None = None) -> bool:
         """Whether ``acquire(nbytes)`` would reuse a slab instead of creating one."""
-        need = max(nbytes or 0, self._expected)
-        return any(self._slabs[sid].capacity >= need for sid in self._free)
+        return bool(self._fitting(self._need(nbytes)))
 
     def acquire(self, nbytes: int | None = None) -> SlabWriter:
-        need = max(nbytes or 0, self._expected)
-        fits = [sid for sid in self._free if self._slabs[sid].capacity >= need]
+        need = self._need(nbytes)
+        fits = self._fitting(need)
         if fits:
             sid = min(fits, key=lambda s: self._slabs[s].capacity)
             self._free.remove(sid)
