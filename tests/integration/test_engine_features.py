@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import warnings
 
@@ -201,6 +202,21 @@ def test_native_crash_shows_the_workers_faulthandler_stack():
     text = str(info.value)
     assert "was killed by SIGSEGV" in text and "The worker's faulthandler output:" in text
     assert "in __getitem__" in text  # the crashing Python frame
+
+
+def test_persistent_worker_killed_between_epochs_is_reported_at_the_next_epoch():
+    # The next epoch's first message to it meets a closed socket (EPIPE): that is its death.
+    loader = stoker.DataLoader(Computing(), batch_size=40, num_workers=2,
+                               persistent_workers=True, worker_type="process")
+    assert len(list(loader)) == 6
+    worker = loader._iterator._group.workers[1]
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.process.join(10)
+    assert worker.process.exitcode == -signal.SIGKILL
+    with pytest.raises(stoker.WorkerDiedError, match=r"worker 1 \(pid \d+\) was killed by SIGKILL"):
+        list(loader)
+    first = next(iter(loader))  # the next epoch starts fresh workers
+    assert torch.equal(first, torch.stack([Computing()[i] for i in range(40)]))
 
 
 def test_worker_exit_code_is_reported():

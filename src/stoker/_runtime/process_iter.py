@@ -226,7 +226,11 @@ class ProcessIterator(BaseIterator):
     # -- sending -----------------------------------------------------------------------------
 
     def _send(self, wid: int, message: tuple) -> None:
-        self._group.workers[wid].conn.send(message)
+        w = self._group.workers[wid]
+        try:
+            w.conn.send(message)
+        except OSError:  # EPIPE/ECONNRESET: it died since the last poll; report the death
+            lost_worker(self, w)
 
     def _collect_released(self) -> None:
         for wid, ids in self._group.reader.take_released().items():
