@@ -454,6 +454,23 @@ def test_two_epochs_iterable(Loader, TorchLoader, num_workers, persistent):
     )
 
 
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+def test_iterable_out_of_order_gives_torchs_batches(Loader, TorchLoader, num_workers, persistent):
+    # Shards of 8/8/7 or 12/11 elements: a worker's iterable ends while it holds tasks read
+    # ahead and others still load; those tasks yield nothing and the epoch still ends.
+    def sorted_epochs(loader_cls: type) -> list[list[Any]]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # 3 workers on a 2-core machine
+            loader = loader_cls(ShardedIterDS(N, "tensor"), batch_size=2, num_workers=num_workers,
+                                persistent_workers=persistent, in_order=False, timeout=60)
+            return [sorted(b.tolist() for b in loader) for _ in range(2)]
+
+    expected = sorted_epochs(TorchLoader)
+    assert len(expected[0]) == 12
+    assert sorted_epochs(Loader) == expected
+
+
 def test_without_generator_uses_global_rng(Loader, TorchLoader):
     """generator=None: shuffling draws from torch's global RNG, like torch."""
 

@@ -460,8 +460,12 @@ class ProcessIterator(BaseIterator):
             return
         self._task_worker.pop(position, None)
         if tag == msg.EXHAUSTED:
-            self._active[w.worker_id] = False
-            self._task_indices.pop(position, None)
+            # Its iterable is spent: the tasks it still holds yield nothing either (torch
+            # skips them too). Unless forgotten, in_order=False would wait for them forever.
+            self._active[wid] = False
+            for spent in (position, *queued):
+                self._task_worker.pop(spent, None)
+                self._task_indices.pop(spent, None)
             self._try_put_index()
             self._let_idle_workers_go()
             return
