@@ -80,6 +80,23 @@ def test_get_worker_info_inside_workers(Loader, dataset_cls):
     assert pids_by_worker[0] != pids_by_worker[1]
 
 
+@pytest.mark.parametrize("num_workers", [2, 3])
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+def test_each_batch_is_loaded_by_torchs_worker(Loader, TorchLoader, num_workers, persistent):
+    # torch sends task k to worker k mod num_workers; a dataset may rely on it (torch's own
+    # test_ind_worker_queue does), whatever the default seeding.
+    def worker_ids(loader_cls: type) -> list[list[int]]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # 3 workers on a 2-core machine
+            loader = loader_cls(WorkerProbeDS(40), batch_size=3, num_workers=num_workers,
+                                persistent_workers=persistent, timeout=60)
+            return [[batch[2].tolist() for batch in loader] for _ in range(2)]
+
+    expected = worker_ids(TorchLoader)
+    assert expected[0][:num_workers] == [[w] * 3 for w in range(num_workers)]
+    assert worker_ids(Loader) == expected
+
+
 @pytest.mark.parametrize("dataset_cls", [WorkerProbeDS, WorkerProbeIterDS], ids=["map", "iter"])
 def test_get_worker_info_is_none_without_workers(Loader, dataset_cls):
     samples = list(Loader(dataset_cls(5), batch_size=None, num_workers=0))

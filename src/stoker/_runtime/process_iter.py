@@ -1,12 +1,13 @@
 """num_workers>0: tasks go to worker processes, batches come back through shared memory.
 
 Ordering follows torch exactly. With ``in_order=True`` batches are yielded in sampler order.
-For an IterableDataset each task goes round-robin to the next worker still running (its data
-depends on which worker serves it), and a worker's end is announced once; its later tasks are
-skipped. Map-style tasks under ``seeding="per_worker"`` go round-robin too (each worker's RNG
-stream is its own); otherwise they go to the least-loaded worker: the output is the same and a
-slow batch does not queue more work behind it; a worker left without tasks takes one still
-queued at another (NOTE [ Idle workers take queued tasks ] in ``executors.worker_loop``).
+Each task goes round-robin to the next worker still running, as torch sends them, so the
+worker that loads a batch (``get_worker_info().id``) is torch's; for an IterableDataset its
+data depends on it, and a worker's end is announced once; its later tasks are skipped. Under
+the default ``seeding="per_batch"`` a batch does not depend on its worker, so a worker left
+idle while another is stuck on a slow batch takes a task still queued behind it (NOTE [ Idle
+workers take queued tasks ] in ``executors.worker_loop``; NOTE [ Only stragglers move ] in
+``_runtime.stragglers``).
 ``prefetch_factor * num_workers`` tasks are sent at the start (more for small batches or
 concurrent fetches, see NOTE [ Deeper prefetch for small batches ]); one new task is sent per
 batch yielded. A task's id is its position in the epoch's sampler order (see NOTE [ Resume
@@ -29,6 +30,7 @@ from stoker._runtime.base_iter import BaseIterator
 from stoker._runtime.cuda_safety import refuse_device_tensors, safe_context
 from stoker._runtime.shutdown import WorkerGroup
 from stoker._runtime.stall import describe_stall, warn_stall
+from stoker._runtime.stragglers import StragglerWatch
 from stoker._runtime.worker_death import check_workers_alive, lost_worker
 from stoker.errors import LoaderTimeoutError
 from stoker.executors import messages as msg
@@ -74,10 +76,10 @@ class ProcessIterator(BaseIterator):
         self._persistent = loader.persistent_workers
         self._is_iterable = self._fetch_spec.kind == "iterable"
         # Which worker loads a batch changes nothing only if batches are seeded by position;
-        # else tasks follow torch's cycle (an iterable's data, and under seeding="per_worker"
-        # a batch's augmentations, depend on the worker), at torch's depth.
-        self._torch_cycle = self._is_iterable or self._seeding != "per_batch"
-        self._may_move = not self._torch_cycle and self._num_workers > 1
+        # else (an iterable's data, and under seeding="per_worker" a batch's augmentations,
+        # depend on the worker) no task moves and workers keep torch's depth.
+        self._torch_depth = self._is_iterable or self._seeding != "per_batch"
+        self._may_move = not self._torch_depth and self._num_workers > 1
         self._stall_warning_s = loader.stall_warning_s
         self._step_samples = loader.batch_size or 1
         refuse_device_tensors(self._dataset, self._num_workers)
@@ -199,6 +201,7 @@ class ProcessIterator(BaseIterator):
         # moved tasks -> the workers that still owe a reply for them.
         self._queued: list[deque[int]] = [deque() for _ in range(n)]
         self._gives_back = [False] * n
+        self._stragglers = StragglerWatch(n)
         self._moved: dict[int, set[int]] = {}
         # Tasks a worker may hold: prefetch_factor, or enough to keep its concurrent fetches
         # busy once its tuner raised them (batches of samples in flight + one).
@@ -268,14 +271,24 @@ class ProcessIterator(BaseIterator):
             if not w.stop_sent and self._active[w.worker_id] and self._load[w.worker_id] == 0
         ]
 
-    def _move_queued_tasks(self) -> None:
-        """Give each idle worker a task another worker holds but has not started."""
+    def _move_due(self) -> float | None:
+        """The earliest time a queued task may move to an idle worker; None if none can."""
         if not self._queued_elsewhere() or not self._idle_workers():
+            return None
+        return min(self._stragglers.due(w) for w in range(self._num_workers)
+                   if self._gives_back[w] and len(self._queued[w]) > 1)
+
+    def _move_queued_tasks(self) -> None:
+        """Give each idle worker a task queued behind a straggler at another worker."""
+        due = self._move_due()
+        if due is None or due > time.monotonic():
             return
         self._read_waiting_replies()  # a task that looks queued may be answered already
         for thief in self._idle_workers():
+            now = time.monotonic()
             victims = [w for w in range(self._num_workers)
-                       if self._gives_back[w] and len(self._queued[w]) > 1]
+                       if self._gives_back[w] and len(self._queued[w]) > 1
+                       and self._stragglers.straggling(w, self._group.workers[w].pid, now)]
             if not victims:
                 break
             victim = max(victims, key=lambda w: len(self._queued[w]))
@@ -312,17 +325,12 @@ class ProcessIterator(BaseIterator):
         return True
 
     def _pick_worker(self) -> int | None:
-        n = self._num_workers
-        if self._torch_cycle:
-            for _ in range(n):
-                wid = next(self._rr)
-                if self._active[wid] and (self._in_order or self._load[wid] < self._prefetch):
-                    return wid
-            return None
-        candidates = [w for w in range(n) if self._active[w] and self._load[w] < self._depth[w]]
-        if not candidates:
-            candidates = [w for w in range(n) if self._active[w]]
-        return min(candidates, key=lambda w: self._load[w]) if candidates else None
+        """torch's cycle: the next active worker (with in_order=False, one below its depth)."""
+        for _ in range(self._num_workers):
+            wid = next(self._rr)
+            if self._active[wid] and (self._in_order or self._load[wid] < self._depth[wid]):
+                return wid
+        return None
 
     def _try_put_index(self, wid: int | None = None) -> None:
         """Send the next task to worker ``wid``, or to the one ``_pick_worker`` chooses."""
@@ -354,6 +362,8 @@ class ProcessIterator(BaseIterator):
         self._send(wid, (msg.TASK, self._epoch, position, index, self._take_release(wid)))
         self._task_worker[position] = wid
         self._queued[wid].append(position)
+        if self._load[wid] == 0:
+            self._stragglers.started(wid, time.monotonic())
         self._load[wid] += 1
 
     # -- receiving ---------------------------------------------------------------------------
@@ -413,8 +423,12 @@ class ProcessIterator(BaseIterator):
         self._collect_released()
         self._send_large_releases()  # before waiting: the worker may need the slab first
         poller, by_fd = self._group.poller()
-        timeout_ms = max(0, int(self._wait_s() * 1000 + 0.999))
-        ready = poller.poll(timeout_ms)
+        wait_s = self._wait_s()
+        due = self._move_due()  # wake up to move a task queued behind a straggler
+        until_due = wait_s if due is None else max(0.0, due - time.monotonic())
+        move_wakeup = until_due < wait_s
+        wait_s = min(wait_s, until_due)
+        ready = poller.poll(max(0, int(wait_s * 1000 + 0.999)))
         got_reply = False
         for fd, _ in ready:
             w, is_conn = by_fd.get(fd, (None, False))  # gone if it was let go meanwhile
@@ -424,11 +438,11 @@ class ProcessIterator(BaseIterator):
                 except (EOFError, OSError):
                     lost_worker(self, w)
                 got_reply = True
-        if got_reply:
+        if got_reply or move_wakeup:
             self._move_queued_tasks()
-        else:
+        if not got_reply:
             check_workers_alive(self)
-            if not ready and self._timeout > 0:
+            if not ready and self._timeout > 0 and not move_wakeup:
                 self._raise_timeout()
             self._check_stall()
 
@@ -446,13 +460,15 @@ class ProcessIterator(BaseIterator):
                 self._group.reader.release_now(w.worker_id, reply[3])
             return
         wid = w.worker_id
+        now = time.monotonic()
         self._load[wid] -= 1
         queued = self._queued[wid]
         if queued and queued[0] == position:
             queued.popleft()
+            self._stragglers.finished(wid, now)
         elif position in queued:
             queued.remove(position)
-        self._last_reply_at = time.monotonic()
+        self._last_reply_at = now
         self._stall_warned = False
         if position in self._moved and self._settle_moved(wid, reply):
             if self._sampler_done:
@@ -477,7 +493,7 @@ class ProcessIterator(BaseIterator):
         self._ready[position] = (wid, reply)
         if not self._in_order:
             self._arrivals.append(position)
-        if tag == msg.DONE and not self._torch_cycle:
+        if tag == msg.DONE and not self._torch_depth:
             self._follow_concurrency(wid, info[0], reply[4])
 
     def _follow_concurrency(self, wid: int, concurrency: int, batch_bytes: int) -> None:
@@ -488,11 +504,7 @@ class ProcessIterator(BaseIterator):
             depth = max(depth, _SMALL_BATCH_DEPTH)
         if depth != self._depth[wid]:
             self._depth[wid] = depth
-            while self._load[wid] < depth and self._pick_worker() == wid:
-                before = self._load[wid]
-                self._try_put_index()
-                if self._load[wid] == before:
-                    break
+            self._fill()
 
     def _deliver(self, wid: int, reply: tuple) -> Any:
         position = reply[2]

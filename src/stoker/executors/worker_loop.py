@@ -365,7 +365,8 @@ class _Worker:
     # NOTE [ Idle workers take queued tasks ]
     # A worker runs its tasks one after another, in the order they were sent. When another
     # worker has run out of tasks (the sampler is spent, or in-order delivery waits on a slow
-    # batch so no new task is sent), the main process moves a task still queued here to it:
+    # batch so no new task is sent) and our running batch is a straggler (NOTE [ Only
+    # stragglers move ] in _runtime.stragglers), the main process moves a task queued here to it:
     # it sends us CANCEL, and the task to the idle worker. Tasks and CANCELs wait in our socket
     # in the order sent, so before starting a task we read everything already waiting: a CANCEL
     # for this task or for one read ahead withdraws it (answered CANCELLED, never started). A
