@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from _datasets import (
@@ -315,6 +316,14 @@ DATASETS: dict[str, Callable[[], Any]] = {
     ),
     "stack_dict": lambda: StackDataset(a=MapDS(N, "str"), b=MapDS(N, "numpy")),
     "stack_tuple": lambda: StackDataset(MapDS(N, "nested_list"), GetItemsDS(N, "tensor")),
+    # Plain containers indexed by position: no class, no __dict__.
+    "list": lambda: [float(i) for i in range(N)],
+    "list_of_str": lambda: [f"path/{i}.jpg" for i in range(N)],
+    "tuple": lambda: tuple((i, -i) for i in range(N)),
+    "numpy": lambda: np.arange(3 * N, dtype=np.int16).reshape(N, 3),
+    "dict_by_position": lambda: {i: {"x": i} for i in range(N)},
+    "range": lambda: range(N),
+    "tensor": lambda: torch.arange(N),
 }
 
 

@@ -66,7 +66,10 @@ def container_class(items: list[Any]) -> type[Any] | None:
 
 
 def _owners(dataset: Any) -> Iterator[Any]:
-    yield dataset
+    """The dataset and the objects it holds that keep attributes in a ``__dict__`` (a plain
+    list, tuple or array used as the dataset has none)."""
+    if isinstance(getattr(dataset, "__dict__", None), dict):
+        yield dataset
     for _path, value in iter_attributes(dataset):
         if isinstance(getattr(value, "__dict__", None), dict):
             yield value
