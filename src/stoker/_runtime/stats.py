@@ -107,7 +107,7 @@ def batch_samples(data: Any) -> int:
     while stack:
         item = stack.pop()
         if isinstance(item, torch.Tensor):
-            return int(item.shape[0]) if item.dim() else 1
+            return int(item.size(0)) if item.dim() else 1  # size(0): nested tensors too
         if isinstance(item, dict):
             stack.extend(reversed(list(item.values())))
         elif isinstance(item, (list, tuple)) and item:

@@ -42,6 +42,7 @@ def _sendable_tensor(t: torch.Tensor) -> bool:
     return (
         t.device.type == "cpu"
         and t.layout == torch.strided
+        and not t.is_nested  # strided layout too, but no single buffer: pickled instead
         and not t.is_quantized
         and (t.grad_fn is None)
     )
