@@ -480,6 +480,32 @@ def test_iterable_out_of_order_gives_torchs_batches(Loader, TorchLoader, num_wor
     assert sorted_epochs(Loader) == expected
 
 
+def _shuffled_pipe() -> Any:
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    return IterableWrapper(range(N)).shuffle(buffer_size=5).sharding_filter()
+
+
+@pytest.mark.parametrize("num_workers,persistent", [(0, False), (1, True), (2, False), (2, True)])
+@pytest.mark.parametrize("seeded", [True, False], ids=["generator", "global_rng"])
+def test_datapipe_graph_is_seeded_and_sharded_like_torch(
+    Loader, TorchLoader, num_workers, persistent, seeded
+):
+    # The graph's shuffle seed is drawn per epoch from the generator (or torch's global RNG);
+    # each worker shards the graph: every element once, in torch's order.
+    def before_epoch(epoch: int) -> None:
+        torch.manual_seed(SEED + epoch)
+
+    expected = compare(
+        Loader, TorchLoader, _shuffled_pipe, epochs=3, batch_size=4, shuffle=True,
+        num_workers=num_workers, persistent_workers=persistent, before_epoch=before_epoch,
+        **({} if seeded else {"generator": None}),
+    )
+    for epoch in expected.epochs:
+        assert sorted(torch.cat(epoch).tolist()) == list(range(N))
+    assert_not_equal(expected.epochs[0], expected.epochs[1])
+
+
 def test_without_generator_uses_global_rng(Loader, TorchLoader):
     """generator=None: shuffling draws from torch's global RNG, like torch."""
 

@@ -108,7 +108,21 @@ def plan_shard(rank: int, world: int) -> dict[str, Any]:
         Stream(N * 3), batch_size=None, num_workers=2, multiprocessing_context="fork"
     )
     out["stream"] = [list(x) for x in loader]
+    out["datapipe"] = {name: _read_datapipe(cls) for name, cls in
+                       (("torch", DataLoader), ("stoker", stoker.DataLoader))}
     return out
+
+
+def _read_datapipe(loader_cls: type) -> list[list[int]]:
+    """Two epochs of a shuffled DataPipe graph: its seed is broadcast from rank 0, and it is
+    sharded across ranks x 2 workers."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    torch.manual_seed(dist.get_rank())  # the seed comes from rank 0's global RNG
+    pipe = IterableWrapper(range(N * 2)).shuffle(buffer_size=7).sharding_filter()
+    loader = loader_cls(pipe, batch_size=None, shuffle=True, num_workers=2,
+                        persistent_workers=True, multiprocessing_context="fork")
+    return [[int(x) for x in loader] for _ in range(2)]
 
 
 def plan_elastic_save(rank: int, world: int) -> dict[str, Any]:
@@ -279,6 +293,16 @@ def test_iterable_dataset_is_read_once_across_ranks_and_workers(
     assert sorted(x for x, _ in stream) == list(range(N * 3))
     assert {shard for _, shard in stream} == set(range(2 * world))  # 2 workers per rank
     assert all(x % (2 * world) == shard for x, shard in stream)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_datapipe_graph_is_sharded_across_ranks_and_workers_like_torch(
+    runs: dict[int, list[dict[str, Any]]], world: int
+) -> None:
+    per_rank = [r["shard"]["datapipe"] for r in runs[world]]
+    assert [r["stoker"] for r in per_rank] == [r["torch"] for r in per_rank]
+    for epoch in range(2):
+        assert sorted(x for r in per_rank for x in r["stoker"][epoch]) == list(range(N * 2))
 
 
 def test_elastic_resume_from_three_ranks_to_two(runs: dict[int, list[dict[str, Any]]]) -> None:

@@ -43,4 +43,7 @@ class WorkerSpec:
     # the batched form read from __getitem__'s source passed its probes in an earlier epoch
     vector_trusted: bool = False
     forked: bool = False  # started by fork inside pools_quiet_for_fork
+    # a DataPipe graph: its shufflers' seed, and (world size, rank) to shard it by
+    datapipe_seed: int | None = None
+    datapipe_ranks: tuple[int, int] | None = None
 

@@ -23,6 +23,7 @@ from stoker._runtime.skips import SkipLedger
 from stoker._runtime.stats import batch_samples
 from stoker.collate import collate, default_convert
 from stoker.device.pin import pin_batch, pin_target
+from stoker.sampling.datapipes import draw_shared_seed, is_iter_datapipe, seed_group
 from stoker.sampling.dataset_rngs import find_dataset_rngs, warn_shared_rngs
 from stoker.sampling.fast_batches import fast_iter
 from stoker.sampling.rng_state import RngSnapshot
@@ -129,6 +130,9 @@ class BaseIterator:
             warn_shared_rngs(self._dataset, find_dataset_rngs(self._dataset), self._num_workers)
         self._base_seed = 0
         self._epoch = -1
+        # An IterDataPipe's shufflers take a seed drawn per epoch (stoker.sampling.datapipes).
+        self._seed_group = seed_group() if is_iter_datapipe(self._dataset) else None
+        self._datapipe_seed: int | None = None
         self._open_epoch(loader, resume, first=True)
 
     def __iter__(self) -> BaseIterator:
@@ -154,9 +158,12 @@ class BaseIterator:
         else:
             self._rng.capture()
             ctx = contextlib.nullcontext()
+        datapipe = is_iter_datapipe(self._dataset)
         with ctx:
             if resume and self._stateful is not None and resume["sampler_state"] is not None:
                 self._stateful.load_state_dict(resume["sampler_state"])
+            if datapipe and first:
+                self._datapipe_seed = draw_shared_seed(self._generator, self._seed_group)
             self._sampler_iter = self._iter_sampler()
             if drew:
                 self._base_seed = draw_base_seed(self._generator)
@@ -164,6 +171,11 @@ class BaseIterator:
                 self._base_seed = resume["base_seed"]
             if first and self._reiter_after_seed:
                 self._sampler_iter = self._iter_sampler()
+            if datapipe and (self._reiter_after_seed or not first):
+                # torch's worker iterators draw one more at their first reset (their workers
+                # keep the first); a later epoch's seed goes to the workers.
+                seed = draw_shared_seed(self._generator, self._seed_group)
+                self._datapipe_seed = self._datapipe_seed if first else seed
             self._position = 0
             self._skip: set[int] = set()
             self._sampler_snaps: dict[int, Any] = {}

@@ -11,6 +11,7 @@ from stoker.executors.batched_getitem import Decline
 from stoker.executors.fetch import EMPTY, make_fetcher, vectorisable
 from stoker.executors.remote_errors import add_note, describe_indices
 from stoker.executors.vectorized import VectorProbe
+from stoker.sampling.datapipes import distributed_settings, is_datapipe, seed_shufflers, shard
 from stoker.sampling.dataset_rngs import reseed, restore_states, save_states
 from stoker.sampling.sample_rng import clear_sample_context
 from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
@@ -25,6 +26,10 @@ class InlineIterator(BaseIterator):
                 "num_workers>0."
             )
         super().__init__(loader, resume)
+        if self._datapipe_seed is not None:
+            seed_shufflers(self._dataset, self._datapipe_seed)
+        if is_datapipe(self._dataset):
+            shard(self._dataset, 1, 0, *distributed_settings())
         self._fetcher = make_fetcher(self._fetch_spec)
         self._fetcher.sample_context = (self._base_seed, self._epoch)
         # Only the form read from the source: calling __getitem__ with a whole batch runs the
@@ -43,6 +48,9 @@ class InlineIterator(BaseIterator):
 
     def _reset(self, loader: Any) -> None:
         self._open_epoch(loader, None, first=False)
+        if self._datapipe_seed is not None:
+            seed_shufflers(self._dataset, self._datapipe_seed)
+            self._fetcher = make_fetcher(self._fetch_spec)
         self._fetcher.sample_context = (self._base_seed, self._epoch)
 
     def _shutdown(self) -> None:

@@ -40,6 +40,7 @@ from stoker.executors.process_pool import default_context, gc_frozen_for_fork, s
 from stoker.executors.remote_errors import add_note, rebuild
 from stoker.executors.spec_once import PickledSpec
 from stoker.executors.thread_caps import pools_quiet_for_fork
+from stoker.sampling.datapipes import distributed_settings, is_datapipe
 
 _EMPTY_STEP = object()
 
@@ -146,6 +147,8 @@ class ProcessIterator(BaseIterator):
             concurrency=loader.worker_concurrency,
             shared_lists=shared_lists,
             vector_trusted=self._vector_trusted,
+            datapipe_seed=self._datapipe_seed,
+            datapipe_ranks=distributed_settings() if is_datapipe(self._dataset) else None,
         )
 
     def _forked_spec(self, spec: WorkerSpec) -> WorkerSpec:
@@ -223,7 +226,7 @@ class ProcessIterator(BaseIterator):
         self._collect_released()
         for w in self._group.workers:
             release = self._take_release(w.worker_id)
-            self._send(w.worker_id, (msg.RESET, self._epoch, release))
+            self._send(w.worker_id, (msg.RESET, self._epoch, release, self._datapipe_seed))
         self._start_dispatch()
 
     # -- sending -----------------------------------------------------------------------------

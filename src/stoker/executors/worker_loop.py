@@ -44,6 +44,7 @@ from stoker.executors.thread_caps import cap_worker_threads
 from stoker.executors.vectorized import VectorProbe
 from stoker.executors.worker_info import set_worker_info
 from stoker.formats.auto_share import apply_in_worker
+from stoker.sampling.datapipes import seed_shufflers, shard
 from stoker.sampling.dataset_rngs import find_dataset_rngs, reseed
 from stoker.sampling.sample_rng import set_sample_context
 from stoker.sampling.seeds import batch_seed, seed_global_rngs, seed_worker_rngs
@@ -137,8 +138,12 @@ class _Worker:
 
             set_context(spec.dist)
             rank, world = spec.dist.rank, spec.dist.world_size
+        if spec.datapipe_seed is not None:  # a DataPipe graph: stoker.sampling.datapipes
+            seed_shufflers(spec.fetch.dataset, spec.datapipe_seed)
         set_worker_info(spec.worker_id, spec.num_workers, seed, spec.fetch.dataset, rank, world)
         try:
+            if spec.datapipe_ranks is not None:
+                shard(spec.fetch.dataset, spec.num_workers, spec.worker_id, *spec.datapipe_ranks)
             if spec.worker_init_fn is not None:
                 spec.worker_init_fn(spec.worker_id)
             self._new_fetcher()
@@ -164,12 +169,14 @@ class _Worker:
     def _set_sample_context(self, index: Any) -> None:
         set_sample_context(self.spec.base_seed, self.epoch, index)
 
-    def reset(self, epoch: int, released: list[int]) -> None:
+    def reset(self, epoch: int, released: list[int], datapipe_seed: int | None) -> None:
         self.epoch = epoch
         self.retired += self.pool.release(released)
         self.exhausted = False
         if self.init_error is None:
             try:
+                if datapipe_seed is not None:
+                    seed_shufflers(self.spec.fetch.dataset, datapipe_seed)
                 self._new_fetcher()
             except Exception as exc:
                 self.init_error = capture(
@@ -437,7 +444,7 @@ class _Worker:
             elif tag == msg.RELEASE:
                 self.retired += self.pool.release(item[1])
             elif tag == msg.RESET:
-                self.reset(item[1], item[2])
+                self.reset(item[1], item[2], item[3])
             else:
                 return
 

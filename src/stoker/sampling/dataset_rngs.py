@@ -19,12 +19,15 @@ import numpy as np
 import torch
 
 from stoker._core.walk import iter_attributes
+from stoker.sampling.datapipes import is_datapipe
 from stoker.sampling.seeds import mix_seed
 
 _RNG_TYPES = (random.Random, np.random.Generator, np.random.RandomState, torch.Generator)
 
 
 def find_dataset_rngs(dataset: Any) -> list[tuple[str, Any]]:
+    if is_datapipe(dataset):
+        return []  # its shufflers take the loader's shared seed (stoker.sampling.datapipes)
     found = []
     seen: set[int] = set()
     for path, value in iter_attributes(dataset):
