@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from multiprocessing.reduction import recv_handle
 
 from _engine_datasets import BLOCK_S
 from torch.utils.data import default_collate
@@ -14,6 +13,7 @@ from stoker._core.specs import FetchSpec, WorkerSpec
 from stoker._runtime.base_iter import resolve_collate
 from stoker.executors import messages as msg
 from stoker.executors.process_pool import start_worker
+from stoker.transport import segments
 
 
 class PlayedMain:
@@ -42,11 +42,11 @@ class PlayedMain:
             message = conn.recv()
             if message[0] == msg.HELLO:
                 if message[1]:
-                    self.fds.append(recv_handle(conn))
+                    self.fds.append(segments.recv_fd(conn))
             elif message[0] == msg.SLAB:
                 self.slabs_made += 1
                 if message[1].name is None:
-                    self.fds.append(recv_handle(conn))
+                    self.fds.append(segments.recv_fd(conn))
             else:
                 return message
 

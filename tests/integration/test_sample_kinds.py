@@ -8,6 +8,7 @@ what ``num_workers=0`` gives.)
 
 from __future__ import annotations
 
+import gc
 import warnings
 from typing import Any
 
@@ -85,6 +86,12 @@ def test_samples_come_back_as_made(num_workers):
             expected = _samples(2 * b + j)
             wrong = [k for k in expected if not _same(expected[k], sample[k])]
             assert not wrong, f"sample {2 * b + j}: {wrong} differ"
+    # Nothing keeps a batch alive once the user drops it (a rebuilt sparse tensor once sat
+    # in torch's list of tensors to validate, and so did its slab).
+    del batches, batch, sample, loader
+    gc.collect()
+    with open("/proc/self/maps") as maps:
+        assert not [line for line in maps if "stoker-slab" in line]
 
 
 def test_default_collate_refuses_nested_tensors_like_torch():

@@ -26,7 +26,6 @@ anything in /dev/shm. Batches the user still holds stay valid: their mappings ou
 from __future__ import annotations
 
 import select
-from multiprocessing.reduction import recv_handle
 from typing import Any
 
 from stoker.executors import messages as msg
@@ -91,7 +90,7 @@ class WorkerGroup:
             receive_slab(self.reader, w, message[1])
         elif tag == msg.HELLO:
             if message[1]:
-                fd = recv_handle(w.conn)
+                fd = segments.recv_fd(w.conn)
                 segments.open_received_log(fd)
                 self.stack_logs[w.worker_id] = fd
         else:
@@ -112,5 +111,5 @@ class WorkerGroup:
 
 
 def receive_slab(reader: SlabReader, w: WorkerHandle, ref: Any) -> None:
-    fd = recv_handle(w.conn) if ref.name is None else None
+    fd = segments.recv_fd(w.conn) if ref.name is None else None
     reader.adopt(w.worker_id, ref, fd)

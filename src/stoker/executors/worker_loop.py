@@ -19,7 +19,6 @@ import threading
 import time
 from collections import deque
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import send_handle
 from typing import Any
 
 from stoker._core.specs import WorkerSpec
@@ -124,7 +123,7 @@ class _Worker:
     def _announce(self, fd: int, ref: SegmentRef) -> None:
         self.conn.send((msg.SLAB, ref))
         if ref.name is None:
-            send_handle(self.conn, fd, self.spec.parent_pid)
+            segments.send_fd(self.conn, fd)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -241,7 +240,11 @@ class _Worker:
     def _run_batched(self, task_id: int, indices: Any) -> bool:
         """One call for the whole batch, into a slab; False: declined, fetch it the plain way."""
         assert self.vector is not None
-        slab = self.pool.acquire(None)  # sized by the batches before (the probes at least)
+        try:
+            slab = self.pool.acquire(None)  # sized by the batches before (the probes at least)
+        except OSError as exc:  # no slab to be had: this batch fails, the worker goes on
+            self._fail(task_id, indices, exc)
+            return True
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
             with allocating_into(slab):
@@ -285,7 +288,11 @@ class _Worker:
             )
             if self.pipeline is None and not self.pool.has_free(hint):
                 self._read_waiting(None)  # NOTE [ Slabs come back before the next task ]
-            slab = self.pool.acquire(hint)
+            try:
+                slab = self.pool.acquire(hint)
+            except OSError as exc:  # no slab to be had: this batch fails, the worker goes on
+                self._fail(task_id, indices, exc)
+                return
         try:
             t0 = time.perf_counter()
             with allocating_into(slab):
@@ -495,7 +502,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         log_fd = diagnostics.install_in_worker()
         conn.send((msg.HELLO, log_fd is not None))
         if log_fd is not None:
-            send_handle(conn, log_fd, spec.parent_pid)
+            segments.send_fd(conn, log_fd)
         worker.start()
         worker.serve()
     except (BrokenPipeError, ConnectionResetError, KeyboardInterrupt):

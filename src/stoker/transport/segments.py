@@ -19,15 +19,19 @@ whole life, so a freshly forked worker closes every fd this module opened in its
 
 from __future__ import annotations
 
+import array
 import ctypes
+import errno
 import functools
 import mmap
 import os
 import secrets
+import socket
 import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
 _HAS_MEMFD = hasattr(os, "memfd_create") and sys.platform.startswith("linux")
 _PAGE = mmap.PAGESIZE
@@ -179,6 +183,38 @@ def map_lease(fd: int, nbytes: int) -> ctypes.Array:
     nbytes = round_up(nbytes)
     address = map_address(fd, nbytes)
     return lease_at(address, nbytes, functools.partial(unmap_address, address, nbytes))
+
+
+def send_fd(conn: Connection, fd: int) -> None:
+    """Pass ``fd`` over the Unix socket behind ``conn`` (SCM_RIGHTS). Unlike
+    ``multiprocessing.reduction.send_handle``, no fd is duplicated to do it, so a process at
+    its open-files limit can still hand over a segment it created."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=conn.fileno())
+    try:
+        sock.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+    finally:
+        sock.detach()  # the socket is conn's: do not close it
+
+
+def recv_fd(conn: Connection) -> int:
+    """The fd ``send_fd`` passed; OSError(EMFILE) if this process had no slot left for it."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=conn.fileno())
+    try:
+        space = socket.CMSG_SPACE(array.array("i").itemsize)
+        msg, ancdata, _flags, _addr = sock.recvmsg(1, space)
+    finally:
+        sock.detach()
+    if not msg:
+        raise EOFError("the worker closed its connection while passing a segment")
+    fds = array.array("i")
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    if not fds:  # the kernel drops the fd (MSG_CTRUNC) when no slot is free
+        raise OSError(errno.EMFILE, "Too many open files: the main process had no file "
+                      "descriptor left to receive a worker's shared-memory segment; raise the "
+                      "limit (`ulimit -n`) or close files the program no longer needs")
+    return fds[0]
 
 
 def close(fd: int) -> None:

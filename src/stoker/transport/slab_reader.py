@@ -43,6 +43,15 @@ class _LeaseUnpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(payload))
         self._lease = lease
 
+    def load(self) -> Any:
+        try:
+            return super().load()
+        finally:
+            # Rebuilding a sparse tensor parks it in torch's list of tensors to validate, which
+            # torch.load empties; left there, each such batch (and its slab) lived forever.
+            if torch._utils._sparse_tensors_to_validate:
+                torch._utils._validate_loaded_sparse_tensors()
+
     def persistent_load(self, pid: Any) -> Any:
         if pid[0] == "e":
             _, dtype, shape, requires_grad = pid
@@ -144,6 +153,7 @@ class SlabReader:
         if slab.address is None:
             assert slab.fd is not None, "a banked slab keeps its mapping"
             slab.address = segments.map_address(slab.fd, slab.nbytes)
+            self._close_fd(slab)  # the mapping keeps the memory: no fd per batch held
         slab.leased = True
         lease = segments.lease_at(slab.address, used, functools.partial(self._released, key, slab))
         return _LeaseUnpickler(payload, lease).load()

@@ -10,7 +10,9 @@ not born in the slab is copied in once. See NOTE [ Slab lifecycle ] in ``slab_re
 from __future__ import annotations
 
 import ctypes
+import errno
 import io
+import os
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -67,19 +69,14 @@ def _sendable_array(a: np.ndarray) -> bool:
 class SlabWriter:
     """One slab: a bump allocator over a shared mapping, reset for every batch."""
 
-    def __init__(self, fd: int | None, ref: SegmentRef, address: int | None = None) -> None:
-        """Map segment ``fd``, or, with ``fd=None``, use the shared mapping at ``address`` this
-        process inherited (NOTE [ Slabs outlive workers ])."""
-        self.fd = fd
+    def __init__(self, ref: SegmentRef, address: int) -> None:
+        """The shared mapping of segment ``ref`` at ``address``: mapped by this process, or
+        inherited (NOTE [ Slabs outlive workers ]). It holds no file descriptor, so a user
+        keeping thousands of batches does not run the worker out of them."""
         self.ref = ref
         self.capacity = ref.nbytes
         self._address = address
-        self._mm: Any
-        if fd is not None:
-            self._mm = segments.map_segment(fd, ref.nbytes)
-        else:
-            assert address is not None, "a slab needs an fd or an inherited mapping"
-            self._mm = (ctypes.c_ubyte * ref.nbytes).from_address(address)
+        self._mm = (ctypes.c_ubyte * ref.nbytes).from_address(address)
         self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)
         self._base = self._bytes.data_ptr()
         self.cursor = 0
@@ -108,13 +105,35 @@ class SlabWriter:
 
     def close(self) -> None:
         del self._bytes
-        if self.fd is not None:
-            self._mm.close()
-            segments.close(self.fd)
-        else:
-            del self._mm
-            assert self._address is not None
-            segments.unmap_address(self._address, self.capacity)
+        del self._mm
+        segments.unmap_address(self._address, self.capacity)
+
+
+def _explained(exc: OSError, nbytes: int) -> OSError:
+    """The OS refused a new slab: the same error, saying why and what to change."""
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        try:
+            open_now = f"has {len(os.listdir('/proc/self/fd')) - 1} files open and "
+        except OSError:  # listing them needs a file descriptor too
+            open_now = ""
+        hint = (
+            f"this worker {open_now}may have at most {soft} open. stoker keeps no file "
+            "descriptor per batch, so files the dataset opens are the likely cause: open them "
+            "once per worker and close those done with; or raise the limit (`ulimit -n` in the "
+            "shell, resource.setrlimit(resource.RLIMIT_NOFILE, ...) in Python). torch's other "
+            "remedy, torch.multiprocessing.set_sharing_strategy('file_system'), does not apply "
+            "to stoker."
+        )
+    elif exc.errno in (errno.ENOMEM, errno.ENOSPC):
+        hint = ("the machine (or the container's memory limit) has no room for it; lower "
+                "batch_size, prefetch_factor or num_workers")
+    else:
+        return exc
+    return OSError(exc.errno, f"creating a {nbytes}-byte shared-memory slab for a batch "
+                              f"failed ({exc.strerror}): {hint}")
 
 
 class _PackingPickler(pickle.Pickler):
@@ -217,7 +236,7 @@ class SlabPool:
         # main process (NOTE [ Slabs outlive workers ]): ids 0..k-1, which the main process
         # already knows, so they are not announced.
         for sid, (address, nbytes) in enumerate(inherited):
-            self._slabs[sid] = SlabWriter(None, SegmentRef(sid, nbytes, None), address)
+            self._slabs[sid] = SlabWriter(SegmentRef(sid, nbytes, None), address)
             self._free.append(sid)
         self._next_id = len(inherited)
 
@@ -245,14 +264,24 @@ class SlabPool:
         return slab
 
     def _create(self, nbytes: int) -> SlabWriter:
-        fd, ref = segments.create(self._next_id, max(nbytes, _MIN_SLAB_BYTES))
-        self._next_id += 1
         try:
-            slab = SlabWriter(fd, ref)
+            fd, ref = segments.create(self._next_id, max(nbytes, _MIN_SLAB_BYTES))
+            try:
+                address = segments.map_address(fd, ref.nbytes)
+            except OSError:
+                segments.close(fd)
+                raise
+        except OSError as exc:
+            raise _explained(exc, nbytes) from None
+        self._next_id += 1
+        slab = SlabWriter(ref, address)
+        try:
             self._announce(fd, ref)
         except BaseException:
-            segments.close(fd)
+            slab.close()
             raise
+        finally:
+            segments.close(fd)  # the mapping keeps the memory; the main process has its fd
         self._slabs[ref.segment_id] = slab
         return slab
 
