@@ -26,14 +26,19 @@ _LIKELY_CAUSE = {
 }
 
 
-def _describe_exit(exitcode: int) -> str:
+def _describe_exit(w: Any) -> str:
+    """torch's first sentence (what users search for), then which worker it was."""
+    exitcode = w.process.exitcode
     if exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
-        return f"was killed by {name}"
-    return f"exited with code {exitcode}"
+        text = signal.strsignal(-exitcode) or name
+        return (f"DataLoader worker (pid {w.pid}) is killed by signal: {text}. "
+                f"It was worker {w.worker_id} ({name})")
+    return (f"DataLoader worker (pid {w.pid}) exited unexpectedly with code {exitcode}. "
+            f"It was worker {w.worker_id}")
 
 
 _FATAL_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT, signal.SIGILL}
@@ -65,9 +70,7 @@ def check_workers_alive(it: Any) -> None:
             it._file_reply(w, reply)
         held = [i for t, i in it._task_indices.items() if it._task_worker.get(t) == w.worker_id]
         what = describe_indices([j for i in held for j in (i if isinstance(i, list) else [i])])
-        exit_text = _describe_exit(w.process.exitcode)
-        line = f"DataLoader worker {w.worker_id} (pid {w.pid}) {exit_text}"
-        line += f" while loading {what}." if held else "."
+        line = _describe_exit(w) + (f", loading {what}." if held else ".")
         cause = _LIKELY_CAUSE.get(-w.process.exitcode) if w.process.exitcode < 0 else (
             "A worker exits like this when dataset code calls sys.exit()/os._exit()."
         )
