@@ -187,6 +187,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         weakref.finalize(self, self._stoker_slab_bank.close)
         self._stoker_inline: bool | None = None  # NOTE [ Gathers need no workers ]; None: not asked
         self._stoker_vector_trusted: Any = None  # the dataset whose batched form passed its probes
+        self._stoker_init_fn_seeds_told = False  # NOTE [ Seeds set in worker_init_fn stay ]
         if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):
             bs, dl = self.batch_size or 1, self.drop_last
             self._stoker_pad_steps = lambda: sampler.num_batches(bs, dl)

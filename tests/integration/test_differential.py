@@ -10,6 +10,8 @@ main process.
 from __future__ import annotations
 
 import itertools
+import os
+import random
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ from _datasets import (
 from torch.utils.data import (
     BatchSampler,
     ConcatDataset,
+    Dataset,
     DistributedSampler,
     RandomSampler,
     SequentialSampler,
@@ -524,6 +527,58 @@ def test_without_generator_uses_global_rng(Loader, TorchLoader):
     torch.manual_seed(SEED)
     run(Loader, MapDS(N, "tensor"), epochs=2, batch_size=5, shuffle=True, generator=None)
     assert torch.equal(torch.rand(3), after_torch)
+
+
+def _seed_worker(worker_id: int) -> None:
+    """The recipe in torch's reproducibility notes."""
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def _fixed_torch_seed(worker_id: int) -> None:  # torch's test_worker_init_fn
+    torch.manual_seed(12345)
+
+
+def _names_worker(worker_id: int) -> None:
+    os.environ["STOKER_TEST_WORKER"] = str(worker_id)  # touches no RNG
+
+
+class InitialSeedDS(Dataset):
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> int:
+        return torch.initial_seed()
+
+
+_INIT_FN_SEEDED = "worker_init_fn seeded the global RNGs"
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+@pytest.mark.parametrize("init_fn,dataset", [(_seed_worker, UnevenRandomDS),
+                                             (_fixed_torch_seed, InitialSeedDS)])
+def test_seeds_set_in_worker_init_fn_stay(Loader, TorchLoader, init_fn, dataset, persistent):
+    """A worker_init_fn that seeds the global RNGs gets torch's per-worker streams under the
+    default seeding too (NOTE [ Seeds set in worker_init_fn stay ]), and is told so once."""
+    kwargs = {"batch_size": 4, "shuffle": True, "num_workers": 2, "epochs": 2,
+              "persistent_workers": persistent, "worker_init_fn": init_fn}
+    expected = run(TorchLoader, dataset(), **kwargs)
+    actual = run(Loader, dataset(), **kwargs)
+    told = [w for w in actual.warnings if _INIT_FN_SEEDED in w[1]]
+    if Loader is not TorchLoader:
+        assert len(told) == 1, actual.warnings
+    actual.warnings = [w for w in actual.warnings if w not in told]
+    assert_same(expected, actual)
+
+
+def test_worker_init_fn_without_seeding_keeps_per_batch_seeds(Loader, stoker_only):
+    kwargs = {"batch_size": 4, "shuffle": True, "epochs": 1}
+    alone = run(Loader, UnevenRandomDS(40), num_workers=0, **kwargs)
+    with_init = run(Loader, UnevenRandomDS(40), num_workers=2, worker_init_fn=_names_worker,
+                    **kwargs)
+    assert not with_init.warnings
+    assert_same(alone, with_init)  # the same draws as without workers
 
 
 @pytest.mark.parametrize("dataset", [UnevenRandomDS, IndexableRandomDS])

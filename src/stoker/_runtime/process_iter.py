@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import os
 import time
+import warnings
 import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -491,6 +492,8 @@ class ProcessIterator(BaseIterator):
         if tag == msg.DONE:
             info = reply[8]
             self._gives_back[wid] = info[0] == 1 and info[8]
+            if info[9]:
+                self._warn_init_fn_seeds()
         if self._sampler_done:
             self._let_idle_workers_go()
         self._ready[position] = (wid, reply)
@@ -498,6 +501,23 @@ class ProcessIterator(BaseIterator):
             self._arrivals.append(position)
         if tag == msg.DONE and not self._torch_depth:
             self._follow_concurrency(wid, info[0], reply[4])
+
+    def _warn_init_fn_seeds(self) -> None:
+        """NOTE [ Seeds set in worker_init_fn stay ] in ``executors.worker_loop``; once per
+        loader."""
+        loader = self._loader_ref()
+        if loader is None or loader._stoker_init_fn_seeds_told:
+            return
+        loader._stoker_init_fn_seeds_told = True
+        warnings.warn(
+            "worker_init_fn seeded the global RNGs (random, numpy or torch), so stoker leaves "
+            "them to it: each worker draws from its own stream, as with torch, and the "
+            "augmentations depend on num_workers. stoker's default seeding=\"per_batch\" "
+            "already gives every batch its own seeded streams, the same for any num_workers; "
+            "to have that, drop the seeding from worker_init_fn. To keep torch's behaviour "
+            "without this warning, pass seeding=\"per_worker\".",
+            stacklevel=2,
+        )
 
     def _follow_concurrency(self, wid: int, concurrency: int, batch_bytes: int) -> None:
         """Raise a worker's task depth to keep its concurrent fetches busy, and for small

@@ -43,6 +43,7 @@ from stoker.executors.thread_caps import cap_worker_threads
 from stoker.executors.vectorized import VectorProbe
 from stoker.executors.worker_info import set_worker_info
 from stoker.formats.auto_share import apply_in_worker
+from stoker.sampling import global_rngs
 from stoker.sampling.datapipes import seed_shufflers, shard
 from stoker.sampling.dataset_rngs import find_dataset_rngs, reseed
 from stoker.sampling.sample_rng import set_sample_context
@@ -112,6 +113,8 @@ class _Worker:
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.fetcher: Any = None
         self.tuner: ConcurrencyTuner | None = None
+        # NOTE [ Seeds set in worker_init_fn stay ]: False once worker_init_fn seeded them.
+        self.seed_per_batch = spec.seed_per_batch
         self.dataset_rngs = find_dataset_rngs(spec.fetch.dataset) if spec.seed_per_batch else []
         self._events_sent = 0
         self.vector: VectorProbe | None = None
@@ -144,12 +147,28 @@ class _Worker:
             if spec.datapipe_ranks is not None:
                 shard(spec.fetch.dataset, spec.num_workers, spec.worker_id, *spec.datapipe_ranks)
             if spec.worker_init_fn is not None:
-                spec.worker_init_fn(spec.worker_id)
+                self._run_worker_init_fn()
             self._new_fetcher()
         except Exception as exc:
             self.init_error = capture(
                 exc, spec.worker_id, "starting (worker_init_fn or iter(dataset))"
             )
+
+    # NOTE [ Seeds set in worker_init_fn stay ]
+    # Under seeding="per_batch" the global RNGs are reseeded before every batch. A
+    # worker_init_fn that seeds them itself (torch.manual_seed(...), the seed_worker recipe
+    # from torch's reproducibility notes) asks for torch's per-worker streams instead, and a
+    # drop-in must not overrule it: this worker then leaves the global RNGs and the dataset's
+    # generators alone, exactly as under seeding="per_worker", gives no task back (a moved
+    # batch would draw from another worker's stream), and the main process says so once.
+
+    def _run_worker_init_fn(self) -> None:
+        assert self.spec.worker_init_fn is not None
+        before = global_rngs.snapshot() if self.seed_per_batch else None
+        self.spec.worker_init_fn(self.spec.worker_id)
+        if before is not None and global_rngs.changed_since(before):
+            self.seed_per_batch = False
+            self.dataset_rngs = []
 
     def _new_fetcher(self) -> None:
         self.fetcher = make_fetcher(self.spec.fetch)
@@ -194,7 +213,7 @@ class _Worker:
         self.fetcher.sample_context = (self.spec.base_seed, self.epoch)
         if self.vector.adopted and self._run_batched(task_id, indices):
             return  # no user code ran: nothing to seed
-        if self.spec.seed_per_batch:
+        if self.seed_per_batch:
             seed = batch_seed(self.spec.base_seed, self.epoch, task_id)
             seed_global_rngs(seed)
             reseed(self.dataset_rngs, seed)
@@ -316,7 +335,8 @@ class _Worker:
         info = (
             self.tuner.concurrency, timing[0], timing[1], t1 - t0, t2 - t1,
             [(e.at_s, e.concurrency, e.reason) for e in events], batched,
-            self.run_queue.take(), self.pipeline is None,
+            self.run_queue.take(), self.pipeline is None and self.seed_per_batch,
+            self.seed_per_batch != self.spec.seed_per_batch,
         )
         reply = (
             msg.DONE, self.epoch, task_id, segment_id, used, payload, self.retired, skipped, info
