@@ -93,6 +93,11 @@ class ProcessIterator(BaseIterator):
         self._loader_ref = weakref.ref(loader)
         self._vector_trusted = loader._stoker_vector_trusted is self._dataset
         method = ctx.get_start_method()
+        # Whether each worker's last reply said it can give a queued task back. Before the
+        # first one: yes (it starts with no fetch threads), unless a worker_init_fn may have
+        # taken over its seeds (NOTE [ Seeds set in worker_init_fn stay ]). Assuming no let
+        # an idle worker exit while a task still queued behind a straggler could move to it.
+        self._gives_back = [loader.worker_init_fn is None] * self._num_workers
         self._init_dispatch()
         with pools_quiet_for_fork(method), gc_frozen_for_fork(method):
             self._start_workers(loader, ctx)
@@ -201,10 +206,8 @@ class ProcessIterator(BaseIterator):
         self._load = [0] * n
         self._active = [True] * n
         # NOTE [ Idle workers take queued tasks ]: each worker's unanswered tasks in the order
-        # sent (the first is running), whether its last reply said it can give one back, and
-        # moved tasks -> the workers that still owe a reply for them.
+        # sent (the first is running), and moved tasks -> the workers that still owe a reply.
         self._queued: list[deque[int]] = [deque() for _ in range(n)]
-        self._gives_back = [False] * n
         self._stragglers = StragglerWatch(n)
         self._moved: dict[int, set[int]] = {}
         # Tasks a worker may hold: prefetch_factor, or enough to keep its concurrent fetches
