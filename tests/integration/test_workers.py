@@ -97,6 +97,25 @@ def test_each_batch_is_loaded_by_torchs_worker(Loader, TorchLoader, num_workers,
     assert worker_ids(Loader) == expected
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+def test_iterator_lists_its_worker_processes_like_torch(Loader, persistent):
+    # torch's `_workers`: code reads the pids, or joins the workers after the loop (torch's own
+    # tests do), also once the epoch has stopped them.
+    loader = Loader(WorkerProbeDS(8), batch_size=2, num_workers=2,
+                    persistent_workers=persistent, timeout=60)
+    it = iter(loader)
+    batches = list(it)
+    pids = {int(pid) for batch in batches for pid in batch[1]}
+    workers = it._workers
+    assert {w.pid for w in workers} == pids and len(workers) == 2
+    if persistent:
+        assert all(w.is_alive() for w in workers)
+        it._shutdown_workers()
+    for w in workers:
+        w.join(60)
+        assert not w.is_alive() and w.exitcode == 0
+
+
 @pytest.mark.parametrize("dataset_cls", [WorkerProbeDS, WorkerProbeIterDS], ids=["map", "iter"])
 def test_get_worker_info_is_none_without_workers(Loader, dataset_cls):
     samples = list(Loader(dataset_cls(5), batch_size=None, num_workers=0))

@@ -57,6 +57,7 @@ class InlineIterator(BaseIterator):
         pass  # no workers to stop
 
     _shutdown_workers = _shutdown  # torch's name, for code that calls it on persistent loaders
+    _workers: list[Any] = []  # torch's name for the worker processes: none here
 
     def _fetch(self, position: int, index: Any) -> Any:
         if self._vector.adopted:

@@ -37,7 +37,12 @@ from stoker.errors import LoaderTimeoutError
 from stoker.executors import messages as msg
 from stoker.executors.batched_getitem import compile_batched
 from stoker.executors.fetch import EmptyBatch, vectorisable
-from stoker.executors.process_pool import default_context, gc_frozen_for_fork, start_worker
+from stoker.executors.process_pool import (
+    WorkerProcess,
+    default_context,
+    gc_frozen_for_fork,
+    start_worker,
+)
 from stoker.executors.remote_errors import add_note, rebuild
 from stoker.executors.spec_once import PickledSpec
 from stoker.executors.thread_caps import pools_quiet_for_fork
@@ -575,6 +580,11 @@ class ProcessIterator(BaseIterator):
 
     def _shutdown_workers(self) -> None:  # torch's name, for code that calls it
         self._shutdown()
+
+    @property
+    def _workers(self) -> list[WorkerProcess]:
+        """torch's name: the worker processes (code reads their pids or joins them)."""
+        return [WorkerProcess(w) for w in self._group.workers]
 
     @property
     def stopped(self) -> bool:

@@ -30,6 +30,10 @@ class WorkerHandle:
     process: Any  # multiprocessing.process.BaseProcess
     conn: Connection
     stop_sent: bool = False  # asked to exit: its exit is expected, not a death
+    # what the process object said when it was closed (it answers nothing after)
+    closed: bool = False
+    closed_exitcode: int | None = None
+    closed_pid: int | None = None
 
     def ask_to_stop(self) -> None:
         if self.stop_sent:
@@ -42,7 +46,41 @@ class WorkerHandle:
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid
+        return self.closed_pid if self.closed else self.process.pid
+
+
+class WorkerProcess:
+    """A worker's process as torch's ``_workers`` lists it: ``pid``, ``exitcode``,
+    ``is_alive()``, ``join()``, ``terminate()``, still answering once stoker has stopped the
+    worker and closed its process object (code joins them after the loop, as torch's tests do)."""
+
+    def __init__(self, handle: WorkerHandle) -> None:
+        self._handle = handle
+        self.pid = handle.pid
+
+    def _process(self) -> Any:
+        return None if self._handle.closed else self._handle.process
+
+    @property
+    def exitcode(self) -> int | None:
+        process = self._process()
+        return self._handle.closed_exitcode if process is None else process.exitcode
+
+    def is_alive(self) -> bool:
+        process = self._process()
+        return process is not None and process.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        process = self._process()
+        if process is not None:
+            process.join(timeout)
+
+    def terminate(self) -> None:
+        process = self._process()
+        if process is not None and process.exitcode is None:
+            process.terminate()
+
+    kill = terminate
 
 
 def close_inherited_parent_ends() -> None:
@@ -133,6 +171,8 @@ def stop_workers(workers: list[WorkerHandle], drain: Any = None) -> None:
     for w in workers:
         w.process.join()
         w.conn.close()
+        w.closed_exitcode, w.closed_pid = w.process.exitcode, w.process.pid
+        w.closed = True
         w.process.close()
 
 
