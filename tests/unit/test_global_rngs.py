@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from stoker.sampling import global_rngs
+from stoker.sampling.seeds import global_seeds, reseeded_since, seed_worker_rngs
 
 
 def _draws() -> tuple:
@@ -94,3 +95,27 @@ def test_a_replaced_random_function_falls_back_to_the_public_api(monkeypatch):
     global_rngs.restore(state)  # a raw snapshot put back through random.setstate
     assert random.getstate() == expected
     assert global_rngs.snapshot()[0] == expected  # and snapshots are public ones meanwhile
+
+
+# -- reseeded_since: was a global RNG seeded (not merely drawn from)? ----------------------------
+
+
+@pytest.mark.parametrize("act,reseeded", [
+    (lambda: None, False),
+    (lambda: random.random(), False),
+    (lambda: np.random.rand(700), False),  # past a regeneration of numpy's 624 words
+    (lambda: torch.rand(3), False),
+    (lambda: random.seed(7), True),
+    (lambda: np.random.seed(7), True),
+    (lambda: torch.manual_seed(7), True),
+    (lambda: (torch.manual_seed(7), torch.rand(2)), True),
+])
+def test_reseeded_since_tells_seeding_from_drawing(act, reseeded):
+    saved = global_rngs.snapshot()
+    try:
+        seed_worker_rngs(1234, 0)  # as a worker starts
+        before = global_seeds()
+        act()
+        assert reseeded_since(before) is reseeded
+    finally:
+        global_rngs.restore(saved)

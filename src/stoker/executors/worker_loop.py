@@ -43,11 +43,16 @@ from stoker.executors.thread_caps import cap_worker_threads
 from stoker.executors.vectorized import VectorProbe
 from stoker.executors.worker_info import set_worker_info
 from stoker.formats.auto_share import apply_in_worker
-from stoker.sampling import global_rngs
 from stoker.sampling.datapipes import seed_shufflers, shard
 from stoker.sampling.dataset_rngs import find_dataset_rngs, reseed
 from stoker.sampling.sample_rng import set_sample_context
-from stoker.sampling.seeds import batch_seed, seed_global_rngs, seed_worker_rngs
+from stoker.sampling.seeds import (
+    batch_seed,
+    global_seeds,
+    reseeded_since,
+    seed_global_rngs,
+    seed_worker_rngs,
+)
 from stoker.transport import segments
 from stoker.transport.segments import SegmentRef
 from stoker.transport.slab_writer import SlabPool, SlabWriter, batch_nbytes, write_batch
@@ -164,9 +169,9 @@ class _Worker:
 
     def _run_worker_init_fn(self) -> None:
         assert self.spec.worker_init_fn is not None
-        before = global_rngs.snapshot() if self.seed_per_batch else None
+        before = global_seeds() if self.seed_per_batch else None
         self.spec.worker_init_fn(self.spec.worker_id)
-        if before is not None and global_rngs.changed_since(before):
+        if before is not None and reseeded_since(before):
             self.seed_per_batch = False
             self.dataset_rngs = []
 

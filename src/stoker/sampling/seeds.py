@@ -95,6 +95,34 @@ def seed_global_rngs(seed: int) -> None:
     np.random.seed(mix_seed(seed, 3) & 0xFFFFFFFF)
 
 
+_FRESH_MT_POSITION = 624  # where a just-seeded Mersenne Twister (random, numpy) stands
+
+
+def global_seeds() -> tuple[int, tuple, tuple]:
+    """What ``reseeded_since`` compares: torch's initial seed, ``random``'s and numpy's states."""
+    import numpy as np
+
+    return torch.initial_seed(), random.getstate(), tuple(np.random.get_state(legacy=True))
+
+
+def reseeded_since(before: tuple[int, tuple, tuple]) -> bool:
+    """Was ``random``, numpy's global RNG or torch's default generator seeded since ``before``
+    (drawing from them is not seeding)? A freshly seeded Mersenne Twister stands at position
+    624 until its first draw; torch says its seed."""
+    import numpy as np
+
+    torch_seed, random_state, numpy_state = before
+    if torch.initial_seed() != torch_seed:
+        return True
+    now = random.getstate()
+    if now != random_state and now[1][-1] == _FRESH_MT_POSITION:
+        return True
+    _, keys, position, *_ = np.random.get_state(legacy=True)
+    return position == _FRESH_MT_POSITION and not (
+        position == numpy_state[2] and np.array_equal(keys, numpy_state[1])
+    )
+
+
 class GlobalRngGuard:
     """Saves and restores the global RNGs around a fetch in the caller's own process
     (NOTE [ Raw RNG snapshots ]: a few microseconds each way)."""
