@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -14,28 +15,27 @@ from stoker._runtime.stragglers import StragglerWatch, thread_cpu_s
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 
-def _child(code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code])
+@contextlib.contextmanager
+def _child(code: str) -> Iterator[int]:
+    """The pid of a Python child running ``code``, killed and reaped afterwards."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 @pytest.fixture
 def spinning() -> Iterator[int]:
-    proc = _child("while True: pass")
-    try:
-        yield proc.pid
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    with _child("while True: pass") as pid:
+        yield pid
 
 
 @pytest.fixture
 def waiting() -> Iterator[int]:
-    proc = _child("import sys; sys.stdin.read()")
-    try:
-        yield proc.pid
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    with _child("import sys; sys.stdin.read()") as pid:
+        yield pid
 
 
 def _cpu_advanced(pid: int, by_s: float) -> None:

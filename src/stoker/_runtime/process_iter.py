@@ -271,11 +271,12 @@ class ProcessIterator(BaseIterator):
 
     # -- moving queued tasks to idle workers (NOTE [ Idle workers take queued tasks ]) --------
 
+    def _holds_movable(self, wid: int) -> bool:
+        """Does worker ``wid`` hold a task it has not started and could give back?"""
+        return self._gives_back[wid] and len(self._queued[wid]) > 1
+
     def _queued_elsewhere(self) -> bool:
-        """Does some worker hold a task it has not started and could give back?"""
-        return self._may_move and any(
-            g and len(q) > 1 for g, q in zip(self._gives_back, self._queued, strict=True)
-        )
+        return self._may_move and any(map(self._holds_movable, range(self._num_workers)))
 
     def _idle_workers(self) -> list[int]:
         return [
@@ -288,7 +289,7 @@ class ProcessIterator(BaseIterator):
         if not self._queued_elsewhere() or not self._idle_workers():
             return None
         return min(self._stragglers.due(w) for w in range(self._num_workers)
-                   if self._gives_back[w] and len(self._queued[w]) > 1)
+                   if self._holds_movable(w))
 
     def _move_queued_tasks(self) -> None:
         """Give each idle worker a task queued behind a straggler at another worker."""
@@ -298,8 +299,7 @@ class ProcessIterator(BaseIterator):
         self._read_waiting_replies()  # a task that looks queued may be answered already
         for thief in self._idle_workers():
             now = time.monotonic()
-            victims = [w for w in range(self._num_workers)
-                       if self._gives_back[w] and len(self._queued[w]) > 1
+            victims = [w for w in range(self._num_workers) if self._holds_movable(w)
                        and self._stragglers.straggling(w, self._group.workers[w].pid, now)]
             if not victims:
                 break
