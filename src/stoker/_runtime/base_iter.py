@@ -131,7 +131,8 @@ class BaseIterator:
         self._base_seed = 0
         self._epoch = -1
         # An IterDataPipe's shufflers take a seed drawn per epoch (stoker.sampling.datapipes).
-        self._seed_group = seed_group() if is_iter_datapipe(self._dataset) else None
+        self._iter_datapipe = is_iter_datapipe(self._dataset)
+        self._seed_group = seed_group() if self._iter_datapipe else None
         self._datapipe_seed: int | None = None
         self._open_epoch(loader, resume, first=True)
 
@@ -158,7 +159,7 @@ class BaseIterator:
         else:
             self._rng.capture()
             ctx = contextlib.nullcontext()
-        datapipe = is_iter_datapipe(self._dataset)
+        datapipe = self._iter_datapipe
         with ctx:
             if resume and self._stateful is not None and resume["sampler_state"] is not None:
                 self._stateful.load_state_dict(resume["sampler_state"])
@@ -175,7 +176,8 @@ class BaseIterator:
                 # torch's worker iterators draw one more at their first reset (their workers
                 # keep the first); a later epoch's seed goes to the workers.
                 seed = draw_shared_seed(self._generator, self._seed_group)
-                self._datapipe_seed = self._datapipe_seed if first else seed
+                if not first:
+                    self._datapipe_seed = seed
             self._position = 0
             self._skip: set[int] = set()
             self._sampler_snaps: dict[int, Any] = {}
