@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from stoker._demo import (
+from stoker.cli.demo import (
     BASELINE,
     EpochTiming,
     TreeMemorySampler,

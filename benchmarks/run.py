@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import Context  # noqa: E402
 from workloads import NAMES  # noqa: E402
 
-from stoker._demo import CANDIDATE  # noqa: E402
+from stoker.cli.demo import CANDIDATE  # noqa: E402
 
 _RATIO_COLUMNS = (
     ("samples_per_s", "samples/s", "higher"),

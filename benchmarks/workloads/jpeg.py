@@ -19,7 +19,7 @@ from typing import Any
 
 from _harness import Context, Plan, compare, compare_interleaved
 
-from stoker._demo import JpegDataset, make_jpeg_files
+from stoker.cli.demo import JpegDataset, make_jpeg_files
 
 
 def single_process_rate(dataset: JpegDataset, count: int, warmup: int = 8) -> float:

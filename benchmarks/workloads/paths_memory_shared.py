@@ -14,7 +14,7 @@ from typing import Any
 
 from _harness import Context, Plan, compare
 
-from stoker.formats import SharedStrList
+from stoker.sharing import SharedStrList
 from workloads.paths_memory import PathsDataset
 
 

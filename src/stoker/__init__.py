@@ -1,6 +1,6 @@
 """stoker: keeps the accelerator fed. A drop-in, faster, safer torch DataLoader."""
 
-from stoker import formats
+from stoker import formats, sharing
 from stoker.collate import default_collate, default_convert
 from stoker.distributed import EndOfData
 from stoker.errors import (
@@ -12,10 +12,10 @@ from stoker.errors import (
     WorkerDiedError,
     WorkerError,
 )
-from stoker.executors.worker_info import get_worker_info
 from stoker.loader import DataLoader
 from stoker.mix import Mix
 from stoker.sampling.sample_rng import sample_generator, sample_rng, sample_seed
+from stoker.workers.worker_info import get_worker_info
 
 __all__ = [
     "DataLoader",
@@ -35,6 +35,7 @@ __all__ = [
     "sample_generator",
     "sample_rng",
     "sample_seed",
+    "sharing",
 ]
 
 __version__ = "0.1.0"

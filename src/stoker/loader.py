@@ -3,7 +3,7 @@
 It *is* a ``torch.utils.data.DataLoader`` (a subclass): the constructor, its validation and
 error messages, ``len()``, frozen attributes and the generic alias are torch's own, so code that
 checks ``isinstance(loader, torch.utils.data.DataLoader)`` (Lightning, Accelerate) keeps working.
-Iteration is stoker's (``_runtime``), and so are ``state_dict``/``load_state_dict``.
+Iteration is stoker's (``engine``), and so are ``state_dict``/``load_state_dict``.
 """
 
 from __future__ import annotations
@@ -15,19 +15,19 @@ from typing import Any, Literal, TypeVar
 import torch.utils.data
 
 from stoker._core.stats import LoaderStats
-from stoker._runtime.base_iter import BaseIterator, fetch_spec_of
-from stoker._runtime.inline_iter import InlineIterator
-from stoker._runtime.process_iter import ProcessIterator
-from stoker._runtime.progress import check_state
-from stoker._runtime.stats import StatsAccumulator
-from stoker._runtime.thread_iter import ThreadIterator
 from stoker.distributed import begin_epoch, next_epoch
 from stoker.distributed.context import detect
-from stoker.executors.auto_inline import gathers_suffice
-from stoker.formats.auto_share import ListSharing
+from stoker.engine.base_iter import BaseIterator, fetch_spec_of
+from stoker.engine.inline_iter import InlineIterator
+from stoker.engine.process_iter import ProcessIterator
+from stoker.engine.progress import check_state
+from stoker.engine.stats import StatsAccumulator
+from stoker.engine.thread_iter import ThreadIterator
+from stoker.fastpaths.auto_inline import gathers_suffice
 from stoker.profile.memory_watch import MemoryWatch
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.sharded import ShardedSampler
+from stoker.sharing.auto_share import ListSharing
 from stoker.transport.slab_bank import SlabBank
 
 T_co = TypeVar("T_co", covariant=True)

@@ -20,8 +20,8 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 import stoker
-from stoker._runtime import base_iter
 from stoker.distributed import shard_iterable
+from stoker.engine import base_iter
 from stoker.mix import Mix
 from stoker.testing import assert_resumes_exactly
 

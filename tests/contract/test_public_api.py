@@ -8,8 +8,8 @@ What counts as public in the ``stoker`` namespace (the rule the tests enforce):
 * an attribute of the ``stoker`` module whose name does not start with ``_`` must be in
   ``__all__``, unless it is a submodule of stoker (``stoker.loader``, ``stoker.collate``, ...):
   importing ``stoker.x`` binds ``x`` in the package namespace as a side effect, which does not
-  make the module part of the API. A submodule that *is* public (``formats``) is listed in
-  ``__all__`` explicitly. Any other module object (``os``, ``torch``) imported into the
+  make the module part of the API. A submodule that *is* public (``formats``, ``sharing``) is
+  listed in ``__all__`` explicitly. Any other module object (``os``, ``torch``) imported into the
   namespace without an underscore is a leak and fails;
 * dunders (``__version__``, ``__all__``, ...) are not API names.
 """
@@ -44,6 +44,7 @@ PUBLIC = {
     "sample_generator": "function",
     "sample_rng": "function",
     "sample_seed": "function",
+    "sharing": "module",
 }
 
 # stoker.DataLoader's own keyword-only arguments (after torch's) and their defaults, in order.

@@ -54,8 +54,8 @@ from torch.utils.data import (
 )
 
 import stoker
-from stoker._runtime import base_iter
 from stoker.distributed import shard_iterable
+from stoker.engine import base_iter
 from stoker.testing import (
     ResumeCheck,
     assert_resumes_exactly,

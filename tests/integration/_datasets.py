@@ -536,7 +536,7 @@ class BigArrayDS(Dataset):
     whether the array views a shared mapping, tensor[i], UTF-8 length of name i)."""
 
     def __init__(self, mib: int = 32) -> None:
-        from stoker.formats import SharedStrList
+        from stoker.sharing import SharedStrList
 
         rows = mib * 2**20 // (64 * 8)
         self.array = np.arange(rows * 64, dtype=np.float64).reshape(rows, 64)

@@ -1,5 +1,5 @@
 """A real forked worker driven through its socket by the test, which plays the main process:
-for tests of the worker's side of the protocol (``stoker.executors.messages``)."""
+for tests of the worker's side of the protocol (``stoker.workers.protocol``)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from _engine_datasets import BLOCK_S
 from torch.utils.data import default_collate
 
 from stoker._core.specs import FetchSpec, WorkerSpec
-from stoker._runtime.base_iter import resolve_collate
-from stoker.executors import messages as msg
-from stoker.executors.process_pool import start_worker
+from stoker.engine.base_iter import resolve_collate
 from stoker.transport import segments
+from stoker.workers import protocol as msg
+from stoker.workers.launch import start_worker
 
 
 class PlayedMain:

@@ -8,8 +8,8 @@ from _engine_datasets import BLOCK_S, Gated, QueuedBehindSlow
 from _worker_harness import PlayedMain, tag_and_task
 
 import stoker
-from stoker.executors import messages as msg
-from stoker.executors.worker_loop import _Worker
+from stoker.workers import protocol as msg
+from stoker.workers.main_loop import _Worker
 
 N, BS = 24, 4
 EXPECTED = [list(range(b * BS, (b + 1) * BS)) for b in range(N // BS)]

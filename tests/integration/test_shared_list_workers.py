@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from stoker.formats import SharedStrList
 from stoker.profile.memory_watch import MIB, CopyOnReadWarning, GrowthRule, MemoryWatch, read_uss
+from stoker.sharing import SharedStrList
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads /proc/<pid>/smaps_rollup"
@@ -161,7 +161,7 @@ class OwnPathsDataset(Dataset):
 @pytest.mark.skipif(DataLoader is torch.utils.data.DataLoader, reason="stoker's own feature")
 def test_a_list_only_the_dataset_holds_is_read_in_place_by_forked_workers() -> None:
     """NOTE [ Reading inherited lists in place ]: no container, no copy, nothing grows."""
-    from stoker.formats import inherited_list
+    from stoker.sharing import inherited_list
 
     if not inherited_list.available():
         pytest.skip("this interpreter's object layout is not read")
@@ -231,7 +231,7 @@ def test_memory_watch_names_the_list_on_real_workers() -> None:
     )
     assert text.endswith(
         "in PathsDataset.__init__:\n"
-        "    import stoker.formats\n"
+        "    import stoker.sharing\n"
         "    self.paths = stoker.formats.SharedStrList(self.paths)\n"
         "Set STOKER_MEMORY_WATCH=0 to turn this check off."
     )

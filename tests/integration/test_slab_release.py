@@ -10,8 +10,8 @@ from _engine_datasets import BLOCK_S, Gated, GatedBig
 from _worker_harness import PlayedMain, tag_and_task
 
 import stoker
-from stoker._runtime import process_iter
-from stoker.executors import messages as msg
+from stoker.engine import process_iter
+from stoker.workers import protocol as msg
 
 
 def test_main_process_sends_a_released_slab_back_before_waiting(monkeypatch):

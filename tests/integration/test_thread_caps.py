@@ -54,7 +54,7 @@ def test_workers_resize_with_opencv_after_the_parent_used_its_thread_pool():
 
 def _openblas_pool_built():
     """numpy's OpenBLAS: is its thread pool built (``blas_server_avail``)? None if unknown."""
-    from stoker.executors.thread_caps import pool_setters
+    from stoker.workers.thread_caps import pool_setters
 
     for pool in pool_setters():
         if pool.blas_count is not None:

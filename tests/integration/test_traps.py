@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import stoker
-from stoker._runtime.cuda_safety import CudaInWorkersError, refuse_device_tensors, safe_context
+from stoker.engine.cuda_safety import CudaInWorkersError, refuse_device_tensors, safe_context
 
 FIX = (
     "Keep every sample on one device: return CPU tensors from __getitem__ (move GPU-made data "
@@ -156,7 +156,7 @@ class _TouchesCuda(torch.utils.data.Dataset):
 
 
 def test_cuda_used_inside_a_worker_explains_the_fix():
-    from stoker.executors.remote_errors import CUDA_HINT
+    from stoker.workers.remote_errors import CUDA_HINT
 
     with pytest.raises(RuntimeError, match="initialization error") as info:
         list(stoker.DataLoader(_TouchesCuda(), batch_size=2, num_workers=2))

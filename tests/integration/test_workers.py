@@ -524,7 +524,7 @@ def test_each_worker_gets_its_first_task_before_the_next_is_forked(monkeypatch):
     # NOTE [ Tasks before the next fork ]: the first worker works while the others are forked,
     # and which worker loads which batch stays torch's at the start (task k -> worker k mod n).
     import stoker
-    from stoker._runtime import process_iter
+    from stoker.engine import process_iter
 
     loads_at_start = []
     real_start = process_iter.start_worker

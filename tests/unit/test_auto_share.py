@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from stoker.formats import SharedBytesList, SharedList, SharedStrList, inherited_list
-from stoker.formats.auto_share import MIN_ITEMS, READ_IN_PLACE, ListSharing, apply_in_worker
-from stoker.formats.inherited_list import InheritedList
+from stoker.sharing import SharedBytesList, SharedList, SharedStrList, inherited_list
+from stoker.sharing.auto_share import MIN_ITEMS, READ_IN_PLACE, ListSharing, apply_in_worker
+from stoker.sharing.inherited_list import InheritedList
 
 in_place_readable = pytest.mark.skipif(
     not inherited_list.available(), reason="this interpreter's object layout is not read"

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from torch.utils.data import Dataset
 
 from stoker.collate import default_collate
-from stoker.executors.batched_getitem import Decline, compile_batched
-from stoker.executors.vectorized import same_batch
+from stoker.fastpaths.batched_getitem import Decline, compile_batched
+from stoker.fastpaths.index_tensor import same_batch
 
 N = 50
 _g = torch.Generator().manual_seed(0)
@@ -396,7 +396,7 @@ def test_batched_gathers_write_into_the_current_allocator():
 
 
 def test_a_workers_read_only_list_is_read_item_by_item():
-    from stoker.formats.read_only import ReadOnlySequence
+    from stoker.sharing.read_only import ReadOnlySequence
 
     class StandIn(ReadOnlySequence):
         def __init__(self, items):

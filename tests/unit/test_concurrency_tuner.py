@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stoker.executors.concurrency import _PROBE_SAMPLES, ConcurrencyTuner
+from stoker.fetch.concurrency import _PROBE_SAMPLES, ConcurrencyTuner
 
 
 def _probe(tuner: ConcurrencyTuner, samples: list[tuple[float, float, float]]) -> None:

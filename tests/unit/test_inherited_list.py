@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stoker.formats import inherited_list
-from stoker.formats.inherited_list import InheritedList
+from stoker.sharing import inherited_list
+from stoker.sharing.inherited_list import InheritedList
 
 pytestmark = pytest.mark.skipif(
     not inherited_list.available(), reason="this interpreter's object layout is not read"

@@ -14,7 +14,6 @@ import pytest
 import torch
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
-from stoker.formats import SharedStrList
 from stoker.profile.memory_watch import (
     MIB,
     CopyOnReadWarning,
@@ -25,6 +24,7 @@ from stoker.profile.memory_watch import (
     read_uss,
     steady_growth,
 )
+from stoker.sharing import SharedStrList
 
 
 def mib(*values: float) -> list[int]:
@@ -155,7 +155,7 @@ def test_warning_names_the_attribute_and_the_fix() -> None:
         "copied into that worker. The largest Python container on the dataset is "
         f"dataset.paths (list[str], 200,000 items, about {size} MiB). Keep it in one shared "
         "buffer instead, in PathsDataset.__init__:\n"
-        "    import stoker.formats\n"
+        "    import stoker.sharing\n"
         "    self.paths = stoker.formats.SharedStrList(self.paths)\n"
         "Set STOKER_MEMORY_WATCH=0 to turn this check off."
     )
@@ -221,7 +221,7 @@ def test_warning_for_a_dict_inside_a_subset() -> None:
         f"(dict[str, tuple], 50,000 items, about {est[2] / MIB:.1f} MiB). Keep it in one "
         "shared buffer instead, in Records.__init__ (stoker has no shared dict: this keeps its "
         "(key, value) pairs by position):\n"
-        "    import stoker.formats\n"
+        "    import stoker.sharing\n"
         "    self.index = stoker.formats.SharedList(self.index.items())\n"
         "Set STOKER_MEMORY_WATCH=0 to turn this check off."
     )

@@ -9,7 +9,7 @@ import types
 import numpy as np
 from threadpoolctl import threadpool_info
 
-from stoker.executors import thread_caps
+from stoker.workers import thread_caps
 
 
 def test_setters_are_found_once_and_again_after_an_import(monkeypatch) -> None:

@@ -1,4 +1,4 @@
-"""stoker.formats shared containers: values, indexing, errors, pickling and shared backing."""
+"""stoker.sharing shared containers: values, indexing, errors, pickling and shared backing."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from multiprocessing.reduction import ForkingPickler
 import numpy as np
 import pytest
 
-from stoker.formats import SharedBytesList, SharedList, SharedStrList
+from stoker.sharing import SharedBytesList, SharedList, SharedStrList
 
 STRINGS = ["a", "", "héllo wörld", "日本語のパス/画像.jpg", "emoji 🐍", "\udcff lone surrogate", ""]
 BYTES = [b"", b"\x00\xff", b"abc", bytes(range(256)), b""]

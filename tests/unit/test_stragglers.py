@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from stoker._runtime.stragglers import StragglerWatch, thread_cpu_s
+from stoker.engine.stragglers import StragglerWatch, thread_cpu_s
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

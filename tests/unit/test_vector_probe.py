@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from stoker.collate import default_collate
-from stoker.executors.vectorized import VectorProbe
+from stoker.fastpaths.index_tensor import VectorProbe
 from stoker.sampling import global_rngs
 
 

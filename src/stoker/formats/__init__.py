@@ -1,7 +1,9 @@
-"""Record formats. ``SharedStrList``, ``SharedBytesList`` and ``SharedList`` hold dataset
-metadata (paths, labels, records) in one shared-memory buffer, so workers do not copy it
-(copy-on-read); see ``shared_list``."""
+"""Record formats: datasets over data at rest (shards, columnar files, key-value stores).
 
-from stoker.formats.shared_list import SharedBytesList, SharedList, SharedStrList
+``SharedStrList``, ``SharedBytesList`` and ``SharedList`` lived here in stoker 0.1; they are
+in ``stoker.sharing`` now and stay importable from here for code written against 0.1.
+"""
+
+from stoker.sharing.shared_list import SharedBytesList, SharedList, SharedStrList
 
 __all__ = ["SharedBytesList", "SharedList", "SharedStrList"]

@@ -5,7 +5,7 @@ the kernel copies every page written into that worker: each worker's private mem
 climbs towards the size of the list during its first epoch. ``MemoryWatch`` samples the
 workers' USS from the main process and, when one grows steadily, warns once with the
 dataset's largest Python container and the shared container to keep it in
-(``stoker.formats``).
+(``stoker.sharing``).
 
 NOTE [ Memory watch sampling ]
 No thread: the loader calls ``watch.sample(worker_pids)`` after every batch it hands out. That
@@ -328,7 +328,7 @@ def advice(finding: ContainerFinding | None) -> str:
         f"The largest Python container on the dataset is {finding.path} ({finding.kind}, "
         f"{finding.length:,} items, about {finding.est_bytes / MIB:.1f} MiB). Keep it in one "
         f"shared buffer instead, in {finding.owner}.__init__{note}:\n"
-        f"    import stoker.formats\n"
+        f"    import stoker.sharing\n"
         f"    self.{finding.attr} = stoker.formats.{shared}({arg})\n"
         f"{switch}"
     )

@@ -18,7 +18,7 @@ Two conditions make this safe, and both are checked before it is used:
   per process by reading objects of every supported kind and comparing the results; any
   difference (another Python version, a free-threaded or debug build) turns the view off.
 * Nothing in the worker can change the list while the view reads it: the caller hands over a
-  list that nothing else refers to (``stoker.formats.auto_share`` checks the reference count
+  list that nothing else refers to (``stoker.sharing.auto_share`` checks the reference count
   in the parent), and the view never gives out the list itself.
 """
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from stoker.formats.read_only import ReadOnlySequence
+from stoker.sharing.read_only import ReadOnlySequence
 
 # All of the process's memory as one buffer (from the first page up: address 0 is never
 # mapped). Reading an unmapped address through it faults like C code would, so it is only read

@@ -15,15 +15,15 @@ from collections import deque
 from typing import Any
 
 from stoker._core.stats import TunerEvent
-from stoker._runtime.base_iter import BaseIterator
+from stoker.engine.base_iter import BaseIterator
 from stoker.errors import LoaderTimeoutError, MixedDeviceError
-from stoker.executors.concurrency import ConcurrencyTuner, declared_thread_safe
-from stoker.executors.fetch import EMPTY, make_fetcher
-from stoker.executors.pipeline import JOB_READY, SAMPLE_DONE, Job, SamplePipeline, explore, settle
-from stoker.executors.remote_errors import add_note, describe_indices
+from stoker.fetch.concurrency import ConcurrencyTuner, declared_thread_safe
+from stoker.fetch.fetchers import EMPTY, make_fetcher
+from stoker.fetch.thread_pool import JOB_READY, SAMPLE_DONE, Job, SamplePipeline, explore, settle
 from stoker.sampling.dataset_rngs import reseed, restore_states, save_states
 from stoker.sampling.sample_rng import clear_sample_context, set_sample_context
 from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
+from stoker.workers.remote_errors import add_note, describe_indices
 
 
 class ThreadIterator(BaseIterator):

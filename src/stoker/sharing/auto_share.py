@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker._core.walk import iter_attributes
-from stoker.formats import inherited_list
-from stoker.formats.inherited_list import InheritedList
-from stoker.formats.shared_list import SharedBytesList, SharedList, SharedStrList
+from stoker.sharing import inherited_list
+from stoker.sharing.inherited_list import InheritedList
+from stoker.sharing.shared_list import SharedBytesList, SharedList, SharedStrList
 
 MIN_ITEMS = 65_536
 _PLAIN_SCALARS = (int, float, bool, type(None), str, bytes)

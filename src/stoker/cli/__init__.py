@@ -81,7 +81,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from stoker import _demo
+    from stoker.cli import demo as _demo
 
     options = _demo.DemoOptions(
         images=args.images,

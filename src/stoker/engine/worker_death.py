@@ -6,8 +6,8 @@ import signal
 from typing import Any
 
 from stoker.errors import WorkerDiedError
-from stoker.executors.remote_errors import describe_indices
 from stoker.transport import segments
+from stoker.workers.remote_errors import describe_indices
 
 _LIKELY_CAUSE = {
     signal.SIGKILL: (

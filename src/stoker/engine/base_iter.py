@@ -18,11 +18,11 @@ from typing import Any
 from torch.utils.data import IterableDataset
 
 from stoker._core.specs import FetchSpec
-from stoker._runtime.progress import EpochProgress
-from stoker._runtime.skips import SkipLedger
-from stoker._runtime.stats import batch_samples
 from stoker.collate import collate, default_convert
 from stoker.device.pin import pin_batch, pin_target
+from stoker.engine.progress import EpochProgress
+from stoker.engine.skips import SkipLedger
+from stoker.engine.stats import batch_samples
 from stoker.sampling.datapipes import draw_shared_seed, is_iter_datapipe, seed_group
 from stoker.sampling.dataset_rngs import find_dataset_rngs, warn_shared_rngs
 from stoker.sampling.fast_batches import fast_iter

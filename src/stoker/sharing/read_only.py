@@ -59,7 +59,7 @@ class ReadOnlySequence(Sequence[T], Generic[T]):
     def __setitem__(self, index: Any, value: Any) -> None:
         raise TypeError(
             f"{type(self).__name__} is read-only. If stoker gave it to this worker in place of "
-            "a plain list (NOTE [ Automatic list sharing ] in stoker.formats.auto_share), set "
+            "a plain list (NOTE [ Automatic list sharing ] in stoker.sharing.auto_share), set "
             "stoker_share_lists = False on the dataset to keep the list, or change it in the "
             "main process before iterating."
         )

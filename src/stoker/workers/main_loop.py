@@ -7,7 +7,7 @@ the concurrency (NOTE [ Automatic concurrency ]); then ``SamplePipeline`` fetche
 several batches at once, and a reader thread turns socket messages into events on one queue
 next to the fetch threads' "sample done" events, so the main thread handles both in order and
 stays the only one that sends. See ``messages`` for the protocol and NOTE [ Loader shutdown ]
-in ``_runtime.shutdown``.
+in ``engine.shutdown``.
 """
 
 from __future__ import annotations
@@ -23,14 +23,13 @@ from typing import Any
 
 from stoker._core.specs import WorkerSpec
 from stoker.collate import allocating_into
-from stoker.collate.torch_in_workers import collate_into_slabs_in_this_worker
 from stoker.errors import MixedDeviceError
-from stoker.executors import diagnostics
-from stoker.executors import messages as msg
-from stoker.executors.batched_getitem import Decline
-from stoker.executors.concurrency import ConcurrencyTuner, RunQueueMeter, declared_thread_safe
-from stoker.executors.fetch import EMPTY, make_fetcher, vectorisable
-from stoker.executors.pipeline import (
+from stoker.fastpaths.batched_getitem import Decline
+from stoker.fastpaths.index_tensor import VectorProbe
+from stoker.fastpaths.torch_collate_patch import collate_into_slabs_in_this_worker
+from stoker.fetch.concurrency import ConcurrencyTuner, RunQueueMeter, declared_thread_safe
+from stoker.fetch.fetchers import EMPTY, make_fetcher, vectorisable
+from stoker.fetch.thread_pool import (
     JOB_READY,
     SAMPLE_DONE,
     Job,
@@ -38,11 +37,6 @@ from stoker.executors.pipeline import (
     explore,
     settle,
 )
-from stoker.executors.remote_errors import RemoteError, capture, describe_indices
-from stoker.executors.thread_caps import cap_worker_threads
-from stoker.executors.vectorized import VectorProbe
-from stoker.executors.worker_info import set_worker_info
-from stoker.formats.auto_share import apply_in_worker
 from stoker.sampling.datapipes import seed_shufflers, shard
 from stoker.sampling.dataset_rngs import find_dataset_rngs, reseed
 from stoker.sampling.sample_rng import set_sample_context
@@ -53,9 +47,15 @@ from stoker.sampling.seeds import (
     seed_global_rngs,
     seed_worker_rngs,
 )
+from stoker.sharing.auto_share import apply_in_worker
 from stoker.transport import segments
 from stoker.transport.segments import SegmentRef
 from stoker.transport.slab_writer import SlabPool, SlabWriter, batch_nbytes, write_batch
+from stoker.workers import diagnostics
+from stoker.workers import protocol as msg
+from stoker.workers.remote_errors import RemoteError, capture, describe_indices
+from stoker.workers.thread_caps import cap_worker_threads
+from stoker.workers.worker_info import set_worker_info
 
 _PARENT_CHECK_INTERVAL_S = 0.5
 _MESSAGE = "message"
@@ -405,7 +405,7 @@ class _Worker:
     # A worker runs its tasks one after another, in the order they were sent. When another
     # worker has run out of tasks (the sampler is spent, or in-order delivery waits on a slow
     # batch so no new task is sent) and our running batch is a straggler (NOTE [ Only
-    # stragglers move ] in _runtime.stragglers), the main process moves a task queued here to it:
+    # stragglers move ] in engine.stragglers), the main process moves a task queued here to it:
     # it sends us CANCEL, and the task to the idle worker. Tasks and CANCELs wait in our socket
     # in the order sent, so before starting a task we read everything already waiting: a CANCEL
     # for this task or for one read ahead withdraws it (answered CANCELLED, never started). A
@@ -483,7 +483,7 @@ class _Worker:
 
 def worker_main_once(handle: Any, worker_id: int, conn: Connection) -> None:
     """Entry point of a spawn/forkserver worker whose spec was pickled once for all workers
-    (NOTE [ Pickle once ] in ``stoker.executors.spec_once``)."""
+    (NOTE [ Pickle once ] in ``stoker.workers.spec_once``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         spec = handle.load(worker_id)
@@ -515,7 +515,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     # Ctrl-C goes to the whole process group; the main process handles it and stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     segments.close_inherited()
-    from stoker.executors import process_pool
+    from stoker.workers import launch as process_pool
 
     process_pool.close_inherited_parent_ends()
     threading.Thread(target=_watch_parent, args=(spec.parent_pid,), daemon=True).start()

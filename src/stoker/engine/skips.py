@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from stoker.errors import SkipBudgetExceeded
-from stoker.executors.fetch import Skipped
+from stoker.fetch.fetchers import Skipped
 
 logger = logging.getLogger("stoker")
 _SHOWN = 5

@@ -15,7 +15,7 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 from stoker._core.specs import WorkerSpec
-from stoker.executors import messages as msg
+from stoker.workers import protocol as msg
 
 # Main-process ends of every worker socket; a forked worker closes its copies so that the
 # death of the main process reaches every worker as end-of-file.
@@ -120,7 +120,7 @@ def default_context() -> BaseContext:
 def start_worker(ctx: BaseContext, spec: WorkerSpec, once: Any = None) -> WorkerHandle:
     """Start one worker; ``once`` (a ``spec_once.PickledSpec``) carries the spec instead of
     pickling it for this worker alone."""
-    from stoker.executors.worker_loop import worker_main, worker_main_once
+    from stoker.workers.main_loop import worker_main, worker_main_once
 
     parent_end, child_end = ctx.Pipe(duplex=True)
     target, args = (

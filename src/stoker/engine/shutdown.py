@@ -28,11 +28,11 @@ from __future__ import annotations
 import select
 from typing import Any
 
-from stoker.executors import messages as msg
-from stoker.executors.process_pool import WorkerHandle, stop_workers
 from stoker.transport import segments
 from stoker.transport.slab_bank import SlabBank
 from stoker.transport.slab_reader import SlabReader
+from stoker.workers import protocol as msg
+from stoker.workers.launch import WorkerHandle, stop_workers
 
 
 class WorkerGroup:

@@ -29,8 +29,8 @@ from __future__ import annotations
 from typing import Any
 
 from stoker._core.specs import FetchSpec
-from stoker.executors.fetch import vectorisable
-from stoker.executors.vectorized import VectorProbe
+from stoker.fastpaths.index_tensor import VectorProbe
+from stoker.fetch.fetchers import vectorisable
 
 _PROBE_BATCH = 64  # samples per probe batch, at most
 

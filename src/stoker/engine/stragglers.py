@@ -2,7 +2,7 @@
 
 NOTE [ Only stragglers move ]
 A task queued behind a slow batch may move to an idle worker (NOTE [ Idle workers take
-queued tasks ] in ``executors.worker_loop``). A moved batch is loaded by another worker than
+queued tasks ] in ``workers.main_loop``). A moved batch is loaded by another worker than
 torch's (a dataset that looks at ``get_worker_info().id`` sees it; torch's own
 test_ind_worker_queue does), and a CANCEL that comes late loads it twice. So a task moves only
 from behind a straggler: the batch running before it has taken _MOVE_AFTER_BATCHES times the

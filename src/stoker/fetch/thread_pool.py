@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from stoker.executors.concurrency import ConcurrencyTuner, SampleClock
-from stoker.executors.fetch import MapFetcher, Skipped, error_text
+from stoker.fetch.concurrency import ConcurrencyTuner, SampleClock
+from stoker.fetch.fetchers import MapFetcher, Skipped, error_text
 from stoker.sampling import global_rngs
 from stoker.sampling.sample_rng import clear_sample_context, set_sample_context
 

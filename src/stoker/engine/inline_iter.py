@@ -5,16 +5,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stoker._runtime.base_iter import BaseIterator
+from stoker.engine.base_iter import BaseIterator
 from stoker.errors import MixedDeviceError
-from stoker.executors.batched_getitem import Decline
-from stoker.executors.fetch import EMPTY, make_fetcher, vectorisable
-from stoker.executors.remote_errors import add_note, describe_indices
-from stoker.executors.vectorized import VectorProbe
+from stoker.fastpaths.batched_getitem import Decline
+from stoker.fastpaths.index_tensor import VectorProbe
+from stoker.fetch.fetchers import EMPTY, make_fetcher, vectorisable
 from stoker.sampling.datapipes import distributed_settings, is_datapipe, seed_shufflers, shard
 from stoker.sampling.dataset_rngs import reseed, restore_states, save_states
 from stoker.sampling.sample_rng import clear_sample_context
 from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
+from stoker.workers.remote_errors import add_note, describe_indices
 
 
 class InlineIterator(BaseIterator):

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from stoker.formats.read_only import ReadOnlySequence
+from stoker.sharing.read_only import ReadOnlySequence
 from stoker.transport import segments
 
 T = TypeVar("T")

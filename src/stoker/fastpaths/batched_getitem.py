@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 from stoker.collate._alloc import current_allocator, request
-from stoker.formats.read_only import ReadOnlySequence
+from stoker.sharing.read_only import ReadOnlySequence
 
 
 class Decline(Exception):

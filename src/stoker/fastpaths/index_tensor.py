@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from stoker.collate._alloc import allocating_into
-from stoker.executors.batched_getitem import compile_batched
+from stoker.fastpaths.batched_getitem import compile_batched
 from stoker.sampling import global_rngs
 from stoker.sampling.dataset_rngs import find_dataset_rngs, restore_states, save_states
 

@@ -6,8 +6,8 @@ worker that loads a batch (``get_worker_info().id``) is torch's; for an Iterable
 data depends on it, and a worker's end is announced once; its later tasks are skipped. Under
 the default ``seeding="per_batch"`` a batch does not depend on its worker, so a worker left
 idle while another is stuck on a slow batch takes a task still queued behind it (NOTE [ Idle
-workers take queued tasks ] in ``executors.worker_loop``; NOTE [ Only stragglers move ] in
-``_runtime.stragglers``).
+workers take queued tasks ] in ``workers.main_loop``; NOTE [ Only stragglers move ] in
+``engine.stragglers``).
 ``prefetch_factor * num_workers`` tasks are sent at the start (more for small batches or
 concurrent fetches, see NOTE [ Deeper prefetch for small batches ]); one new task is sent per
 batch yielded. A task's id is its position in the epoch's sampler order (see NOTE [ Resume
@@ -27,26 +27,26 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from stoker._core.specs import WorkerSpec
-from stoker._runtime.base_iter import BaseIterator
-from stoker._runtime.cuda_safety import refuse_device_tensors, safe_context
-from stoker._runtime.shutdown import WorkerGroup
-from stoker._runtime.stall import describe_stall, warn_stall
-from stoker._runtime.stragglers import StragglerWatch
-from stoker._runtime.worker_death import check_workers_alive, lost_worker
+from stoker.engine.base_iter import BaseIterator
+from stoker.engine.cuda_safety import refuse_device_tensors, safe_context
+from stoker.engine.shutdown import WorkerGroup
+from stoker.engine.stall import describe_stall, warn_stall
+from stoker.engine.stragglers import StragglerWatch
+from stoker.engine.worker_death import check_workers_alive, lost_worker
 from stoker.errors import LoaderTimeoutError
-from stoker.executors import messages as msg
-from stoker.executors.batched_getitem import compile_batched
-from stoker.executors.fetch import EmptyBatch, vectorisable
-from stoker.executors.process_pool import (
+from stoker.fastpaths.batched_getitem import compile_batched
+from stoker.fetch.fetchers import EmptyBatch, vectorisable
+from stoker.sampling.datapipes import distributed_settings, is_datapipe
+from stoker.workers import protocol as msg
+from stoker.workers.launch import (
     WorkerProcess,
     default_context,
     gc_frozen_for_fork,
     start_worker,
 )
-from stoker.executors.remote_errors import add_note, rebuild
-from stoker.executors.spec_once import PickledSpec
-from stoker.executors.thread_caps import pools_quiet_for_fork
-from stoker.sampling.datapipes import distributed_settings, is_datapipe
+from stoker.workers.remote_errors import add_note, rebuild
+from stoker.workers.spec_once import PickledSpec
+from stoker.workers.thread_caps import pools_quiet_for_fork
 
 _EMPTY_STEP = object()
 
@@ -511,7 +511,7 @@ class ProcessIterator(BaseIterator):
             self._follow_concurrency(wid, info[0], reply[4])
 
     def _warn_init_fn_seeds(self) -> None:
-        """NOTE [ Seeds set in worker_init_fn stay ] in ``executors.worker_loop``; once per
+        """NOTE [ Seeds set in worker_init_fn stay ] in ``workers.main_loop``; once per
         loader."""
         loader = self._loader_ref()
         if loader is None or loader._stoker_init_fn_seeds_told:

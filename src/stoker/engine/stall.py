@@ -5,8 +5,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from stoker.executors.diagnostics import request_stacks
-from stoker.executors.remote_errors import describe_indices
+from stoker.workers.diagnostics import request_stacks
+from stoker.workers.remote_errors import describe_indices
 
 
 class StallWarning(UserWarning):

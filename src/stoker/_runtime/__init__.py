@@ -1,1 +1,0 @@
-"""Wires a loader to executors and transport: ordering, backpressure, shutdown."""

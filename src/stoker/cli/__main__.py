@@ -1,0 +1,7 @@
+"""``python -m stoker.cli``: the same as the ``stoker`` command."""
+
+import sys
+
+from stoker.cli import main
+
+sys.exit(main())
