@@ -18,8 +18,10 @@ A worker learns the upcoming shards from two places, both known before the bytes
 ``RemoteSource.prefetch(paths)`` schedules any order explicitly. A prefetch that fails is
 dropped silently: the read that needs the shard fetches it itself, with retries, and reports.
 
-A process pins the shards it read last (``lookahead_shards + 2`` of them: a shared lock on the
-cached file, NOTE [ Shard cache ]), so the shard in use is never evicted under it.
+A process pins the shards it read last (``lookahead_shards + 1`` of them: a shared lock on the
+cached file, NOTE [ Shard cache ]), so the shard in use is never evicted under it; when a
+download finds no room, it lets its own pins go and tries once more. A budget of
+``workers x (2 x lookahead_shards + 1)`` shards per node keeps every download cached.
 """
 
 from __future__ import annotations
@@ -84,13 +86,29 @@ class Prefetcher:
         assert cache is not None
         fd = cache.open_pinned(path)
         if fd is None and self.source.fetch == "shard":
-            if cache.fill(path, self.source.size(path), lambda: self.source.get_whole(path)):
-                fd = cache.open_pinned(path)
+            fd = self._fill_and_pin(path)
         self._ahead_of(path)
         if fd is None:
             return None
         self._pin(path, fd)
         return self._pread_pinned(path, offset, length)
+
+    def _fill_and_pin(self, path: str) -> int | None:
+        cache = self.source.cache
+        assert cache is not None
+        size = self.source.size(path)
+        for attempt in range(2):
+            if cache.fill(path, size, lambda: self.source.get_whole(path)):
+                return cache.open_pinned(path)
+            if attempt == 0:  # maybe our own pins fill the budget: let them go, try once more
+                self._unpin_all()
+        return None
+
+    def _unpin_all(self) -> None:
+        with self._lock:
+            for fd in self._pins.values():
+                os.close(fd)
+            self._pins.clear()
 
     def _pread_pinned(self, path: str, offset: int, length: int) -> bytes | None:
         with self._lock:  # a pin is closed only under this lock: the fd stays ours meanwhile
@@ -112,7 +130,7 @@ class Prefetcher:
                 os.close(fd)
                 return
             self._pins[path] = fd
-            while len(self._pins) > self.lookahead + 2:
+            while len(self._pins) > self.lookahead + 1:
                 _, old = self._pins.popitem(last=False)
                 os.close(old)
 
@@ -159,7 +177,4 @@ class Prefetcher:
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
-        with self._lock:
-            for fd in self._pins.values():
-                os.close(fd)
-            self._pins.clear()
+        self._unpin_all()
