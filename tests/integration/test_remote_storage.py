@@ -23,9 +23,10 @@ import torch.multiprocessing as tmp
 pytest.importorskip("moto.server", reason="the S3 server tests need moto[server] (test extra)")
 pytest.importorskip("s3fs", reason="reading s3:// needs s3fs (test extra)")
 
-import stoker  # noqa: E402
 from _remote_datasets import RECORD_BYTES, Records, write_records  # noqa: E402
 from _s3_server import S3Server  # noqa: E402
+
+import stoker  # noqa: E402
 from stoker.storage import LocalSource, RemoteReadError, RetryPolicy, open_source  # noqa: E402
 from stoker.testing import assert_resumes_exactly  # noqa: E402
 
