@@ -46,6 +46,7 @@ PUBLIC = {
     "sample_rng": "function",
     "sample_seed": "function",
     "sharing": "module",
+    "storage": "module",
 }
 
 # stoker.DataLoader's own keyword-only arguments (after torch's) and their defaults, in order.
@@ -202,6 +203,10 @@ def test_extra_is_documented(name):
 # Public subpackages whose own __all__ is part of the API. name -> locked __all__.
 SUBPACKAGES = {
     "image": ["random_resized_crop_box"],
+    "storage": [
+        "ByteSource", "LocalSource", "RemoteReadError", "RemoteSource", "RetryPolicy",
+        "ShardCache", "open_source",
+    ],
 }
 
 

@@ -89,7 +89,8 @@ class ShardCache:
                     )
                 with open(partial, "r+b") as f:
                     f.write(data)
-                os.replace(partial, final)
+                with self._locked(os.path.join(self.directory, _DIR_LOCK)):
+                    os.replace(partial, final)  # under the lock: a count never sees both names
             except BaseException:
                 with self._locked(os.path.join(self.directory, _DIR_LOCK)):
                     _unlink(partial)
@@ -99,6 +100,11 @@ class ShardCache:
     def used_bytes(self) -> int:
         """Bytes the cache's files take (reservations of downloads in flight included)."""
         return sum(size for _, size, _ in self._entries(include_partial=True))
+
+    def used_bytes_locked(self) -> int:
+        """``used_bytes`` counted while no process reserves, evicts or renames."""
+        with self._locked(os.path.join(self.directory, _DIR_LOCK)):
+            return self.used_bytes()
 
     @contextmanager
     def _locked(self, path: str) -> Iterator[None]:
