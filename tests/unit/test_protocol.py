@@ -16,7 +16,7 @@ from stoker.workers import protocol as msg
 _REPORT = msg.BatchReport(
     concurrency=2, fetch_wall_s=0.5, fetch_cpu_s=0.25, collate_s=0.125, pack_s=0.0625,
     decisions=(Decision(1.5, 2, "waits on I/O"),), batched="source", queued_s=0.01,
-    gives_back=False, init_fn_seeded=True,
+    gives_back=False, init_fn_seeded=True, packed_at=12.5,
 )
 MESSAGES = [
     msg.Task(epoch=1, task_id=7, indices=[3, 4], released=[0, 2]),

@@ -342,7 +342,7 @@ class _Worker:
             collate_s=t1 - t0, pack_s=t2 - t1, decisions=tuple(events), batched=batched,
             queued_s=self.run_queue.take(),
             gives_back=self.pipeline is None and self.seed_per_batch,
-            init_fn_seeded=self.seed_per_batch != self.spec.seed_per_batch,
+            init_fn_seeded=self.seed_per_batch != self.spec.seed_per_batch, packed_at=t2,
         )
         msg.send(self.conn, msg.Done(
             self.epoch, task_id, segment_id, used, payload, self.retired, skipped, report

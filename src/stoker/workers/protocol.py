@@ -159,6 +159,9 @@ class BatchReport(NamedTuple):
     tasks ]): it fetches one batch at a time and seeds per batch."""
     init_fn_seeded: bool
     """``worker_init_fn`` seeded the global RNGs (NOTE [ Seeds set in worker_init_fn stay ])."""
+    packed_at: float
+    """When the worker finished packing (``time.perf_counter``: one clock for all processes on
+    Linux); the per-batch timeline of ``profile.events``."""
 
 
 class Done(NamedTuple):
