@@ -21,7 +21,7 @@ from stoker.engine.base_iter import BaseIterator, fetch_spec_of
 from stoker.engine.inline_iter import InlineIterator
 from stoker.engine.process_iter import ProcessIterator
 from stoker.engine.progress import check_state
-from stoker.engine.stats import StatsAccumulator
+from stoker.engine.stats import NoStats, StatsAccumulator
 from stoker.engine.thread_iter import ThreadIterator
 from stoker.fastpaths.auto_inline import gathers_suffice
 from stoker.profile.memory_watch import MemoryWatch
@@ -110,6 +110,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         skipped samples in an epoch raise ``SkipBudgetExceeded``. Map-style datasets only.
     skip_budget: an int is a number of samples per epoch; a float in [0, 1) a fraction of the
         epoch's samples. Default 0.01 (1%).
+    collect_stats: ``True`` (default): measure where time goes, per batch, for
+        ``loader.stats()`` (a few microseconds a batch); ``False`` measures nothing in the
+        main process and ``stats()`` says so.
     shard_even: how ranks get the same number of steps, so DDP never hangs at the end of an
         epoch: ``"pad"`` repeats samples from the start (DistributedSampler's default),
         ``"drop"`` drops the tail, ``"exact"`` reads every sample once and gives a short rank
@@ -144,6 +147,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         skip_budget: int | float = 0.01,
         worker_type: WorkerType = "auto",
         worker_concurrency: int | Literal["auto"] = "auto",
+        collect_stats: bool = True,
     ) -> None:
         if seeding not in _SEEDINGS:
             raise ValueError(f"seeding={seeding!r}: expected one of {_SEEDINGS}.")
@@ -180,7 +184,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
         # After torch's own validation of num_workers (a bad value fails there, like torch).
-        self._stoker_stats = StatsAccumulator(num_workers)
+        self._stoker_stats = (StatsAccumulator if collect_stats else NoStats)(num_workers)
         self._stoker_memory_watch = MemoryWatch(dataset) if num_workers > 0 else None
         self._stoker_list_sharing = ListSharing()
         self._stoker_slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
