@@ -24,6 +24,8 @@ from stoker.engine.progress import check_state
 from stoker.engine.stats import StatsAccumulator
 from stoker.engine.thread_iter import ThreadIterator
 from stoker.fastpaths.auto_inline import gathers_suffice
+from stoker.fastpaths.switch import enabled as fast_paths_enabled
+from stoker.fastpaths.switch import tell_not_per_sample
 from stoker.profile.memory_watch import MemoryWatch
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.sharded import ShardedSampler
@@ -88,10 +90,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         (default): processes when ``num_workers > 0``, else the calling thread; also the
         calling thread when every batch is plain array gathers read from ``__getitem__``'s
         source (NOTE [ Gathers need no workers ]; ``stats().inline`` says so).
-    worker_concurrency: samples each worker fetches at once: an ``int``, or ``"auto"``
-        (default): measured per worker, raised while throughput rises for fetches that mostly
-        wait (I/O), one for CPU-bound fetches and for datasets drawing from global RNGs (see
-        NOTE [ Automatic concurrency ]).
+    worker_concurrency: samples each worker fetches at once. ``"auto"`` (default): one, as in
+        torch, unless the dataset class declares ``stoker_thread_safe = True``; then measured
+        per worker and raised while throughput rises for fetches that mostly wait (I/O). An
+        ``int`` runs that many ``__getitem__`` calls at once on threads. Either opt-in promises
+        that ``__getitem__`` is thread-safe (no shared file handle, connection or
+        ``signal.alarm``) and draws randomness only from ``stoker.sample_rng()`` /
+        ``sample_generator()``; ``stats()`` says what it would give (NOTE [ Automatic
+        concurrency ]).
     seeding: ``"per_batch"`` (default) reseeds ``random``, numpy's global RNG and torch's
         default generator before every batch from (base seed, epoch, batch position), in
         whichever process fetches it, so random augmentations do not depend on ``num_workers``
@@ -114,6 +120,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         epoch: ``"pad"`` repeats samples from the start (DistributedSampler's default),
         ``"drop"`` drops the tail, ``"exact"`` reads every sample once and gives a short rank
         ``stoker.EndOfData`` steps (for evaluation).
+    fast_paths: ``True`` (default): the exact fast paths that rely on interpreter or library
+        internals (a batched ``__getitem__`` read from its source, lists read in place by
+        forked workers, raw RNG-state copies, ...). ``False`` (or ``STOKER_FAST_PATHS=0`` in
+        the environment) turns them all off: ``__getitem__`` is called per sample, for
+        debugging (NOTE [ One switch for the fast paths ]).
     """
 
     def __init__(
@@ -144,6 +155,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         skip_budget: int | float = 0.01,
         worker_type: WorkerType = "auto",
         worker_concurrency: int | Literal["auto"] = "auto",
+        fast_paths: bool = True,
     ) -> None:
         if seeding not in _SEEDINGS:
             raise ValueError(f"seeding={seeding!r}: expected one of {_SEEDINGS}.")
@@ -158,6 +170,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         _check_executor(dataset, worker_type, worker_concurrency)
         self.worker_type = worker_type
         self.worker_concurrency = worker_concurrency
+        self.fast_paths = fast_paths
+        self._stoker_fast_paths = fast_paths_enabled(fast_paths)
         self.on_error = on_error
         self.skip_budget = skip_budget
         self._stoker_skip_logged: set[Any] = set()
@@ -182,7 +196,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         # After torch's own validation of num_workers (a bad value fails there, like torch).
         self._stoker_stats = StatsAccumulator(num_workers)
         self._stoker_memory_watch = MemoryWatch(dataset) if num_workers > 0 else None
-        self._stoker_list_sharing = ListSharing()
+        self._stoker_list_sharing = ListSharing(self._stoker_fast_paths)
         self._stoker_slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
         weakref.finalize(self, self._stoker_slab_bank.close)
         self._stoker_inline: bool | None = None  # NOTE [ Gathers need no workers ]; None: not asked
@@ -257,6 +271,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._stoker_inline = gathers_suffice(
                 fetch_spec_of(self), self.worker_init_fn, self.batch_size
             )
+            if self._stoker_inline:
+                tell_not_per_sample(self.dataset, "inline")
         self._stoker_stats.inline = self._stoker_inline
         return self._stoker_inline
 

@@ -57,6 +57,7 @@ EXTRAS = {
     "skip_budget": 0.01,
     "worker_type": "auto",
     "worker_concurrency": "auto",
+    "fast_paths": True,
 }
 # Extras the DataLoader docstring does not describe yet. Remove a name once it is documented
 # (the xfail is strict: a documented name listed here fails the run).

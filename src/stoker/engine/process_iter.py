@@ -35,6 +35,7 @@ from stoker.engine.stragglers import StragglerWatch
 from stoker.engine.worker_death import check_workers_alive, lost_worker
 from stoker.errors import LoaderTimeoutError
 from stoker.fastpaths.batched_getitem import compile_batched
+from stoker.fastpaths.switch import tell_not_per_sample
 from stoker.fetch.fetchers import EmptyBatch, vectorisable
 from stoker.sampling.datapipes import distributed_settings, is_datapipe
 from stoker.workers import protocol as msg
@@ -545,6 +546,7 @@ class ProcessIterator(BaseIterator):
             raise rebuild(reply[3])
         _, _, _, segment_id, used, payload, _, skipped, info = reply
         self._stats.worker_batch(wid, info)
+        tell_not_per_sample(self._dataset, info[6])  # NOTE [ One switch for the fast paths ]
         if info[6] == "source" and not self._vector_trusted:
             self._vector_trusted = True
             loader = self._loader_ref()

@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from stoker.collate._alloc import current_allocator, request
+from stoker.fastpaths.source_check import runs_this_source
 from stoker.sharing.read_only import ReadOnlySequence
 
 
@@ -597,6 +598,8 @@ def _compile(fn: types.FunctionType) -> Node | None:
         tree = ast.parse(source)
     except (OSError, TypeError, SyntaxError, IndentationError):
         return None
+    if not runs_this_source(fn):
+        return None  # the file changed since it was imported: the source is not the code
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
         return None
     fdef = tree.body[0]

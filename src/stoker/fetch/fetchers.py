@@ -195,8 +195,8 @@ def vectorisable(spec: FetchSpec) -> bool:
     collate_fn = spec.collate_fn
     default = collate_fn is default_collate or getattr(collate_fn, "func", None) is collate
     return (
-        spec.kind == "map" and spec.auto_collation and default and not spec.skip_errors
-        and not getattr(dataset, "__getitems__", None)
+        spec.fast_paths and spec.kind == "map" and spec.auto_collation and default
+        and not spec.skip_errors and not getattr(dataset, "__getitems__", None)
     )
 
 

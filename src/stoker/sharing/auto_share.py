@@ -136,12 +136,15 @@ class ListSharing:
     """Per loader: how each large list of its dataset goes to forked workers, kept across
     epochs (a shared container is rebuilt only when its list changes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        """``enabled=False``: lists reach workers as under torch (NOTE [ One switch for the
+        fast paths ] in stoker.fastpaths.switch)."""
         self._entries: dict[int, _Entry] = {}  # id(list) -> entry (entry.source keeps it alive)
+        self._enabled = enabled
 
     def plan(self, dataset: Any) -> tuple[tuple[Any, str, Any], ...]:
         """``(owner, attribute name, READ_IN_PLACE or a shared container)`` per large list."""
-        if getattr(dataset, "stoker_share_lists", True) is False:
+        if not self._enabled or getattr(dataset, "stoker_share_lists", True) is False:
             self._entries = {}
             return ()
         found, slots = _large_lists(dataset)
