@@ -21,6 +21,8 @@ from stoker.engine.base_iter import BaseIterator, fetch_spec_of
 from stoker.engine.inline_iter import InlineIterator
 from stoker.engine.process_iter import ProcessIterator
 from stoker.engine.progress import check_state
+from stoker.engine.state_fit import check_fit
+from stoker.engine.state_fit import describe as describe_fit
 from stoker.engine.stats import StatsAccumulator
 from stoker.engine.thread_iter import ThreadIterator
 from stoker.fastpaths.auto_inline import gathers_suffice
@@ -302,6 +304,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             state = self._fresh_state(progress)
         else:
             state = progress.state_dict()
+        state["loader"] = describe_fit(self)  # NOTE [ A state must fit its loader ]
         if callable(getattr(self.dataset, "state_dict", None)):
             state["dataset_state"] = self.dataset.state_dict()  # type: ignore[attr-defined]
             # In-process, an iterable's own state is its position; in workers the main
@@ -342,6 +345,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from ``state_dict`` at the next ``iter()``; works across ``num_workers``."""
         state = check_state(state_dict)
+        check_fit(state, self)  # NOTE [ A state must fit its loader ]
         if "dataset_state" in state and callable(getattr(self.dataset, "load_state_dict", None)):
             self.dataset.load_state_dict(state["dataset_state"])  # type: ignore[attr-defined]
         self._stoker_iterations = state["iterations"]

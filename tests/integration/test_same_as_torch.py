@@ -6,6 +6,7 @@ Each test runs against ``STOKER_TEST_LOADER=torch`` too: the expectations are to
 
 from __future__ import annotations
 
+import pytest
 import torch
 from _user_datasets import (
     RECORD_BYTES,
@@ -17,6 +18,8 @@ from _user_datasets import (
     write_records,
     write_sqlite,
 )
+
+import stoker
 
 
 def test_a_shared_file_handle_read_with_seek_and_read_gives_every_sample_its_own_bytes(
@@ -65,3 +68,56 @@ def test_a_getitem_that_reduces_over_its_input_is_called_per_sample(Loader):
         got = torch.cat(list(Loader(dataset, batch_size=64, num_workers=num_workers)))
         differ = (got != expected).any(dim=1).sum().item()
         assert differ == 0, f"num_workers={num_workers}: {differ} samples differ"
+
+
+# -- on_error="skip" (stoker only: torch has no error policy) ----------------------------------
+
+
+class _RunsOutOfMemory(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> int:
+        if i == 5:
+            raise MemoryError("cannot allocate 8 GiB for sample 5")
+        return i
+
+
+class _BadBatch(torch.utils.data.Dataset):
+    """Samples 4-7 (the whole second batch of 4) are corrupt."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> int:
+        if 4 <= i < 8:
+            raise ValueError(f"corrupt sample {i}")
+        return i
+
+
+_EXECUTORS = [{"num_workers": 0}, {"num_workers": 2}, {"worker_type": "thread"}]
+
+
+@pytest.mark.parametrize("executor", _EXECUTORS, ids=["inline", "process", "thread"])
+def test_skip_does_not_count_running_out_of_memory_as_a_bad_sample(stoker_only, executor):
+    loader = stoker.DataLoader(_RunsOutOfMemory(), batch_size=4, on_error="skip",
+                               skip_budget=4, **executor)
+    with pytest.raises(MemoryError, match="cannot allocate 8 GiB for sample 5"):
+        list(loader)
+    assert loader.stats().skipped == 0
+
+
+@pytest.mark.parametrize("executor", _EXECUTORS, ids=["inline", "process", "thread"])
+def test_an_epoch_shortened_by_a_fully_skipped_batch_says_so(stoker_only, executor):
+    loader = stoker.DataLoader(_BadBatch(), batch_size=4, on_error="skip", skip_budget=4,
+                               **executor)
+    with pytest.warns(RuntimeWarning) as caught:
+        batches = list(loader)
+    assert len(loader) == 4 and len(batches) == 3
+    assert [str(w.message) for w in caught if "not yielded" in str(w.message)] == [
+        "on_error='skip' skipped every sample of batch 1, so it is not yielded: this epoch "
+        "has fewer batches than len(loader) = 4. loader.stats().empty_batches counts such "
+        "batches; a training loop that relies on len(loader) steps per epoch (a learning-rate "
+        "schedule, DDP) should not rely on it with on_error='skip'."
+    ]
+    assert (loader.stats().skipped, loader.stats().empty_batches) == (4, 1)

@@ -132,5 +132,6 @@ class InlineIterator(BaseIterator):
                 continue
             self._delivered(position)
             if data is EMPTY:
+                self._skips.empty_step(position, self._index_sampler)
                 continue
             return self._pinned(data)

@@ -393,6 +393,7 @@ class ProcessIterator(BaseIterator):
                     continue
                 data = self._deliver(wid, reply)
                 if data is _EMPTY_STEP:  # every sample of it was skipped
+                    self._skips.empty_step(reply[2], self._index_sampler)
                     continue
                 return data
             if not self._task_worker:

@@ -71,6 +71,7 @@ class ThreadIterator(BaseIterator):
             data = self._finish(job)
             if data is not EMPTY:
                 return self._pinned(data)
+            self._skips.empty_step(job.task_id, self._index_sampler)
 
     def _next_alone(self) -> Job | None:
         position, index = self._next_index()  # StopIteration ends the epoch
