@@ -137,3 +137,39 @@ class BatchNormalised(Dataset):
     def __getitem__(self, i: Any) -> torch.Tensor:
         x = self.x[i]
         return x / x.abs().max()
+
+
+class Labelled(Dataset):
+    """70k labels in a plain list the user's script also holds (e.g. to fix them up)."""
+
+    def __init__(self, labels: list) -> None:
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> Any:
+        return type(self.labels[i]).__name__, self.labels[i]
+
+
+class ListUser(Dataset):
+    """Uses its list the ways a list is used: copies, concatenation, repetition, str()."""
+
+    def __init__(self, n: int = 70_000) -> None:
+        self.files = [f"shard_{k:05d}.tar" for k in range(n)]
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        mine = self.files.copy()
+        mine.append("extra.tar")
+        both = self.files + ["tail.tar"]
+        front = ["head.tar"] + self.files
+        twice = self.files * 2
+        text = str(self.files)
+        self.files.append(f"cache_{i}.tar")  # the worker's own copy grows, as under torch
+        grown = len(self.files)
+        self.files.pop()
+        return (len(mine), both[-1], front[0], len(twice), len(text), hash(text), grown,
+                self.files == sorted(self.files), self.files < self.files + ["z"])

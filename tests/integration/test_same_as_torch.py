@@ -12,7 +12,9 @@ from _user_datasets import (
     RECORD_BYTES,
     AlarmGuarded,
     BatchNormalised,
+    Labelled,
     LateJitter,
+    ListUser,
     RecordFile,
     SqliteRows,
     write_records,
@@ -121,3 +123,24 @@ def test_an_epoch_shortened_by_a_fully_skipped_batch_says_so(stoker_only, execut
         "schedule, DDP) should not rely on it with on_error='skip'."
     ]
     assert (loader.stats().skipped, loader.stats().empty_batches) == (4, 1)
+
+
+# -- large lists reach workers unchanged ------------------------------------------------------
+
+
+def test_a_list_retyped_in_place_between_epochs_is_seen_retyped_in_workers(Loader):
+    labels = list(range(70_000))  # held by the script too: the workers get a shared copy
+    loader = Loader(Labelled(labels), batch_size=None, num_workers=2, persistent_workers=False)
+    first = list(loader)
+    assert first == [["int", i] for i in range(8)]  # default_convert: tuples become lists
+    for k in range(len(labels)):  # fixed up in place: ints become floats, all still equal
+        labels[k] = float(labels[k])
+    assert list(loader) == [["float", float(i)] for i in range(8)]
+
+
+def test_a_large_list_in_a_worker_behaves_as_the_list(Loader):
+    dataset = ListUser()
+    expected = [tuple(dataset[i]) for i in range(4)]
+    got = [tuple(int(v) if isinstance(v, torch.Tensor) else v for v in sample)
+           for sample in Loader(dataset, batch_size=None, num_workers=2)]
+    assert got == expected
