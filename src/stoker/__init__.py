@@ -1,6 +1,6 @@
 """stoker: keeps the accelerator fed. A drop-in, faster, safer torch DataLoader."""
 
-from stoker import formats, sharing
+from stoker import formats, image, sharing
 from stoker.collate import default_collate, default_convert
 from stoker.distributed import EndOfData
 from stoker.errors import (
@@ -32,6 +32,7 @@ __all__ = [
     "default_convert",
     "formats",
     "get_worker_info",
+    "image",
     "sample_generator",
     "sample_rng",
     "sample_seed",

@@ -41,6 +41,7 @@ PUBLIC = {
     "default_convert": "function",
     "formats": "module",
     "get_worker_info": "function",
+    "image": "module",
     "sample_generator": "function",
     "sample_rng": "function",
     "sample_seed": "function",
@@ -58,6 +59,7 @@ EXTRAS = {
     "worker_type": "auto",
     "worker_concurrency": "auto",
     "fast_paths": True,
+    "collect_stats": True,
 }
 # Extras the DataLoader docstring does not describe yet. Remove a name once it is documented
 # (the xfail is strict: a documented name listed here fails the run).
@@ -197,3 +199,17 @@ def test_extra_is_documented(name):
     assert re.search(rf"^{re.escape(name)}:", doc, re.MULTILINE), (
         f"stoker.DataLoader's docstring does not describe {name}="
     )
+
+
+# Public subpackages whose own __all__ is part of the API. name -> locked __all__.
+SUBPACKAGES = {
+    "image": ["random_resized_crop_box"],
+}
+
+
+@pytest.mark.parametrize("name", list(SUBPACKAGES))
+def test_subpackage_all_is_locked(name):
+    module = getattr(stoker, name)
+    assert sorted(module.__all__) == sorted(SUBPACKAGES[name])
+    for attr in module.__all__:
+        assert getattr(module, attr).__module__.startswith(f"stoker.{name}")

@@ -2,6 +2,7 @@
 so `stoker --help` stays fast and a missing optional extra only affects its own command.
 
     stoker demo [--images N] [--epochs N] [--num-workers N] [--batch-size N] [--rounds N]
+    stoker pack SOURCE OUT [--samples-per-shard N] [--workers N] [--max-side PX] [--verify]
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def _build_parser() -> argparse.ArgumentParser:
         help="loader class measured against torch's (default stoker:DataLoader; "
         "torch.utils.data:DataLoader gives an A/A run that shows the noise)",
     )
+    from stoker.cli import pack as _pack  # the parser only: formats load when it runs
+
+    _pack.add_parser(commands)
     return parser
 
 
@@ -99,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "demo":
         return _run_demo(args)
+    if args.command == "pack":
+        from stoker.cli import pack as _pack
+
+        return _pack.run(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects others
 
 

@@ -22,7 +22,7 @@ from stoker.collate import collate, default_convert
 from stoker.device.pin import pin_batch, pin_target
 from stoker.engine.progress import EpochProgress
 from stoker.engine.skips import SkipLedger
-from stoker.engine.stats import batch_samples
+from stoker.profile.ranges import PIN, WAIT, stage_range
 from stoker.sampling.datapipes import draw_shared_seed, is_iter_datapipe, seed_group
 from stoker.sampling.dataset_rngs import find_dataset_rngs, warn_shared_rngs
 from stoker.sampling.fast_batches import fast_iter
@@ -258,14 +258,15 @@ class BaseIterator:
     def __next__(self) -> Any:
         entered = self._stats.entered_next()
         try:
-            data = self._next_data()
+            with stage_range(WAIT):  # a torch.profiler range only while one records
+                data = self._next_data()
         except StopIteration:
             if self._steps_target is not None and self._num_yielded < self._steps_target:
                 return self._end_of_data()
             self._finish_epoch()
             self._stats.epoch_ended()
             raise
-        self._stats.left_next(entered, batch_samples(data))
+        self._stats.left_next(entered, data)
         self._num_yielded += 1
         if (
             self._fetch_spec.kind == "iterable"
@@ -279,8 +280,9 @@ class BaseIterator:
         if not self._pin:
             return data
         t0 = time.perf_counter()
-        data = pin_batch(data)
-        self._stats.pin_s += time.perf_counter() - t0
+        with stage_range(PIN):
+            data = pin_batch(data)
+        self._stats.pinned(t0)
         return data
 
     def _end_of_data(self) -> Any:

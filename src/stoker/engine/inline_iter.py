@@ -11,6 +11,7 @@ from stoker.fastpaths.batched_getitem import Decline
 from stoker.fastpaths.index_tensor import VectorProbe
 from stoker.fastpaths.switch import tell_not_per_sample
 from stoker.fetch.fetchers import EMPTY, make_fetcher, vectorisable
+from stoker.profile.ranges import COLLATE, FETCH, stage_range
 from stoker.sampling.datapipes import distributed_settings, is_datapipe, seed_shufflers, shard
 from stoker.sampling.dataset_rngs import reseed, restore_states, save_states
 from stoker.sampling.sample_rng import clear_sample_context
@@ -81,15 +82,21 @@ class InlineIterator(BaseIterator):
     def _timed_fetch(self, index: Any) -> Any:
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            data = self._fetcher.gather(index)
+            with stage_range(FETCH):
+                data = self._fetcher.gather(index)
         finally:
             clear_sample_context()  # this is the user's thread: leave nothing behind
         t1, c1 = time.perf_counter(), time.thread_time()
-        batch = self._fetcher.finish(data)
+        with stage_range(COLLATE):
+            batch = self._fetcher.finish(data)
+        t2 = time.perf_counter()
         stats = self._stats
         stats.fetch_wall_s += t1 - t0
         stats.fetch_cpu_s += c1 - c0
-        stats.collate_s += time.perf_counter() - t1
+        stats.collate_s += t2 - t1
+        if stats.events is not None:
+            stats.events.main_stage("fetch", t0, t1)
+            stats.events.main_stage("collate", t1, t2)
         if self._vector.probing and isinstance(index, list):
             self._vector.check(index, batch)
             if self._vector.adopted:

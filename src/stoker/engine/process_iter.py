@@ -37,6 +37,7 @@ from stoker.errors import LoaderTimeoutError
 from stoker.fastpaths.batched_getitem import compile_batched
 from stoker.fastpaths.switch import tell_not_per_sample
 from stoker.fetch.fetchers import EmptyBatch, vectorisable
+from stoker.profile.ranges import UNPACK, stage_range
 from stoker.sampling.datapipes import distributed_settings, is_datapipe
 from stoker.workers import protocol as msg
 from stoker.workers.launch import (
@@ -556,8 +557,9 @@ class ProcessIterator(BaseIterator):
         if skipped:
             self._skips.record(skipped)
         t0 = time.perf_counter()
-        data = self._group.reader.unpack(wid, segment_id, used, payload)
-        self._stats.unpack_s += time.perf_counter() - t0
+        with stage_range(UNPACK):
+            data = self._group.reader.unpack(wid, segment_id, used, payload)
+        self._stats.unpacked(t0)
         if self._memory_watch is not None and time.monotonic() > self._watch_from:
             self._memory_watch.sample(self._worker_pids)
         if isinstance(data, EmptyBatch):

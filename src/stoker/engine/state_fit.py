@@ -26,6 +26,7 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "finished": ((bool,), "a bool"),
     "base_seed": ((int,), "an int seed"),
     "drew_base_seed": ((bool,), "a bool"),
+    "sampler_state_applies": ((bool,), "a bool"),
     "rng": ((str, dict, type(None)), "the encoded generator states (str)"),
     "sampler_epoch": ((int, type(None)), "an int epoch or None"),
     "dataset_kind": ((str,), "'map' or 'iterable'"),

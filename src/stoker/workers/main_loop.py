@@ -342,7 +342,7 @@ class _Worker:
             self.tuner.concurrency, timing[0], timing[1], t1 - t0, t2 - t1,
             [(e.at_s, e.concurrency, e.reason) for e in events], batched,
             self.run_queue.take(), self.pipeline is None and self.seed_per_batch,
-            self.seed_per_batch != self.spec.seed_per_batch,
+            self.seed_per_batch != self.spec.seed_per_batch, t2,
         )
         reply = (
             msg.DONE, self.epoch, task_id, segment_id, used, payload, self.retired, skipped, info

@@ -19,8 +19,10 @@ worker -> main
                        ``info`` = (concurrency, fetch wall s, fetch CPU s, collate s, pack s,
                        new tuner decisions, which batched form fetched it whole ("" for none),
                        s queued for a CPU since the last report, whether it can give a
-                       queued task back): stats, and the worker asks for more tasks in
-                       flight when its concurrency outgrows prefetch_factor
+                       queued task back, whether worker_init_fn took the seeds, when it
+                       finished packing (perf_counter: one clock for all processes on
+                       Linux; the doctor's timeline)): stats, and the worker asks for more
+                       tasks in flight when its concurrency outgrows prefetch_factor
     (FAILED, epoch, task_id, RemoteError)
     (EXHAUSTED, epoch, task_id)  the iterable dataset ended in this worker
     (CANCELLED, epoch, task_id)  answers a CANCEL: the task was not started and never will be
