@@ -21,7 +21,7 @@ from stoker.engine.base_iter import BaseIterator, fetch_spec_of, stateful_sample
 from stoker.engine.inline_iter import InlineIterator
 from stoker.engine.process_iter import ProcessIterator
 from stoker.engine.progress import check_state
-from stoker.engine.state_fit import check_fit
+from stoker.engine.state_fit import check_fields, check_fit
 from stoker.engine.state_fit import describe as describe_fit
 from stoker.engine.stats import NoStats, StatsAccumulator
 from stoker.engine.thread_iter import ThreadIterator
@@ -407,9 +407,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from ``state_dict`` at the next ``iter()``; works across ``num_workers``."""
         state = check_state(state_dict)
-        check_fit(state, self)  # NOTE [ A state must fit its loader ]
+        check_fields(state)  # NOTE [ A state must fit its loader ]
         if "dataset_state" in state and callable(getattr(self.dataset, "load_state_dict", None)):
             self.dataset.load_state_dict(state["dataset_state"])  # type: ignore[attr-defined]
+        check_fit(state, self)  # with the dataset's own state loaded (its length may follow it)
         self._stoker_iterations = state["iterations"]
         epoch = state.get("sampler_epoch")
         if epoch is not None and callable(getattr(self.sampler, "set_epoch", None)):

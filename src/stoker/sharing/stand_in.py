@@ -117,10 +117,10 @@ class ListStandIn(ReadOnlySequence[Any]):
     def __setitem__(self, index: Any, value: Any) -> None:
         self._mine()[index] = value
 
-    def __delitem__(self, index: Any) -> None:
+    def __delitem__(self, index: Any) -> None:  # type: ignore[override]
         del self._mine()[index]
 
-    def __iadd__(self, other: Iterable[Any]) -> ListStandIn:
+    def __iadd__(self, other: Iterable[Any]) -> ListStandIn:  # type: ignore[misc]
         self._mine().extend(other)
         return self
 
