@@ -2,9 +2,10 @@
 
 ``inspect.getsource`` reads the file on disk, which may have been edited since the module was
 imported (a notebook's helper file, a hot-edited script). A batched form compiled from that text
-would compute what the new text says while ``__getitem__`` runs the old code. So the text is
-compiled again and its code object compared with the function's own: bytecode, constants (and
-nested code, recursively), names and variables; line numbers and qualified names may differ.
+would compute what the new text says while ``__getitem__`` runs the old code. So the file's
+current text is compiled again and the function's code object found in it (by qualified name)
+is compared with the running one: bytecode, constants (and nested code, recursively), names and
+variables; line numbers may differ.
 Anything that does not compare equal refuses the batched form (NOTE [ Batched getitem from
 source ]).
 """
