@@ -28,6 +28,7 @@ from stoker.engine.thread_iter import ThreadIterator
 from stoker.fastpaths.auto_inline import gathers_suffice
 from stoker.fastpaths.switch import enabled as fast_paths_enabled
 from stoker.fastpaths.switch import tell_not_per_sample
+from stoker.integrations.accelerate import remember as remember_for_accelerate
 from stoker.profile.memory_watch import MemoryWatch
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.sharded import ShardedSampler
@@ -229,6 +230,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._stoker_inline: bool | None = None  # NOTE [ Gathers need no workers ]; None: not asked
         self._stoker_vector_trusted: Any = None  # the dataset whose batched form passed its probes
         self._stoker_init_fn_seeds_told = False  # NOTE [ Seeds set in worker_init_fn stay ]
+        remember_for_accelerate(self)  # NOTE [ Accelerate keeps stoker ]
         if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):
             bs, dl = self.batch_size or 1, self.drop_last
             self._stoker_pad_steps = lambda: sampler.num_batches(bs, dl)

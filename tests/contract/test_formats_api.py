@@ -6,16 +6,20 @@ from __future__ import annotations
 import stoker.formats
 
 FORMATS_PUBLIC = [
+    "ArrowDataset",
     "IMG_EXTENSIONS",
     "ImageFolder",
+    "LMDBDataset",
     "PackOptions",
     "PackSummary",
+    "ParquetDataset",
     "SampleLocation",
     "ShardError",
     "ShardTable",
     "SharedBytesList",
     "SharedList",
     "SharedStrList",
+    "TFRecordDataset",
     "TarShard",
     "TarShards",
     "index_shard",

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import io
 import random
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +19,27 @@ import torch
 import stoker
 from stoker.formats import TarShards, pack
 from stoker.testing import assert_resumes_exactly
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
+from _format_files import from_image, write_all  # noqa: E402
+
+READERS = ["tar", "parquet", "arrow", "tfrecord", "lmdb", "image_folder"]
+
+
+class _ImageIndex(torch.utils.data.Dataset[torch.Tensor]):
+    def __init__(self, folder: Any) -> None:
+        self.folder = folder
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return from_image(self.folder[i])
+
+
+def _common(readers: dict[str, Any], name: str) -> Any:
+    dataset = readers[name]()
+    return _ImageIndex(dataset) if name == "image_folder" else dataset
 
 N = 17
 
@@ -52,20 +75,28 @@ def _loaders(dataset: Any, num_workers: int) -> Callable[[], Any]:
     return make
 
 
-def _readers(tar_dir: str) -> dict[str, Any]:
-    return {"tar": TarShards(tar_dir, transform=decode)}
-
-
-@pytest.mark.parametrize("reader", ["tar"])
-def test_reader_resumes_every_step_inline(tar_dir: str, reader: str) -> None:
-    dataset = _readers(tar_dir)[reader]
+def test_tar_reader_resumes_every_step_with_augmentations(tar_dir: str) -> None:
+    dataset = TarShards(tar_dir, transform=decode)
     assert sorted(int(dataset[i]["x"][0]) for i in range(len(dataset))) == list(range(N))
     assert_resumes_exactly(_loaders(dataset, 0), epochs=2)
 
 
-@pytest.mark.parametrize("reader", ["tar"])
-def test_reader_resumes_with_workers_and_another_worker_count(tar_dir: str, reader: str) -> None:
-    dataset = _readers(tar_dir)[reader]
+@pytest.fixture(scope="module")
+def readers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return write_all(str(tmp_path_factory.mktemp("formats")))
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_reader_resumes_every_step_inline(readers: dict[str, Any], reader: str) -> None:
+    dataset = _common(readers, reader)
+    assert_resumes_exactly(_loaders(dataset, 0), epochs=2, steps=8)
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_reader_resumes_with_workers_and_another_worker_count(
+    readers: dict[str, Any], reader: str
+) -> None:
+    dataset = _common(readers, reader)
     assert_resumes_exactly(
         _loaders(dataset, 2), epochs=2, steps=4, resume_loader=_loaders(dataset, 1)
     )

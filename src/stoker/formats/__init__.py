@@ -9,18 +9,24 @@ in ``stoker.sharing`` now and stay importable from here for code written against
 """
 
 from stoker.errors import ShardError
+from stoker.formats.columnar import ArrowDataset, ParquetDataset
 from stoker.formats.image_folder import IMG_EXTENSIONS, ImageFolder
+from stoker.formats.lmdb_dataset import LMDBDataset
 from stoker.formats.pack import PackOptions, pack
 from stoker.formats.pack_report import PackSummary, verify_pack
 from stoker.formats.tar_index import ShardTable, index_shard
 from stoker.formats.tar_shards import SampleLocation, TarShard, TarShards
+from stoker.formats.tfrecord_dataset import TFRecordDataset
 from stoker.sharing.shared_list import SharedBytesList, SharedList, SharedStrList
 
 __all__ = [
     "IMG_EXTENSIONS",
+    "ArrowDataset",
     "ImageFolder",
+    "LMDBDataset",
     "PackOptions",
     "PackSummary",
+    "ParquetDataset",
     "SampleLocation",
     "ShardError",
     "ShardTable",
@@ -29,6 +35,7 @@ __all__ = [
     "SharedStrList",
     "TarShard",
     "TarShards",
+    "TFRecordDataset",
     "index_shard",
     "pack",
     "verify_pack",
