@@ -13,6 +13,7 @@ Sidecar: ``<shard>.idx.npz`` beside the shard, plain numpy arrays (no pickles), 
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import mmap
@@ -58,6 +59,13 @@ class ShardTable:
 
     def members(self, j: int) -> range:
         return range(int(self.starts[j]), int(self.starts[j + 1]))
+
+    @functools.cached_property
+    def lists(self) -> tuple[list[Any], ...]:
+        """The arrays as Python lists (starts, keys, fields, offsets, sizes, crc32): a read
+        indexes plain lists, ~10x cheaper than numpy scalars per item."""
+        return tuple(a.tolist() for a in (self.starts, self.keys, self.fields, self.offsets,
+                                          self.sizes, self.crc32))
 
     def span(self, j: int) -> tuple[int, int]:
         """(offset, length) of the bytes holding every member of sample ``j``."""
