@@ -6,8 +6,9 @@ map-style, the dataset gets everything stoker's loader gives map-style datasets:
 shuffle over all samples, O(1) exact resume, rank x worker sharding with equal steps per rank.
 
 A dataset is opened from its manifest (``index.json``, written by ``stoker pack``: shard
-paths, sample counts and byte sizes, so opening costs one read however many shards there are;
-each shard's sidecar index is read the first time one of its samples is) or from a list of
+paths, sample counts and byte sizes, so opening a remote dataset costs one read however many
+shards there are; a remote shard's sidecar index is read the first time one of its samples is,
+local ones at open, so forked workers inherit them) or from a list of
 shard paths (each shard's sidecar is read, or, for plain WebDataset shards without one, the
 shard is scanned at open: every byte read once; ``stoker.formats.index_shard`` saves that scan).
 """
@@ -113,7 +114,12 @@ class TarShards(Dataset[Any]):
         manifest = _manifest_path(path) if isinstance(path, str) else None
         if manifest is not None:
             self.shards, self.meta = read_manifest(self.source, manifest)
-            self._lazy = True
+            # Local sidecars are read now (~1 ms each): workers forked later inherit them, so
+            # they are not re-read by every worker of every epoch. Remote ones on first use.
+            self._lazy = bool(self.shards) and self.source.local_path(self.shards[0].path) is None
+            if not self._lazy:
+                for s in range(len(self.shards)):
+                    self.table(s)
         else:
             paths = [path] if isinstance(path, str) else list(path)
             self.shards = [self._open_unlisted(s, p) for s, p in enumerate(paths)]
