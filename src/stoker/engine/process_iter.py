@@ -34,6 +34,7 @@ from stoker.engine.worker_group import WorkerGroup
 from stoker.engine.worker_start import forked_spec, start_workers
 from stoker.errors import LoaderTimeoutError
 from stoker.fastpaths.batched_getitem import compile_batched
+from stoker.fastpaths.switch import tell_not_per_sample
 from stoker.fetch.fetchers import EmptyBatch, vectorisable
 from stoker.profile.ranges import UNPACK, stage_range
 from stoker.sampling.datapipes import distributed_settings, is_datapipe
@@ -248,6 +249,7 @@ class ProcessIterator(BaseIterator):
                     continue
                 data = self._deliver(wid, reply)
                 if data is _EMPTY_STEP:  # every sample of it was skipped
+                    self._skips.empty_step(reply.task_id, self._index_sampler)
                     continue
                 return data
             if not self._book.outstanding():
@@ -380,6 +382,8 @@ class ProcessIterator(BaseIterator):
         if isinstance(reply, msg.Failed):
             raise rebuild(reply.error)
         self._stats.worker_batch(wid, reply.report)
+        # NOTE [ One switch for the fast paths ]
+        tell_not_per_sample(self._dataset, reply.report.batched)
         if reply.report.batched == "source" and not self._vector_trusted:
             self._vector_trusted = True
             self._engine.vector_trusted = self._dataset
