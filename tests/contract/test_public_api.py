@@ -140,7 +140,7 @@ def test_exceptions_keep_their_hierarchy():
 
 # Exception classes that never reach a user: signals inside one module, caught there.
 _INTERNAL_SIGNALS = {
-    "stoker.fastpaths.batched_getitem.Decline",  # the batched form declines a batch
+    "stoker.fastpaths.batched_columns.Decline",  # the batched form declines a batch
     "stoker.transport.slab_writer.SlabFull",  # a batch outgrows its slab: a bigger one is made
 }
 
