@@ -8,6 +8,7 @@ Iteration is stoker's (``engine``), and so are ``state_dict``/``load_state_dict`
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
@@ -37,6 +38,7 @@ ShardEven = Literal["pad", "drop", "exact"]
 OnError = Literal["raise", "skip"]
 WorkerType = Literal["auto", "process", "thread"]
 _WORKER_TYPES = ("auto", "process", "thread")
+_DOCTOR_ENV = "STOKER_DOCTOR"  # set by `stoker doctor` for the script it runs (doctor/agent.py)
 
 
 def _check_executor(dataset: Any, worker_type: str, concurrency: int | str) -> None:
@@ -185,6 +187,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         )
         # After torch's own validation of num_workers (a bad value fails there, like torch).
         self._stoker_stats = (StatsAccumulator if collect_stats else NoStats)(num_workers)
+        if _DOCTOR_ENV in os.environ:  # `stoker doctor -- python train.py`: measure this loader
+            from stoker.doctor.agent import attach
+
+            attach(self)
         self._stoker_memory_watch = MemoryWatch(dataset) if num_workers > 0 else None
         self._stoker_list_sharing = ListSharing()
         self._stoker_slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
