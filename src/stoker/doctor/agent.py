@@ -17,6 +17,7 @@ import os
 import time
 from typing import Any
 
+from stoker.doctor.measure import _queued_s
 from stoker.engine.stats import StatsAccumulator
 
 OUT_ENV = "STOKER_DOCTOR"
@@ -39,6 +40,7 @@ class _Agent:
         self.warm_stats: Any = None
         self.watcher: Any = None
         self.written = False
+        self.queued_at = 0.0
         atexit.register(self.write)
 
     def attach(self, loader: Any) -> None:
@@ -68,6 +70,7 @@ class _Agent:
                 now - run.started >= self.bounds.warmup_s
             ):
                 self.warm_stats, run.warm_at = stats.snapshot(), now
+                self.queued_at = _queued_s()
             return
         run.batches += 1
         run.samples += samples
@@ -92,7 +95,7 @@ class _Agent:
         if self.written:
             return
         self.written = True
-        from stoker.doctor.measure import stats_between
+        from stoker.doctor.measure import stats_between, with_main_queue
         from stoker.doctor.records import run_to_dict
 
         run = self.run
@@ -100,8 +103,10 @@ class _Agent:
             run.memory = self.watcher.stop()
         if self.measured is not None:
             now_stats = self.measured.stats()
-            run.stats = (stats_between(self.warm_stats, now_stats)
-                         if self.warm_stats is not None else now_stats)
+            run.stats = now_stats
+            if self.warm_stats is not None:
+                run.stats = with_main_queue(stats_between(self.warm_stats, now_stats),
+                                            _queued_s() - self.queued_at)
             run.samples_per_s = run.samples / run.seconds if run.seconds > 0 else 0.0
         doc = {"run": run_to_dict(run), "kwargs": self.kwargs,
                "measured": self.measured is not None}

@@ -48,9 +48,10 @@ def candidates(kwargs: Mapping[str, Any], kind: Kind, cores: int, cuda: bool,
         out.append(Candidate({"prefetch_factor": 2 * int(kwargs.get("prefetch_factor") or 2)}))
     if cuda and not kwargs.get("pin_memory"):
         out.append(Candidate({"pin_memory": True}))
-    if kind not in ("storage", "consumer"):
-        out.append(Candidate({"num_workers": max(base_n, cores), "worker_concurrency": 4,
-                              **proc}, THREAD_SAFE_PROMISE))
+    # Threads inside a worker only add fetches that wait; for CPU work in Python they add
+    # nothing on a quiet machine (one GIL per process), so they are not offered for it. (On
+    # a busy machine more threads win a larger share of the CPUs from other processes: not a
+    # gain the user would keep.)
     return _distinct(out, kwargs)[:limit]
 
 

@@ -57,7 +57,7 @@ def diagnose(s: LoaderStats, setup: Setup) -> Diagnosis:
     loop_wall = s.wait_s + s.loop_s
     wait_share = s.wait_s / loop_wall if loop_wall > 0 else 0.0
     waiting, queued = _fetch_split(s)
-    gil = _gil_bound(s, setup, loop_wall, waiting)
+    gil = _gil_bound(s, setup, loop_wall)
     shares = _shares(s, gil)
     kind = _kind(s, setup, wait_share, waiting, queued, gil)
     head, advice = _words(kind, s, setup, wait_share, waiting, queued)
@@ -81,13 +81,18 @@ def threads_per_process(s: LoaderStats, setup: Setup) -> int:
     return max(s.concurrency or (1,))
 
 
-def _gil_bound(s: LoaderStats, setup: Setup, loop_wall: float, waiting: float) -> bool:
-    """Fetch threads that wait while their process already keeps a core busy with Python:
+def _gil_bound(s: LoaderStats, setup: Setup, loop_wall: float) -> bool:
+    """Fetch threads that wait while their process already keeps a core busy with Python
+    (or would, if other processes left it one):
     they wait for each other (the GIL), not for storage."""
-    if threads_per_process(s, setup) < 2 or waiting < _WAITING or loop_wall <= 0:
+    off_cpu = 1 - s.fetch_cpu_s / s.fetch_wall_s if s.fetch_wall_s > 0 else 0.0
+    if threads_per_process(s, setup) < 2 or off_cpu < _WAITING or loop_wall <= 0:
         return False
     processes = 1 if setup.worker_type == "thread" or s.num_workers == 0 else s.num_workers
-    busy = (s.fetch_cpu_s + s.collate_s + s.pack_s) / (loop_wall * processes)
+    # CPU used, plus time runnable but queued: on a busy machine the GIL holder waits for a
+    # CPU too, and threads handing the GIL over wake and queue (Linux counts them); threads
+    # waiting on storage sleep in a system call, neither running nor queued.
+    busy = (s.fetch_cpu_s + s.fetch_queued_s + s.collate_s + s.pack_s) / (loop_wall * processes)
     return busy >= _GIL_BUSY
 
 
@@ -122,11 +127,19 @@ def _kind(s: LoaderStats, setup: Setup, wait_share: float, waiting: float, queue
         return "main_thread"
     if s.unpack_s + s.pin_s > 0.3 * s.wait_s or s.pack_s > 0.5 * (s.fetch_cpu_s + s.collate_s):
         return "transfer"
-    if queued > _OVERSUBSCRIBED:
-        return "oversubscribed"
     if s.collate_s > s.fetch_cpu_s:
         return "collate"
+    # Queued for a CPU is only the loader's own doing when it runs more threads than cores;
+    # otherwise other processes hold the CPUs (the report says how busy the machine was).
+    if queued > _OVERSUBSCRIBED and _fetch_threads(s, setup) > setup.cores:
+        return "oversubscribed"
     return "cpu"
+
+
+def _fetch_threads(s: LoaderStats, setup: Setup) -> int:
+    if setup.worker_type == "thread" or s.num_workers == 0:
+        return threads_per_process(s, setup)
+    return s.num_workers * threads_per_process(s, setup)
 
 
 def _words(kind: Kind, s: LoaderStats, setup: Setup, wait_share: float, waiting: float,
@@ -139,8 +152,10 @@ def _words(kind: Kind, s: LoaderStats, setup: Setup, wait_share: float, waiting:
                 "CPU and memory for the step.")
     head = f"Input-bound: {waited}."
     if kind == "gil":
-        return (head + f" The fetch threads wait {waiting:.0%} of their time while their "
-                "process keeps a core busy with Python: they wait for the GIL, not storage.",
+        off_cpu = 1 - s.fetch_cpu_s / s.fetch_wall_s if s.fetch_wall_s > 0 else 0.0
+        return (head + f" The fetch threads spend {off_cpu:.0%} of their time off the CPU "
+                "while their process keeps a core busy with Python (or waits for one): they "
+                "wait for the GIL, not storage.",
                 f"Use processes: worker_type=\"process\", num_workers={cores}.")
     if kind == "storage":
         return (head + f" Fetches wait {waiting:.0%} of their time off the CPU (storage, "

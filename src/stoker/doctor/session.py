@@ -72,7 +72,7 @@ class Session:
 
         found = candidates(self.kwargs, diagnosis.kind, setup.cores,
                            torch.cuda.is_available(), limit=self.args.max_candidates)
-        return run_sweep(self.one, found, announce=self.progress.announce, first=first)
+        return run_sweep(self.one, found, announce=self.progress.announce)
 
 
 class ScriptSession(Session):

@@ -77,18 +77,15 @@ def recipe_runner(recipe: Recipe, bounds: Bounds, progress: Progress | None) -> 
 
 
 def run_sweep(measure_one: MeasureOne, found: Sequence[Candidate],
-              announce: Callable[[str], None] | None = None,
-              first: Run | None = None) -> Sweep:
-    """``first``: a detailed baseline run already made (the diagnosis's), counted as one of
-    the baseline's repeats."""
+              announce: Callable[[str], None] | None = None) -> Sweep:
+    """The baseline first, in the middle and last; candidates between. (The detailed run
+    the verdict came from is not one of the repeats: it records a timeline and memory, and
+    it is the process's first run.)"""
     sweep = Sweep()
-    if first is not None:
-        sweep.baselines.append(first)
     plan: list[Candidate | None] = list(found)
-    plan.insert(len(plan) // 2, None)  # the baseline again in the middle and at the end
+    plan.insert(len(plan) // 2, None)
+    plan.insert(0, None)
     plan.append(None)
-    if first is None:
-        plan.insert(0, None)
     for k, cand in enumerate(plan, 1):
         label = BASELINE if cand is None else cand.name()
         if announce is not None:
