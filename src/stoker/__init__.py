@@ -40,3 +40,7 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+from stoker.integrations import accelerate as _accelerate  # noqa: E402
+
+_accelerate.register()  # NOTE [ Accelerate keeps stoker ]

@@ -7,7 +7,8 @@
      │         ├── WorkerDiedError      a worker process exited or was killed mid-epoch
      │         ├── LoaderTimeoutError   no batch within ``timeout`` seconds (torch's message)
      │         ├── SkipBudgetExceeded   on_error="skip" skipped more samples than allowed
-     │         └── MixedDeviceError     a batch's samples are on different devices
+     │         ├── MixedDeviceError     a batch's samples are on different devices
+     │         └── ShardError           a shard or record file is not what its index says
      └── RemoteTraceback                the worker-side traceback, chained as ``__cause__``
 """
 
@@ -77,3 +78,8 @@ class MixedDeviceError(StokerError):
 
     def __reduce__(self) -> tuple:
         return (MixedDeviceError, (self.positions, self.indices))
+
+
+class ShardError(StokerError):
+    """A shard (or record file) cannot be read as its index says: truncated, corrupted, or
+    changed after the index was built. The message names the file and the sample."""

@@ -17,14 +17,15 @@ import torch.utils.data
 
 from stoker._core.stats import LoaderStats
 from stoker.distributed import begin_epoch, next_epoch
-from stoker.distributed.context import detect
-from stoker.engine.base_iter import BaseIterator, fetch_spec_of
+from stoker.distributed.context import DistContext, detect, rank_and_world
+from stoker.engine.base_iter import BaseIterator, fetch_spec_of, stateful_sampler_of
 from stoker.engine.inline_iter import InlineIterator
 from stoker.engine.process_iter import ProcessIterator
 from stoker.engine.progress import check_state
 from stoker.engine.stats import NoStats, StatsAccumulator
 from stoker.engine.thread_iter import ThreadIterator
 from stoker.fastpaths.auto_inline import gathers_suffice
+from stoker.integrations.accelerate import remember as remember_for_accelerate
 from stoker.profile.memory_watch import MemoryWatch
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.sharded import ShardedSampler
@@ -77,6 +78,28 @@ def _check_error_policy(dataset: Any, on_error: str, skip_budget: int | float) -
             "skipping would silently end its stream. Catch the error inside __iter__ instead."
         )
 _SHARD_EVENS = ("pad", "drop", "exact")
+
+
+def _constant_sampler_keys(state: dict[str, Any], index_sampler: Any) -> None:
+    """NOTE [ Constant state keys ]: checkpointers that match keys (DCP's ``dcp.load``
+    descends into nested dicts) need a fresh loader's state to have the keys of a mid-epoch
+    one. A stateful sampler's state is recorded only once a batch was delivered, so before that
+    it stands in with its current ``state_dict()``, marked as not to be applied: loading it
+    resumes exactly as the state without it did."""
+    stateful = stateful_sampler_of(index_sampler)
+    if state["sampler_state"] is not None or stateful is None:
+        state["sampler_state_applies"] = state["sampler_state"] is not None
+        return
+    state["sampler_state"] = stateful.state_dict()
+    state["sampler_state_applies"] = False
+
+
+def _injected_distributed(sampler: Any, batch_sampler: Any) -> bool:
+    """shard=True with a DistributedSampler given: a framework (Lightning) rebuilt the loader
+    with its own; it already splits across ranks, so it is kept in place of stoker's."""
+    return batch_sampler is None and isinstance(
+        sampler, torch.utils.data.DistributedSampler
+    )
 
 
 class DataLoader(torch.utils.data.DataLoader[T_co]):
@@ -170,9 +193,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self.seeding = seeding
         self.stall_warning_s = stall_warning_s
         self.shard = shard
-        self.dist_context = detect()
+        self.shard_even = shard_even
         self._stoker_pad_steps: Callable[[], int] | None = None
-        if shard and not isinstance(dataset, torch.utils.data.IterableDataset):
+        if shard and not isinstance(dataset, torch.utils.data.IterableDataset) and not (
+            _injected_distributed(sampler, batch_sampler)
+        ):
             sampler = self._sharded_sampler(dataset, sampler, batch_sampler, shuffle, generator,
                                             shard_even)
             shuffle = None
@@ -186,18 +211,16 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
         # After torch's own validation of num_workers (a bad value fails there, like torch).
-        self._stoker_stats = (StatsAccumulator if collect_stats else NoStats)(num_workers)
+        self.collect_stats = collect_stats
+        self._new_engine_state()
         if _DOCTOR_ENV in os.environ:  # `stoker doctor -- python train.py`: measure this loader
             from stoker.doctor.agent import attach
 
             attach(self)
-        self._stoker_memory_watch = MemoryWatch(dataset) if num_workers > 0 else None
-        self._stoker_list_sharing = ListSharing()
-        self._stoker_slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
-        weakref.finalize(self, self._stoker_slab_bank.close)
         self._stoker_inline: bool | None = None  # NOTE [ Gathers need no workers ]; None: not asked
         self._stoker_vector_trusted: Any = None  # the dataset whose batched form passed its probes
         self._stoker_init_fn_seeds_told = False  # NOTE [ Seeds set in worker_init_fn stay ]
+        remember_for_accelerate(self)  # NOTE [ Accelerate keeps stoker ]
         if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):
             bs, dl = self.batch_size or 1, self.drop_last
             self._stoker_pad_steps = lambda: sampler.num_batches(bs, dl)
@@ -210,28 +233,64 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             raise ValueError(
                 "shard=True builds its own sampler (this rank's share of each epoch); "
                 "remove sampler=/batch_sampler=, or drop shard=True and pass a "
-                "DistributedSampler yourself."
+                "DistributedSampler yourself (a DistributedSampler passed with shard=True, as "
+                "Lightning injects one, is used in place of stoker's)."
             )
         # Every rank must draw the same order: seed from the generator (seeded alike on every
         # rank) or 0, like DistributedSampler's default.
         seed = 0 if generator is None else int(
             torch.empty((), dtype=torch.int64).random_(generator=generator).item()
         )
-        ctx = self.dist_context
+        # Rank and world size are read when a pass starts, not now: Lightning's ddp builds the
+        # loader before the process group exists, with WORLD_SIZE set and RANK not yet.
         return ShardedSampler(
-            len(dataset), rank=ctx.rank, world_size=ctx.world_size, shuffle=bool(shuffle),
-            seed=seed, even=even,
+            len(dataset), shuffle=bool(shuffle), seed=seed, even=even, context=rank_and_world,
         )
+
+    @property
+    def dist_context(self) -> DistContext:
+        """This process's rank and world size, read now (see ``stoker.distributed.detect``)."""
+        return detect()
 
     def __len__(self) -> int:
         if self._stoker_pad_steps is not None:
             return self._stoker_pad_steps()  # every rank takes the same number of steps
         return super().__len__()
 
+    # -- pickling ----------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """NOTE [ Loader pickling ]: a loader pickles and deep-copies like torch's (Lightning's
+        ddp_spawn, ``copy.deepcopy``). What belongs to a running engine stays behind: the
+        iterator (its workers and sockets), the epoch's live progress and the slab bank (shared
+        memory and a lock); the copy rebuilds them when it first iterates. A state loaded with
+        ``load_state_dict`` and not applied yet travels with it."""
+        engine = ("_iterator", "_stoker_progress", "_stoker_slab_bank", "_stoker_stats",
+                  "_stoker_memory_watch", "_stoker_list_sharing")
+        return {k: v for k, v in self.__dict__.items() if k not in engine}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)  # not setattr: torch freezes some attributes after __init__
+        self._iterator = None
+        self._stoker_progress = None
+        self._new_engine_state()
+
+    def _new_engine_state(self) -> None:
+        """What a running engine keeps between epochs, as a new loader has it."""
+        self._stoker_stats = (StatsAccumulator if self.collect_stats else NoStats)(
+            self.num_workers
+        )
+        self._stoker_memory_watch = MemoryWatch(self.dataset) if self.num_workers > 0 else None
+        self._stoker_list_sharing = ListSharing()
+        self._stoker_slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
+        weakref.finalize(self, self._stoker_slab_bank.close)
+
     # -- iteration ---------------------------------------------------------------------------
 
     def __iter__(self) -> BaseIterator:  # type: ignore[override]
         resume, self._stoker_resume = self._stoker_resume, None
+        if resume is not None and not resume.get("sampler_state_applies", True):
+            resume = {**resume, "sampler_state": None}  # NOTE [ Constant state keys ]
         begin_epoch(self.sampler, self.batch_sampler)
         if self.persistent_workers and self.num_workers > 0:
             it = self._iterator
@@ -296,6 +355,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             state = self._fresh_state(progress)
         else:
             state = progress.state_dict()
+        _constant_sampler_keys(state, self._index_sampler)
         if callable(getattr(self.dataset, "state_dict", None)):
             state["dataset_state"] = self.dataset.state_dict()  # type: ignore[attr-defined]
             # In-process, an iterable's own state is its position; in workers the main
@@ -322,7 +382,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             "finished": False,
             "base_seed": finished.base_seed if persistent_alive else 0,
             "drew_base_seed": not persistent_alive,
-            "rng": rng.encoded(),
+            "rng": rng.encoded_unsaved(),
             "sampler_state": None,
             # The epoch the next pass will run (the autopilot's next step after a finished one).
             "sampler_epoch": (

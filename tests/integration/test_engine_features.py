@@ -101,7 +101,9 @@ def test_bad_policy_arguments_say_what_to_change():
         stoker.DataLoader(Corrupt(), shard=True, sampler=range(3))
     assert str(info.value) == (
         "shard=True builds its own sampler (this rank's share of each epoch); remove "
-        "sampler=/batch_sampler=, or drop shard=True and pass a DistributedSampler yourself."
+        "sampler=/batch_sampler=, or drop shard=True and pass a DistributedSampler yourself "
+        "(a DistributedSampler passed with shard=True, as Lightning injects one, is used in "
+        "place of stoker's)."
     )
 
 

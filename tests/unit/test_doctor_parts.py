@@ -17,6 +17,7 @@ from stoker.doctor.report import Context, render
 from stoker.doctor.sweep import Sweep
 from stoker.doctor.trace import trace_events
 from stoker.profile.events import EventRecorder
+from stoker.workers.protocol import BatchReport
 
 
 def _run(rate: float, label: str = "your setting", **overrides) -> Run:
@@ -64,16 +65,21 @@ def test_load_counts_other_processes_and_steal() -> None:
     assert not Load(0.1, 0.0, True).busy(2) and not Load(5.0, 0.5, False).busy(2)
 
 
+def _report(fetch_wall_s: float, packed_at: float) -> BatchReport:
+    return BatchReport(concurrency=1, fetch_wall_s=fetch_wall_s, fetch_cpu_s=fetch_wall_s,
+                       collate_s=0.01, pack_s=0.002, decisions=(), batched="", queued_s=0.0,
+                       gives_back=False, init_fn_seeded=False, packed_at=packed_at)
+
+
 def _recorded_run() -> Run:
     rec = EventRecorder()
     rec.started = 10.0
-    info = (1, 0.05, 0.04, 0.01, 0.002, [], "", 0.0, False, False)
     for k in range(4):
         t = 10.1 + 0.1 * k
-        rec.worker_batch(k % 2, (*info, t), t + 0.001)
+        rec.worker_batch(k % 2, _report(0.05, t), t + 0.001)
         rec.step(t - 0.02, t + 0.002, 8)
         rec.main_stage("unpack", t + 0.001, t + 0.002)
-    rec.worker_batch(0, (1, 1.0, 1.0, 0.01, 0.002, [], "", 0.0, False, False, 11.5), 11.501)
+    rec.worker_batch(0, _report(1.0, 11.5), 11.501)  # a straggler: 1 s of fetching
     memory = [MemorySample(10.2, 123, "main", 100.0, 50.0)]
     return Run("your setting", {}, samples_per_s=80.0, batches=4, samples=32, seconds=0.4,
                events=rec, memory=memory, started=10.0, warm_at=10.2,

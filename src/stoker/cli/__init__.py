@@ -2,6 +2,7 @@
 so `stoker --help` stays fast and a missing optional extra only affects its own command.
 
     stoker demo [--images N] [--epochs N] [--num-workers N] [--batch-size N] [--rounds N]
+    stoker pack SOURCE OUT [--samples-per-shard N] [--workers N] [--max-side PX] [--verify]
     stoker doctor [options] MODULE:FACTORY | -- python train.py ...   (cli/doctor.py)
 """
 
@@ -64,6 +65,9 @@ def _build_parser() -> argparse.ArgumentParser:
         help="why is my training slow? measure your loader and the settings that help",
         add_help=False,  # stoker.cli.doctor parses its own arguments (and `--` COMMAND)
     ).add_argument("rest", nargs=argparse.REMAINDER)
+    from stoker.cli import pack as _pack  # the parser only: formats load when it runs
+
+    _pack.add_parser(commands)
     return parser
 
 
@@ -110,6 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "demo":
         return _run_demo(args)
+    if args.command == "pack":
+        from stoker.cli import pack as _pack
+
+        return _pack.run(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects others
 
 
