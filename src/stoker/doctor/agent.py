@@ -49,11 +49,12 @@ class _Agent:
                 setattr(loader, key, value)
         if loader.num_workers > 0 and loader.prefetch_factor is None:
             loader.prefetch_factor = 2  # what torch's constructor sets with workers
-        loader._stoker_stats = _AgentStats(loader.num_workers, self, loader)
+        loader._engine.num_workers = loader.num_workers
+        loader._engine.stats = _AgentStats(loader.num_workers, self, loader)
         if self.detailed:
             from stoker.profile.events import EventRecorder
 
-            loader._stoker_stats.events = EventRecorder()
+            loader._engine.stats.events = EventRecorder()
 
     def delivered(self, loader: Any, stats: StatsAccumulator, samples: int) -> None:
         now = time.perf_counter()
