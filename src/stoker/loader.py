@@ -8,6 +8,7 @@ Iteration is stoker's (``engine``), and so are ``state_dict``/``load_state_dict`
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
@@ -38,6 +39,7 @@ ShardEven = Literal["pad", "drop", "exact"]
 OnError = Literal["raise", "skip"]
 WorkerType = Literal["auto", "process", "thread"]
 _WORKER_TYPES = ("auto", "process", "thread")
+_DOCTOR_ENV = "STOKER_DOCTOR"  # set by `stoker doctor` for the script it runs (doctor/agent.py)
 
 
 def _check_executor(dataset: Any, worker_type: str, concurrency: int | str) -> None:
@@ -223,6 +225,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._engine = EngineState(  # NOTE [ Engine state ]
             dataset, num_workers, collect_stats, self._stoker_fast_paths
         )
+        if _DOCTOR_ENV in os.environ:  # `stoker doctor -- python train.py`: measure this loader
+            from stoker.doctor.agent import attach
+
+            attach(self)
         remember_for_accelerate(self)  # NOTE [ Accelerate keeps stoker ]
         if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):
             bs, dl = self.batch_size or 1, self.drop_last
