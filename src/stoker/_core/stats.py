@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,8 @@ class LoaderStats:
     batches: int = 0
     samples: int = 0
     skipped: int = 0
+    # on_error="skip": steps whose every sample was skipped, not yielded (the epoch is shorter)
+    empty_batches: int = 0
     num_workers: int = 0
     wait_s: float = 0.0
     loop_s: float = 0.0
@@ -54,3 +56,26 @@ class LoaderStats:
 
     def __str__(self) -> str:
         return self.summary
+
+    def as_dict(self) -> dict[str, float]:
+        """The figures as one flat dict of numbers, for any logger.
+
+        Every field that is a number (bools as 0/1), plus ``samples_per_s`` (samples over
+        wait + loop time), ``wait_share`` (the share of that time ``next()`` blocked: above
+        ~0.1 the loop is input-bound) and ``concurrency_max``; the verdict text and the
+        tuner's decisions are left out. For example::
+
+            stats = loader.stats().as_dict()
+            writer.add_scalars("loader", stats, step)                    # TensorBoard
+            self.log_dict({f"loader/{k}": v for k, v in stats.items()})  # Lightning
+        """
+        out: dict[str, float] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (bool, int, float)):
+                out[f.name] = float(value) if isinstance(value, bool) else value
+        total = self.wait_s + self.loop_s
+        out["samples_per_s"] = self.samples / total if total > 0 else 0.0
+        out["wait_share"] = self.wait_s / total if total > 0 else 0.0
+        out["concurrency_max"] = max(self.concurrency, default=0)
+        return out

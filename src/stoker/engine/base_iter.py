@@ -22,7 +22,7 @@ from stoker.collate import collate, default_convert
 from stoker.device.pin import pin_batch, pin_target
 from stoker.engine.progress import EpochProgress
 from stoker.engine.skips import SkipLedger
-from stoker.engine.stats import batch_samples
+from stoker.profile.ranges import PIN, WAIT, stage_range
 from stoker.sampling.datapipes import draw_shared_seed, is_iter_datapipe, seed_group
 from stoker.sampling.dataset_rngs import find_dataset_rngs, warn_shared_rngs
 from stoker.sampling.fast_batches import fast_iter
@@ -54,6 +54,7 @@ def fetch_spec_of(loader: Any) -> FetchSpec:
         collate_fn=resolve_collate(loader.collate_fn),
         drop_last=loader.drop_last,
         skip_errors=loader.on_error == "skip",
+        fast_paths=getattr(loader, "_stoker_fast_paths", True),
     )
 
 
@@ -123,7 +124,8 @@ class BaseIterator:
         self._step_slots = loader.batch_size or 1  # nominal slots per step, for ``advance``
         self._pad_steps = loader._stoker_pad_steps
         self._generator = loader.generator
-        self._stats = loader._stoker_stats
+        self._engine = loader._engine  # NOTE [ Engine state ]
+        self._stats = self._engine.stats
         per_batch = self._seeding == "per_batch"
         self._dataset_rngs = find_dataset_rngs(self._dataset) if per_batch else []
         if not per_batch and self._num_workers > 1:
@@ -185,8 +187,8 @@ class BaseIterator:
                 self._skip_delivered(resume)
         self._steps_target = self._pad_steps() if self._pad_steps is not None else None
         self._skips = SkipLedger(
-            loader.skip_budget, _epoch_samples(self._index_sampler), loader._stoker_skip_logged,
-            loader._stoker_stats,
+            loader.skip_budget, _epoch_samples(self._index_sampler), self._engine.skip_logged,
+            self._stats,
         )
         self._progress = EpochProgress(
             rng=self._rng, base_seed=self._base_seed, drew_base_seed=drew, epoch=self._epoch,
@@ -196,7 +198,7 @@ class BaseIterator:
             sampler_epoch=getattr(loader.sampler, "epoch", None),
             live_sampler=self._tracked,
         )
-        loader._stoker_progress = self._progress
+        self._engine.progress = self._progress
 
     def _iter_sampler(self) -> Any:
         return fast_iter(self._index_sampler) or iter(self._index_sampler)
@@ -257,14 +259,15 @@ class BaseIterator:
     def __next__(self) -> Any:
         entered = self._stats.entered_next()
         try:
-            data = self._next_data()
+            with stage_range(WAIT):  # a torch.profiler range only while one records
+                data = self._next_data()
         except StopIteration:
             if self._steps_target is not None and self._num_yielded < self._steps_target:
                 return self._end_of_data()
             self._finish_epoch()
             self._stats.epoch_ended()
             raise
-        self._stats.left_next(entered, batch_samples(data))
+        self._stats.left_next(entered, data)
         self._num_yielded += 1
         if (
             self._fetch_spec.kind == "iterable"
@@ -278,8 +281,9 @@ class BaseIterator:
         if not self._pin:
             return data
         t0 = time.perf_counter()
-        data = pin_batch(data)
-        self._stats.pin_s += time.perf_counter() - t0
+        with stage_range(PIN):
+            data = pin_batch(data)
+        self._stats.pinned(t0)
         return data
 
     def _end_of_data(self) -> Any:

@@ -7,6 +7,8 @@ from dataclasses import replace
 from typing import Any
 
 from stoker._core.stats import LoaderStats, TunerEvent
+from stoker.profile.events import EventRecorder
+from stoker.workers.protocol import BatchReport
 
 
 class StatsAccumulator:
@@ -17,6 +19,7 @@ class StatsAccumulator:
         self.batches = 0
         self.samples = 0
         self.skipped = 0
+        self.empty_batches = 0
         self.wait_s = 0.0
         self.loop_s = 0.0
         self.fetch_wall_s = 0.0
@@ -34,6 +37,8 @@ class StatsAccumulator:
         self.tuner: list[TunerEvent] = []
         self._left_next_at: float | None = None
         self._steal_at_start: tuple[int, int] | None = None
+        # The per-batch timeline: None (the default) records nothing (profile/events.py).
+        self.events: EventRecorder | None = None
 
     def entered_next(self) -> float:
         if self._steal_at_start is None:
@@ -43,32 +48,53 @@ class StatsAccumulator:
             self.loop_s += now - self._left_next_at
         return now
 
-    def left_next(self, entered_at: float, samples: int) -> None:
+    def left_next(self, entered_at: float, data: Any) -> None:
         now = time.perf_counter()
+        samples = batch_samples(data)
         self.wait_s += now - entered_at
         self._left_next_at = now
         self.batches += 1
         self.samples += samples
+        if self.events is not None:
+            self.events.step(entered_at, now, samples)
 
     def epoch_ended(self) -> None:
         self._left_next_at = None  # the gap between epochs is not the user's step
 
-    def worker_batch(self, worker_id: int, info: tuple) -> None:
-        concurrency, fetch_wall, fetch_cpu, collate_s, pack_s, events, batched, queued = info[:8]
-        self.batched += bool(batched)  # "" or which batched form: "source" or "call"
-        self.fetch_queued_s += queued
-        self.concurrency[worker_id] = concurrency
-        self.fetch_wall_s += fetch_wall
-        self.fetch_cpu_s += fetch_cpu
-        self.collate_s += collate_s
-        self.pack_s += pack_s
-        self.tuner.extend(TunerEvent(worker_id, *e) for e in events)
+    def worker_batch(self, worker_id: int, report: BatchReport) -> None:
+        self.batched += bool(report.batched)  # "" or which batched form: "source" or "call"
+        self.fetch_queued_s += report.queued_s
+        self.concurrency[worker_id] = report.concurrency
+        self.fetch_wall_s += report.fetch_wall_s
+        self.fetch_cpu_s += report.fetch_cpu_s
+        self.collate_s += report.collate_s
+        self.pack_s += report.pack_s
+        if report.decisions:
+            self.tuner.extend(
+                TunerEvent(worker_id, e.at_s, e.concurrency, e.reason) for e in report.decisions
+            )
+        if self.events is not None:
+            self.events.worker_batch(worker_id, report, time.perf_counter())
+
+    def unpacked(self, started: float) -> None:
+        """The main process received a batch from a worker (started at ``started``)."""
+        now = time.perf_counter()
+        self.unpack_s += now - started
+        if self.events is not None:
+            self.events.main_stage("unpack", started, now)
+
+    def pinned(self, started: float) -> None:
+        now = time.perf_counter()
+        self.pin_s += now - started
+        if self.events is not None:
+            self.events.main_stage("pin", started, now)
 
     def snapshot(self) -> LoaderStats:
         from stoker.profile.verdict import summarize
 
         stats = LoaderStats(
             batches=self.batches, samples=self.samples, skipped=self.skipped,
+            empty_batches=self.empty_batches,
             num_workers=self.num_workers, wait_s=self.wait_s, loop_s=self.loop_s,
             fetch_wall_s=self.fetch_wall_s, fetch_cpu_s=self.fetch_cpu_s,
             collate_s=self.collate_s, pack_s=self.pack_s, unpack_s=self.unpack_s,
@@ -80,12 +106,35 @@ class StatsAccumulator:
         )
         return replace(stats, summary=summarize(stats))
 
-
     def _steal_share(self) -> float:
         start, now = self._steal_at_start, machine_steal()
         if start is None or now is None or now[1] <= start[1]:
             return 0.0
         return (now[0] - start[0]) / (now[1] - start[1])
+
+
+class NoStats(StatsAccumulator):
+    """``collect_stats=False``: the main process measures nothing per batch (the workers
+    still time their fetches: their concurrency tuner needs it)."""
+
+    def entered_next(self) -> float:
+        return 0.0
+
+    def left_next(self, entered_at: float, data: Any) -> None:
+        pass
+
+    def worker_batch(self, worker_id: int, report: BatchReport) -> None:
+        pass
+
+    def unpacked(self, started: float) -> None:
+        pass
+
+    def pinned(self, started: float) -> None:
+        pass
+
+    def snapshot(self) -> LoaderStats:
+        return LoaderStats(num_workers=self.num_workers,
+                           summary="stoker: stats are off (collect_stats=False).")
 
 
 def machine_steal() -> tuple[int, int] | None:

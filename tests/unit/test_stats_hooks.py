@@ -1,0 +1,94 @@
+"""What the loader records for the doctor and for users' own tools: the flat stats dict,
+collect_stats=False, the per-batch timeline (off unless asked) and torch.profiler ranges.
+No processes here: num_workers=0 (the worker timeline is in tests/integration)."""
+
+from __future__ import annotations
+
+import torch
+
+import stoker
+from stoker._core.stats import LoaderStats
+from stoker.engine.stats import NoStats, StatsAccumulator
+from stoker.profile.events import EventRecorder, record_events, stop_recording
+from stoker.workers.protocol import BatchReport
+
+
+class _Squares(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i * i])
+
+
+def test_as_dict_is_flat_numbers_with_rate_and_wait_share() -> None:
+    stats = LoaderStats(batches=10, samples=640, num_workers=2, wait_s=1.0, loop_s=3.0,
+                        fetch_cpu_s=0.5, inline=True, concurrency=(1, 4), summary="text")
+    d = stats.as_dict()
+    assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in d.values())
+    assert d["samples_per_s"] == 160.0 and d["wait_share"] == 0.25
+    assert d["concurrency_max"] == 4 and d["inline"] == 1.0 and d["batches"] == 10
+    assert "summary" not in d and "tuner" not in d and "concurrency" not in d
+
+
+def test_as_dict_before_any_batch_has_zero_rate() -> None:
+    d = LoaderStats().as_dict()
+    assert d["samples_per_s"] == 0.0 and d["wait_share"] == 0.0 and d["concurrency_max"] == 0
+
+
+def test_collect_stats_false_measures_nothing_and_says_so() -> None:
+    loader = stoker.DataLoader(_Squares(), batch_size=4, collect_stats=False)
+    assert isinstance(loader._engine.stats, NoStats)
+    assert len(list(loader)) == 10
+    stats = loader.stats()
+    assert stats.batches == 0 and stats.wait_s == 0.0
+    assert str(stats) == "stoker: stats are off (collect_stats=False)."
+
+
+def test_collect_stats_default_counts_batches() -> None:
+    loader = stoker.DataLoader(_Squares(), batch_size=4)
+    assert type(loader._engine.stats) is StatsAccumulator
+    list(loader)
+    assert loader.stats().batches == 10 and loader.stats().samples == 40
+
+
+def test_events_are_off_by_default_and_recorded_when_asked() -> None:
+    loader = stoker.DataLoader(_Squares(), batch_size=4)
+    assert loader._engine.stats.events is None
+    recorder = record_events(loader)
+    list(loader)
+    steps = recorder.steps()
+    assert len(steps) == 10 and all(s.samples == 4 and s.left >= s.entered for s in steps)
+    stages = recorder.main_stages()
+    assert [s.name for s in stages[:2]] == ["fetch", "collate"] and len(stages) == 20
+    assert all(s.end >= s.start for s in stages)
+    stop_recording(loader)
+    list(loader)
+    assert len(recorder.steps()) == 10  # nothing more once stopped
+
+
+def test_recorder_keeps_only_the_newest() -> None:
+    recorder = EventRecorder(max_batches=3)
+    for k in range(5):
+        recorder.step(float(k), float(k) + 0.5, 1)
+        report = BatchReport(
+            concurrency=1, fetch_wall_s=0.1, fetch_cpu_s=0.1, collate_s=0.2, pack_s=0.3,
+            decisions=(), batched="", queued_s=0.0, gives_back=False, init_fn_seeded=False,
+            packed_at=k + 1.0,
+        )
+        recorder.worker_batch(k % 2, report, k + 1.5)
+    assert [s.entered for s in recorder.steps()] == [2.0, 3.0, 4.0]
+    last = recorder.worker_batches()[-1]
+    assert last.worker_id == 0 and last.sent == 5.0 and last.received == 5.5
+    assert abs(last.pack_start - 4.7) < 1e-9 and abs(last.collate_start - 4.5) < 1e-9
+    assert abs(last.fetch_start - 4.4) < 1e-9
+
+
+def test_profiler_sees_the_loaders_ranges_only_while_recording() -> None:
+    loader = stoker.DataLoader(_Squares(), batch_size=4)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        list(loader)
+    names = [e.name for e in prof.events()]
+    assert names.count("stoker: next()") == 11  # 10 batches and the StopIteration
+    assert names.count("stoker: fetch (dataset __getitem__)") == 10
+    assert names.count("stoker: collate") == 10
