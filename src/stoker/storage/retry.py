@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from stoker.errors import RemoteReadError
+
 T = TypeVar("T")
 
 # Errors that describe the request or the object, not the connection: never retried.
@@ -30,16 +32,6 @@ _PERMANENT: tuple[type[BaseException], ...] = (
     TypeError,
     NotImplementedError,
 )
-
-
-class RemoteReadError(OSError):
-    """A read from an object store failed for good. ``url``, ``offset``, ``length``,
-    ``attempts`` say which read; the last error is chained as ``__cause__``."""
-
-    url: str = ""
-    offset: int | None = None
-    length: int | None = None
-    attempts: int = 0
 
 
 class TruncatedRead(OSError):
