@@ -305,6 +305,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def _make_iterator(self, resume: dict[str, Any] | None) -> Any:
         if self.worker_type == "thread":
+            self._stoker_stats.threads = True
             return ThreadIterator(self, resume)
         if self.num_workers == 0 or self._runs_inline():
             return InlineIterator(self, resume)
