@@ -15,6 +15,7 @@ from stoker.errors import (
 from stoker.loader import DataLoader
 from stoker.mix import Mix
 from stoker.sampling.sample_rng import sample_generator, sample_rng, sample_seed
+from stoker.stateful import StatefulDataLoader
 from stoker.workers.worker_info import get_worker_info
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "MixedDeviceError",
     "RemoteTraceback",
     "SkipBudgetExceeded",
+    "StatefulDataLoader",
     "StokerError",
     "WorkerDiedError",
     "WorkerError",

@@ -78,6 +78,15 @@ def _check_error_policy(dataset: Any, on_error: str, skip_budget: int | float) -
 _SHARD_EVENS = ("pad", "drop", "exact")
 
 
+def _check_snapshot_steps(steps: Any) -> None:
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(
+            f"snapshot_every_n_steps={steps!r}: expected a number of steps (int >= 1) or None, "
+            "as torchdata's StatefulDataLoader takes; stoker's state is exact after every step "
+            "whatever the value."
+        )
+
+
 def _constant_sampler_keys(state: dict[str, Any], index_sampler: Any) -> None:
     """NOTE [ Constant state keys ]: checkpointers that match keys (DCP's ``dcp.load``
     descends into nested dicts) need a fresh loader's state to have the keys of a mid-epoch
@@ -90,6 +99,16 @@ def _constant_sampler_keys(state: dict[str, Any], index_sampler: Any) -> None:
         return
     state["sampler_state"] = stateful.state_dict()
     state["sampler_state_applies"] = False
+
+
+def _restore_iterator_state(inline: Any, resume: dict[str, Any] | None) -> None:
+    """torchdata's order: the dataset's state was loaded, ``iter(dataset)`` made; now its
+    iterator's own state, so the stream continues where it was instead of being re-read."""
+    saved = None if resume is None else resume.get("dataset_iter_state")
+    load = getattr(inline._fetcher._iter, "load_state_dict", None)
+    if saved is not None and callable(load):
+        load(saved)
+        inline._fetcher._ended = bool(resume and resume.get("dataset_iter_ended"))
 
 
 def _injected_distributed(sampler: Any, batch_sampler: Any) -> bool:
@@ -133,6 +152,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         skipped samples in an epoch raise ``SkipBudgetExceeded``. Map-style datasets only.
     skip_budget: an int is a number of samples per epoch; a float in [0, 1) a fraction of the
         epoch's samples. Default 0.01 (1%).
+    snapshot_every_n_steps: accepted for torchdata ``StatefulDataLoader`` compatibility and
+        checked (``None`` or an int >= 1); it changes nothing: ``state_dict()`` is always the
+        state after the last delivered batch, kept by the main process at no cost per step
+        (torchdata ships state from its workers every n steps and replays the steps since).
     collect_stats: ``True`` (default): measure where time goes, per batch, for
         ``loader.stats()`` (a few microseconds a batch); ``False`` measures nothing in the
         main process and ``stats()`` says so.
@@ -162,6 +185,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
+        snapshot_every_n_steps: int | None = 1,
         seeding: Seeding = "per_batch",
         stall_warning_s: float | None = 300.0,
         shard: bool = False,
@@ -174,6 +198,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     ) -> None:
         if seeding not in _SEEDINGS:
             raise ValueError(f"seeding={seeding!r}: expected one of {_SEEDINGS}.")
+        _check_snapshot_steps(snapshot_every_n_steps)
+        self.snapshot_every_n_steps = snapshot_every_n_steps
         if stall_warning_s is not None and not stall_warning_s > 0:
             raise ValueError(
                 f"stall_warning_s={stall_warning_s!r}: expected a positive number of seconds, "
@@ -260,7 +286,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         memory and a lock); the copy rebuilds them when it first iterates. A state loaded with
         ``load_state_dict`` and not applied yet travels with it."""
         engine = ("_iterator", "_stoker_progress", "_stoker_slab_bank", "_stoker_stats",
-                  "_stoker_memory_watch", "_stoker_list_sharing")
+                  "_stoker_memory_watch", "_stoker_list_sharing", "_stoker_inline_iter")
         return {k: v for k, v in self.__dict__.items() if k not in engine}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -276,6 +302,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         )
         self._stoker_memory_watch = MemoryWatch(self.dataset) if self.num_workers > 0 else None
         self._stoker_list_sharing = ListSharing()
+        self._stoker_inline_iter: weakref.ref[Any] | None = None  # an iterable's, num_workers=0
         self._stoker_slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
         weakref.finalize(self, self._stoker_slab_bank.close)
 
@@ -308,7 +335,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._stoker_stats.threads = True
             return ThreadIterator(self, resume)
         if self.num_workers == 0 or self._runs_inline():
-            return InlineIterator(self, resume)
+            inline = InlineIterator(self, resume)
+            if self._dataset_kind:  # an IterableDataset
+                _restore_iterator_state(inline, resume)
+                self._stoker_inline_iter = weakref.ref(inline)
+            return inline
         self.check_worker_number_rationality()
         return ProcessIterator(self, resume)
 
@@ -351,6 +382,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         else:
             state = progress.state_dict()
         _constant_sampler_keys(state, self._index_sampler)
+        if self._dataset_kind and "dataset_iter_state" not in state:
+            state["dataset_iter_state"], state["dataset_iter_ended"] = self._live_iterator_state()
         if callable(getattr(self.dataset, "state_dict", None)):
             state["dataset_state"] = self.dataset.state_dict()  # type: ignore[attr-defined]
             # In-process, an iterable's own state is its position; in workers the main
@@ -359,6 +392,23 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 self._dataset_kind and self.num_workers == 0
             )
         return state
+
+    def _live_iterator_state(self) -> tuple[Any, bool]:
+        """The state of ``iter(dataset)`` after the last batch delivered, when that iterator
+        has ``state_dict`` (torchdata's ``dataset_iter_state``). Only with num_workers=0: in
+        workers the iterators are the workers' own (see README, StatefulDataLoader)."""
+        ref = self._stoker_inline_iter
+        inline = ref() if ref is not None else None
+        progress = self._stoker_progress
+        if inline is None or progress is None or progress.finished:
+            return None, False
+        if inline._progress is not progress:
+            return None, False
+        fetcher = inline._fetcher
+        state = getattr(fetcher._iter, "state_dict", None)
+        # Ended: the iterator raised StopIteration filling the last (short) batch; the epoch
+        # ends at the next step without asking it again (torchdata's fetcher "ended").
+        return (state() if callable(state) else None), fetcher._ended
 
     def _fresh_state(self, finished: Any) -> dict[str, Any]:
         """The state of an epoch not begun yet: generators as they are now."""
