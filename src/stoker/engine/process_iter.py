@@ -230,21 +230,21 @@ class ProcessIterator(BaseIterator):
         # Batches of the abandoned epoch that arrived but were never handed out: their slabs
         # go back to the workers (else each early-ended epoch would strand a few slabs).
         for wid, reply in self._ready.values():
-            if reply[0] == msg.DONE:
-                self._group.reader.release_now(wid, reply[3])
+            if isinstance(reply, msg.Done):
+                self._group.reader.release_now(wid, reply.segment_id)
         self._open_epoch(loader, None, first=False)
         self._collect_released()
         for w in self._group.workers:
             release = self._take_release(w.worker_id)
-            self._send(w.worker_id, (msg.RESET, self._epoch, release, self._datapipe_seed))
+            self._send(w.worker_id, msg.Reset(self._epoch, release, self._datapipe_seed))
         self._start_dispatch()
 
     # -- sending -----------------------------------------------------------------------------
 
-    def _send(self, wid: int, message: tuple) -> None:
+    def _send(self, wid: int, message: msg.ToWorker) -> None:
         w = self._group.workers[wid]
         try:
-            w.conn.send(message)
+            msg.send(w.conn, message)
         except OSError:  # EPIPE/ECONNRESET: it died since the last poll; report the death
             lost_worker(self, w)
 
@@ -307,7 +307,7 @@ class ProcessIterator(BaseIterator):
             victim = max(victims, key=lambda w: len(self._queued[w]))
             position = self._queued[victim][1]  # the first not started: [0] runs
             del self._queued[victim][1]
-            self._send(victim, (msg.CANCEL, self._epoch, position))
+            self._send(victim, msg.Cancel(self._epoch, position))
             self._moved[position] = {victim, thief}
             self._send_task(thief, position, self._task_indices[position])
             self._stats.tasks_moved += 1
@@ -320,21 +320,21 @@ class ProcessIterator(BaseIterator):
                 for reply in self._group.drain(w):
                     self._file_reply(w, reply)
 
-    def _settle_moved(self, wid: int, reply: tuple) -> bool:
+    def _settle_moved(self, wid: int, reply: msg.Reply) -> bool:
         """A reply for a moved task: True if it is not the batch (a withdrawal, or the copy
         that came second; its slab goes back)."""
-        position = reply[2]
+        position = reply.task_id
         owing = self._moved[position]
         owing.discard(wid)
         if not owing:
             del self._moved[position]
-        if reply[0] == msg.CANCELLED:
+        if isinstance(reply, msg.Cancelled):
             return True
         if position in self._task_worker:
             return False  # the first copy
         self._stats.tasks_loaded_twice += 1
-        if reply[0] == msg.DONE:
-            self._group.reader.release_now(wid, reply[3])
+        if isinstance(reply, msg.Done):
+            self._group.reader.release_now(wid, reply.segment_id)
         return True
 
     def _pick_worker(self) -> int | None:
@@ -368,11 +368,11 @@ class ProcessIterator(BaseIterator):
             ids = self._to_release[w.worker_id]
             if ids and not w.stop_sent and any(
                     reader.nbytes(w.worker_id, sid) >= _EAGER_RELEASE_BYTES for sid in ids):
-                self._send(w.worker_id, (msg.RELEASE, self._take_release(w.worker_id)))
+                self._send(w.worker_id, msg.Release(self._take_release(w.worker_id)))
 
     def _send_task(self, wid: int, position: int, index: Any) -> None:
         self._collect_released()
-        self._send(wid, (msg.TASK, self._epoch, position, index, self._take_release(wid)))
+        self._send(wid, msg.Task(self._epoch, position, index, self._take_release(wid)))
         self._task_worker[position] = wid
         self._queued[wid].append(position)
         if self._load[wid] == 0:
@@ -387,9 +387,9 @@ class ProcessIterator(BaseIterator):
             if item is not None:
                 self._try_put_index()
                 wid, reply = item
-                if self._dropped(reply[2]):  # re-read after an iterable resume
-                    if reply[0] == msg.DONE:
-                        self._group.reader.release_now(wid, reply[3])
+                if self._dropped(reply.task_id):  # re-read after an iterable resume
+                    if isinstance(reply, msg.Done):
+                        self._group.reader.release_now(wid, reply.segment_id)
                     continue
                 data = self._deliver(wid, reply)
                 if data is _EMPTY_STEP:  # every sample of it was skipped
@@ -447,7 +447,7 @@ class ProcessIterator(BaseIterator):
             w, is_conn = by_fd.get(fd, (None, False))  # gone if it was let go meanwhile
             if w is not None and is_conn:
                 try:  # one message: the caller polls again for the rest
-                    self._file(w, w.conn.recv())
+                    self._file(w, msg.recv_from_worker(w.conn))
                 except (EOFError, OSError):
                     lost_worker(self, w)
                 got_reply = True
@@ -459,18 +459,19 @@ class ProcessIterator(BaseIterator):
                 self._raise_timeout()
             self._check_stall()
 
-    def _file(self, w: Any, reply: tuple) -> None:
-        if not self._group.file_control(w, reply):
+    def _file(self, w: Any, message: msg.FromWorker) -> None:
+        reply = self._group.file_control(w, message)
+        if reply is not None:
             self._file_reply(w, reply)
 
-    def _file_reply(self, w: Any, reply: tuple) -> None:
-        tag = reply[0]
-        epoch, position = reply[1], reply[2]
-        if tag == msg.DONE:
-            self._group.reader.retire(w.worker_id, reply[6])
-        if epoch != self._epoch:  # a reply to an abandoned epoch: recycle its slab
-            if tag == msg.DONE:
-                self._group.reader.release_now(w.worker_id, reply[3])
+    def _file_reply(self, w: Any, reply: msg.Reply) -> None:
+        position = reply.task_id
+        done = reply if isinstance(reply, msg.Done) else None
+        if done is not None:
+            self._group.reader.retire(w.worker_id, done.retired)
+        if reply.epoch != self._epoch:  # a reply to an abandoned epoch: recycle its slab
+            if done is not None:
+                self._group.reader.release_now(w.worker_id, done.segment_id)
             return
         wid = w.worker_id
         now = time.monotonic()
@@ -488,7 +489,7 @@ class ProcessIterator(BaseIterator):
                 self._let_idle_workers_go()
             return
         self._task_worker.pop(position, None)
-        if tag == msg.EXHAUSTED:
+        if isinstance(reply, msg.Exhausted):
             # Its iterable is spent: the tasks it still holds yield nothing either (torch
             # skips them too). Unless forgotten, in_order=False would wait for them forever.
             self._active[wid] = False
@@ -498,18 +499,18 @@ class ProcessIterator(BaseIterator):
             self._try_put_index()
             self._let_idle_workers_go()
             return
-        if tag == msg.DONE:
-            info = reply[8]
-            self._gives_back[wid] = info[0] == 1 and info[8]
-            if info[9]:
+        if done is not None:
+            report = done.report
+            self._gives_back[wid] = report.concurrency == 1 and report.gives_back
+            if report.init_fn_seeded:
                 self._warn_init_fn_seeds()
         if self._sampler_done:
             self._let_idle_workers_go()
         self._ready[position] = (wid, reply)
         if not self._in_order:
             self._arrivals.append(position)
-        if tag == msg.DONE and not self._torch_depth:
-            self._follow_concurrency(wid, info[0], reply[4])
+        if done is not None and not self._torch_depth:
+            self._follow_concurrency(wid, done.report.concurrency, done.used)
 
     def _warn_init_fn_seeds(self) -> None:
         """NOTE [ Seeds set in worker_init_fn stay ] in ``workers.main_loop``; once per
@@ -538,24 +539,23 @@ class ProcessIterator(BaseIterator):
             self._depth[wid] = depth
             self._fill()
 
-    def _deliver(self, wid: int, reply: tuple) -> Any:
-        position = reply[2]
+    def _deliver(self, wid: int, reply: msg.Done | msg.Failed) -> Any:
+        position = reply.task_id
         self._task_indices.pop(position, None)
         self._delivered(position)
-        if reply[0] == msg.FAILED:
-            raise rebuild(reply[3])
-        _, _, _, segment_id, used, payload, _, skipped, info = reply
-        self._stats.worker_batch(wid, info)
-        if info[6] == "source" and not self._vector_trusted:
+        if isinstance(reply, msg.Failed):
+            raise rebuild(reply.error)
+        self._stats.worker_batch(wid, reply.report)
+        if reply.report.batched == "source" and not self._vector_trusted:
             self._vector_trusted = True
             loader = self._loader_ref()
             if loader is not None:
                 loader._stoker_vector_trusted = self._dataset
-        if skipped:
-            self._skips.record(skipped)
+        if reply.skipped:
+            self._skips.record(reply.skipped)
         t0 = time.perf_counter()
         with stage_range(UNPACK):
-            data = self._group.reader.unpack(wid, segment_id, used, payload)
+            data = self._group.reader.unpack(wid, reply.segment_id, reply.used, reply.payload)
         self._stats.unpacked(t0)
         if self._memory_watch is not None and time.monotonic() > self._watch_from:
             self._memory_watch.sample(self._worker_pids)

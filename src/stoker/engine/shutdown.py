@@ -83,28 +83,27 @@ class WorkerGroup:
                 segments.close(fd)
             self.stack_logs.clear()
 
-    def file_control(self, w: WorkerHandle, message: Any) -> bool:
-        """Handle a message that carries an fd (slab, stack log); False for anything else."""
-        tag = message[0]
-        if tag == msg.SLAB:
-            receive_slab(self.reader, w, message[1])
-        elif tag == msg.HELLO:
-            if message[1]:
+    def file_control(self, w: WorkerHandle, message: msg.FromWorker) -> msg.Reply | None:
+        """Handle a message that carries an fd (slab, stack log); a task's reply is returned."""
+        if isinstance(message, msg.Slab):
+            receive_slab(self.reader, w, message.ref)
+        elif isinstance(message, msg.Hello):
+            if message.has_log:
                 fd = segments.recv_fd(w.conn)
                 segments.open_received_log(fd)
                 self.stack_logs[w.worker_id] = fd
         else:
-            return False
-        return True
+            return message
+        return None
 
-    def drain(self, w: WorkerHandle) -> list[tuple]:
+    def drain(self, w: WorkerHandle) -> list[msg.Reply]:
         """Read what a (possibly dead) worker left in its socket; returns the replies."""
         replies = []
         try:
             while w.conn.poll():
-                message = w.conn.recv()
-                if not self.file_control(w, message):
-                    replies.append(message)
+                reply = self.file_control(w, msg.recv_from_worker(w.conn))
+                if reply is not None:
+                    replies.append(reply)
         except (EOFError, OSError):
             pass
         return replies

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stoker.workers.protocol import BatchReport
 
 DEFAULT_MAX_BATCHES = 100_000
 
@@ -60,10 +63,9 @@ class EventRecorder:
         self._steps: deque[tuple] = deque(maxlen=max_batches)
         self._main: deque[tuple] = deque(maxlen=2 * max_batches)
 
-    def worker_batch(self, worker_id: int, info: tuple, received: float) -> None:
-        # info: see workers/protocol.py (DONE); the send time is its last field.
-        if len(info) > 10:
-            self._workers.append((worker_id, info[1], info[3], info[4], info[10], received))
+    def worker_batch(self, worker_id: int, report: BatchReport, received: float) -> None:
+        self._workers.append((worker_id, report.fetch_wall_s, report.collate_s, report.pack_s,
+                              report.packed_at, received))
 
     def step(self, entered: float, left: float, samples: int) -> None:
         self._steps.append((entered, left, samples))
