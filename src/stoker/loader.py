@@ -8,6 +8,7 @@ Iteration is stoker's (``engine``), and so are ``state_dict``/``load_state_dict`
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
@@ -19,17 +20,14 @@ from stoker.distributed import begin_epoch, next_epoch
 from stoker.distributed.context import DistContext, detect, rank_and_world
 from stoker.engine.base_iter import BaseIterator, fetch_spec_of, stateful_sampler_of
 from stoker.engine.inline_iter import InlineIterator
+from stoker.engine.loader_state import EngineState
 from stoker.engine.process_iter import ProcessIterator
 from stoker.engine.progress import check_state
-from stoker.engine.stats import NoStats, StatsAccumulator
 from stoker.engine.thread_iter import ThreadIterator
 from stoker.fastpaths.auto_inline import gathers_suffice
 from stoker.integrations.accelerate import remember as remember_for_accelerate
-from stoker.profile.memory_watch import MemoryWatch
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.sharded import ShardedSampler
-from stoker.sharing.auto_share import ListSharing
-from stoker.transport.slab_bank import SlabBank
 
 T_co = TypeVar("T_co", covariant=True)
 Seeding = Literal["per_batch", "per_worker"]
@@ -213,7 +211,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self.worker_concurrency = worker_concurrency
         self.on_error = on_error
         self.skip_budget = skip_budget
-        self._stoker_skip_logged: set[Any] = set()
         self.seeding = seeding
         self.stall_warning_s = stall_warning_s
         self.shard = shard
@@ -226,7 +223,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                                             shard_even)
             shuffle = None
         self._stoker_iterations = 0  # epochs begun (drives DistributedSampler.set_epoch)
-        self._stoker_progress: Any = None
         self._stoker_resume: dict[str, Any] | None = None
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
@@ -236,14 +232,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         )
         # After torch's own validation of num_workers (a bad value fails there, like torch).
         self.collect_stats = collect_stats
-        self._new_engine_state()
-        self._stoker_inline: bool | None = None  # NOTE [ Gathers need no workers ]; None: not asked
-        self._stoker_vector_trusted: Any = None  # the dataset whose batched form passed its probes
-        self._stoker_init_fn_seeds_told = False  # NOTE [ Seeds set in worker_init_fn stay ]
+        self._engine = EngineState(dataset, num_workers, collect_stats)  # NOTE [ Engine state ]
+        self._stoker_inline_iter: weakref.ref[Any] | None = None  # an iterable's, num_workers=0
         remember_for_accelerate(self)  # NOTE [ Accelerate keeps stoker ]
         if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):
-            bs, dl = self.batch_size or 1, self.drop_last
-            self._stoker_pad_steps = lambda: sampler.num_batches(bs, dl)
+            # A partial, not a lambda: the loader pickles (NOTE [ Loader pickling ]).
+            self._stoker_pad_steps = functools.partial(
+                sampler.num_batches, self.batch_size or 1, self.drop_last
+            )
 
     def _sharded_sampler(
         self, dataset: Any, sampler: Any, batch_sampler: Any, shuffle: Any,
@@ -282,29 +278,17 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def __getstate__(self) -> dict[str, Any]:
         """NOTE [ Loader pickling ]: a loader pickles and deep-copies like torch's (Lightning's
         ddp_spawn, ``copy.deepcopy``). What belongs to a running engine stays behind: the
-        iterator (its workers and sockets), the epoch's live progress and the slab bank (shared
-        memory and a lock); the copy rebuilds them when it first iterates. A state loaded with
+        iterator (its workers and sockets) and the process-local parts of the engine state
+        (the epoch's live progress, the slab bank with shared memory and a lock: NOTE [ Engine
+        state ]); the copy rebuilds them when it first iterates. A state loaded with
         ``load_state_dict`` and not applied yet travels with it."""
-        engine = ("_iterator", "_stoker_progress", "_stoker_slab_bank", "_stoker_stats",
-                  "_stoker_memory_watch", "_stoker_list_sharing", "_stoker_inline_iter")
-        return {k: v for k, v in self.__dict__.items() if k not in engine}
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("_iterator", "_stoker_inline_iter")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)  # not setattr: torch freezes some attributes after __init__
         self._iterator = None
-        self._stoker_progress = None
-        self._new_engine_state()
-
-    def _new_engine_state(self) -> None:
-        """What a running engine keeps between epochs, as a new loader has it."""
-        self._stoker_stats = (StatsAccumulator if self.collect_stats else NoStats)(
-            self.num_workers
-        )
-        self._stoker_memory_watch = MemoryWatch(self.dataset) if self.num_workers > 0 else None
-        self._stoker_list_sharing = ListSharing()
-        self._stoker_inline_iter: weakref.ref[Any] | None = None  # an iterable's, num_workers=0
-        self._stoker_slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
-        weakref.finalize(self, self._stoker_slab_bank.close)
+        self._stoker_inline_iter = None
 
     # -- iteration ---------------------------------------------------------------------------
 
@@ -332,7 +316,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def _make_iterator(self, resume: dict[str, Any] | None) -> Any:
         if self.worker_type == "thread":
-            self._stoker_stats.threads = True
+            self._engine.stats.threads = True
             return ThreadIterator(self, resume)
         if self.num_workers == 0 or self._runs_inline():
             inline = InlineIterator(self, resume)
@@ -348,12 +332,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         load in the calling thread (NOTE [ Gathers need no workers ])."""
         if self.worker_type != "auto" or self.num_workers == 0:
             return False
-        if self._stoker_inline is None:
-            self._stoker_inline = gathers_suffice(
-                fetch_spec_of(self), self.worker_init_fn, self.batch_size
-            )
-        self._stoker_stats.inline = self._stoker_inline
-        return self._stoker_inline
+        engine = self._engine
+        if engine.inline is None:
+            engine.inline = gathers_suffice(fetch_spec_of(self), self.worker_init_fn,
+                                            self.batch_size)
+        engine.stats.inline = engine.inline
+        return engine.inline
 
     # -- answers ---------------------------------------------------------------------------
 
@@ -363,7 +347,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         ``print(loader.stats())`` gives the one-line verdict; the fields hold the figures
         (see ``LoaderStats``), including every decision of the concurrency tuner.
         """
-        return self._stoker_stats.snapshot()
+        return self._engine.stats.snapshot()
 
     # -- resume ------------------------------------------------------------------------------
 
@@ -374,7 +358,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         Before the first batch it is the initial state; after a finished epoch it is the start
         of the next one. ``load_state_dict`` applies it to the next ``iter()``.
         """
-        progress = self._stoker_progress
+        progress = self._engine.progress
         if self._stoker_resume is not None:
             return dict(self._stoker_resume)
         if progress is None or progress.finished:
@@ -399,7 +383,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         workers the iterators are the workers' own (see README, StatefulDataLoader)."""
         ref = self._stoker_inline_iter
         inline = ref() if ref is not None else None
-        progress = self._stoker_progress
+        progress = self._engine.progress
         if inline is None or progress is None or progress.finished:
             return None, False
         if inline._progress is not progress:
@@ -448,4 +432,4 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if epoch is not None and callable(getattr(self.sampler, "set_epoch", None)):
             self.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
         self._stoker_resume = state
-        self._stoker_progress = None
+        self._engine.progress = None

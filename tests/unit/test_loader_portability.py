@@ -28,12 +28,12 @@ def _batches(loader) -> list[list[int]]:
 def test_a_loader_copies_and_the_copy_iterates_the_same(copier) -> None:
     loader = stoker.DataLoader(
         _ds(), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(3),
-        num_workers=2, shard=True,
+        num_workers=2, shard=True, shard_even="exact",
     )
     twin = copier(loader)
     assert _batches(twin) == _batches(loader)
     assert twin.stats().batches == 3  # its own engine, counting its own batches
-    assert twin._stoker_slab_bank is not loader._stoker_slab_bank
+    assert twin._engine.slab_bank is not loader._engine.slab_bank
 
 
 def test_a_copy_taken_mid_epoch_starts_afresh_and_keeps_a_pending_state() -> None:

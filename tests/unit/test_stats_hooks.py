@@ -38,7 +38,7 @@ def test_as_dict_before_any_batch_has_zero_rate() -> None:
 
 def test_collect_stats_false_measures_nothing_and_says_so() -> None:
     loader = stoker.DataLoader(_Squares(), batch_size=4, collect_stats=False)
-    assert isinstance(loader._stoker_stats, NoStats)
+    assert isinstance(loader._engine.stats, NoStats)
     assert len(list(loader)) == 10
     stats = loader.stats()
     assert stats.batches == 0 and stats.wait_s == 0.0
@@ -47,14 +47,14 @@ def test_collect_stats_false_measures_nothing_and_says_so() -> None:
 
 def test_collect_stats_default_counts_batches() -> None:
     loader = stoker.DataLoader(_Squares(), batch_size=4)
-    assert type(loader._stoker_stats) is StatsAccumulator
+    assert type(loader._engine.stats) is StatsAccumulator
     list(loader)
     assert loader.stats().batches == 10 and loader.stats().samples == 40
 
 
 def test_events_are_off_by_default_and_recorded_when_asked() -> None:
     loader = stoker.DataLoader(_Squares(), batch_size=4)
-    assert loader._stoker_stats.events is None
+    assert loader._engine.stats.events is None
     recorder = record_events(loader)
     list(loader)
     steps = recorder.steps()

@@ -38,8 +38,7 @@ class InlineIterator(BaseIterator):
         # An earlier epoch of this loader that adopted the batched form vouches for it (each
         # batch still declines where it cannot be exact): no probe batches again.
         self._vector = VectorProbe(self._dataset, vectorisable(self._fetch_spec), direct=False,
-                                   trusted=loader._stoker_vector_trusted is self._dataset)
-        self._loader = loader
+                                   trusted=self._engine.vector_trusted is self._dataset)
 
     # -- persistent_workers=True run inline (NOTE [ Gathers need no workers ]) ------------------
     # One iterator for every epoch, as with persistent workers: the base seed is drawn once,
@@ -99,11 +98,11 @@ class InlineIterator(BaseIterator):
         if self._vector.probing and isinstance(index, list):
             self._vector.check(index, batch)
             if self._vector.adopted:
-                self._loader._stoker_vector_trusted = self._dataset
-            elif not self._vector.probing and self._loader.num_workers > 0:
+                self._engine.vector_trusted = self._dataset
+            elif not self._vector.probing and self._num_workers > 0:
                 # Running inline for num_workers > 0 (NOTE [ Gathers need no workers ]) and
                 # these batches reject the batched form: later epochs go back to workers.
-                self._loader._stoker_inline = False
+                self._engine.inline = False
         return batch
 
     def _batched(self, index: Any) -> Any:

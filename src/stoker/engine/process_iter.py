@@ -96,8 +96,7 @@ class ProcessIterator(BaseIterator):
         self._finalizer = weakref.finalize(self, self._group.stop)
         # A worker that adopts the batched form read from the source vouches for it: the next
         # epoch's workers use it without probe batches, as the inline iterator does.
-        self._loader_ref = weakref.ref(loader)
-        self._vector_trusted = loader._stoker_vector_trusted is self._dataset
+        self._vector_trusted = self._engine.vector_trusted is self._dataset
         method = ctx.get_start_method()
         # Whether each worker's last reply said it can give a queued task back. Before the
         # first one: yes (it starts with no fetch threads), unless a worker_init_fn may have
@@ -108,7 +107,7 @@ class ProcessIterator(BaseIterator):
         with pools_quiet_for_fork(method), gc_frozen_for_fork(method):
             self._start_workers(loader, ctx)
         self._worker_pids = tuple(w.pid for w in self._group.workers)
-        self._memory_watch = loader._stoker_memory_watch
+        self._memory_watch = self._engine.memory_watch
         # Its first reads cost ~10 ms each: keep them out of the time to the first batch.
         self._watch_from = time.monotonic() + _WATCH_DELAY_S
         self._fill()
@@ -117,12 +116,12 @@ class ProcessIterator(BaseIterator):
         # Under fork, large plain lists go to the workers as shared containers (NOTE
         # [ Automatic list sharing ]); spawned workers get the pickled dataset anyway.
         fork = ctx.get_start_method() == "fork"
-        shared = loader._stoker_list_sharing.plan(self._dataset) if fork else ()
+        shared = self._engine.list_sharing.plan(self._dataset) if fork else ()
         if fork and vectorisable(self._fetch_spec):
             compile_batched(self._dataset)  # cached: forked workers inherit it
         specs = [self._spec(loader, wid, shared) for wid in range(self._num_workers)]
         if fork:  # NOTE [ Slabs outlive workers ]
-            self._group.bank = loader._stoker_slab_bank
+            self._group.bank = self._engine.slab_bank
             specs = [self._forked_spec(s) for s in specs]
         if fork or len(specs) == 1:
             for spec in specs:
@@ -515,10 +514,9 @@ class ProcessIterator(BaseIterator):
     def _warn_init_fn_seeds(self) -> None:
         """NOTE [ Seeds set in worker_init_fn stay ] in ``workers.main_loop``; once per
         loader."""
-        loader = self._loader_ref()
-        if loader is None or loader._stoker_init_fn_seeds_told:
+        if self._engine.init_fn_seeds_told:
             return
-        loader._stoker_init_fn_seeds_told = True
+        self._engine.init_fn_seeds_told = True
         warnings.warn(
             "worker_init_fn seeded the global RNGs (random, numpy or torch), so stoker leaves "
             "them to it: each worker draws from its own stream, as with torch, and the "
@@ -548,9 +546,7 @@ class ProcessIterator(BaseIterator):
         self._stats.worker_batch(wid, reply.report)
         if reply.report.batched == "source" and not self._vector_trusted:
             self._vector_trusted = True
-            loader = self._loader_ref()
-            if loader is not None:
-                loader._stoker_vector_trusted = self._dataset
+            self._engine.vector_trusted = self._dataset
         if reply.skipped:
             self._skips.record(reply.skipped)
         t0 = time.perf_counter()

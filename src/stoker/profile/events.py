@@ -99,9 +99,9 @@ def record_events(loader: Any, max_batches: int = DEFAULT_MAX_BATCHES) -> EventR
     """Start recording ``loader``'s per-batch timeline (a ``stoker.DataLoader``); returns the
     recorder, which keeps filling until ``stop_recording(loader)``."""
     recorder = EventRecorder(max_batches)
-    loader._stoker_stats.events = recorder
+    loader._engine.stats.events = recorder
     return recorder
 
 
 def stop_recording(loader: Any) -> None:
-    loader._stoker_stats.events = None
+    loader._engine.stats.events = None
