@@ -21,6 +21,7 @@ FORMATS_PUBLIC = [
     "SharedStrList",
     "TFRecordDataset",
     "TarShard",
+    "TarShardStream",
     "TarShards",
     "index_shard",
     "pack",

@@ -90,6 +90,13 @@ def write_all(root: str) -> dict[str, Callable[[], Any]]:
         cls = f"{root}/images/c{i % 3}"
         os.makedirs(cls, exist_ok=True)
         Image.fromarray(np.zeros((2, i + 1, 3), np.uint8)).save(f"{cls}/{i:03d}.png")
+    return readers(root)
+
+
+def readers(root: str) -> dict[str, Callable[[], Any]]:
+    """name -> factory of the reader over what ``write_all(root)`` wrote."""
+    from stoker import formats
+
     return {
         "tar": lambda: formats.TarShards(f"{root}/tar", transform=from_tar),
         "parquet": lambda: formats.ParquetDataset(

@@ -14,6 +14,7 @@ import pytest
 from stoker.formats import ShardError, TarShards, index_shard
 from stoker.formats._common import require
 from stoker.formats.tar_index import index_path, split_name
+from stoker.storage import LocalSource
 
 # sample key -> {field: bytes}; one shard holds samples in this order
 SAMPLES = [
@@ -136,8 +137,14 @@ def _no_end(shard: Path, offset: int, size: int) -> str:
     )
 
 
-def test_truncated_shard_with_manifest_is_named_on_first_read(tmp_path: Path,
-                                                               shards: list[Path]) -> None:
+class RangeOnly(LocalSource):
+    """Local files reached only by read/read_range, as an object store's are."""
+
+    def local_path(self, path: str) -> None:
+        return None
+
+
+def test_truncated_shard_with_manifest_is_named(tmp_path: Path, shards: list[Path]) -> None:
     for s in shards:
         index_shard(str(s))
     sizes = [s.stat().st_size for s in shards]
@@ -147,16 +154,23 @@ def test_truncated_shard_with_manifest_is_named_on_first_read(tmp_path: Path,
                    for s, n, b in zip(shards, [4, 1, 6], sizes, strict=True)],
     }
     (tmp_path / "index.json").write_text(json.dumps(manifest))
+    assert len(TarShards(str(tmp_path))) == 11
+    assert len(TarShards(str(tmp_path), source=RangeOnly())) == 11
     shards[1].write_bytes(shards[1].read_bytes()[:700])
-    ds = TarShards(str(tmp_path))
-    assert ds[0]["__key__"] == "dir/s000" and ds[10]["__key__"] == "dir/s010"
-    with pytest.raises(ShardError) as info:
-        ds[4]
-    assert str(info.value) == (
+    message = (
         f"{tmp_path}/b.tar: the shard is 700 bytes and its index has 1 samples; the index "
         f"says {sizes[1]} bytes and the manifest 1 samples: the shard changed or was "
         "truncated after it was indexed; re-create it (stoker pack redoes an unfinished shard)"
     )
+    with pytest.raises(ShardError) as info:  # local sidecars are read at open
+        TarShards(str(tmp_path))
+    assert str(info.value) == message
+    remote = TarShards(str(tmp_path), source=RangeOnly())  # remote ones on first use
+    assert remote[0]["__key__"] == "dir/s000" and remote[10]["__key__"] == "dir/s010"
+    assert remote[0] == TarShards([str(s) for s in shards[:1]])[0]
+    with pytest.raises(ShardError) as info:
+        remote[4]
+    assert str(info.value) == message
 
 
 def test_not_a_manifest_says_what_was_expected(tmp_path: Path) -> None:
@@ -176,4 +190,48 @@ def test_missing_extra_says_how_to_install() -> None:
     assert str(info.value) == (
         "stoker.formats.ParquetDataset needs the 'no_such_module_here' package, which is not "
         "installed. Install it with: pip install 'stoker[parquet]'"
+    )
+
+
+# -- TarShardStream: the iterable reader for shards without an index --------------------------
+
+
+def _keys(stream: object) -> list[str]:
+    return [s["__key__"] for s in stream]  # type: ignore[attr-defined]
+
+
+def test_stream_yields_every_sample_once_shuffled_per_epoch(shards: list[Path]) -> None:
+    from stoker.formats import TarShardStream
+
+    stream = TarShardStream([str(s) for s in shards], shuffle_buffer=4, seed=1)
+    first = _keys(stream)
+    assert sorted(first) == [k for k, _ in SAMPLES]
+    assert _keys(stream) == first, "same seed and epoch: same order"
+    stream.set_epoch(1)
+    second = _keys(stream)
+    assert sorted(second) == sorted(first) and second != first
+    by_key = {k: f for k, f in SAMPLES}
+    assert all(s["jpg"] == by_key[s["__key__"]]["jpg"] for s in stream)
+
+
+def test_stream_without_buffer_keeps_each_shard_in_order(shards: list[Path]) -> None:
+    from stoker.formats import TarShardStream
+
+    keys = _keys(TarShardStream([str(s) for s in shards], shuffle_buffer=0, seed=3))
+    runs = [[k for k, _ in SAMPLES[:4]], [k for k, _ in SAMPLES[4:5]], [k for k, _ in SAMPLES[5:]]]
+    starts = sorted(runs, key=lambda run: keys.index(run[0]))
+    assert keys == [k for run in starts for k in run]
+
+
+def test_stream_names_a_truncated_shard(shards: list[Path]) -> None:
+    from stoker.formats import TarShardStream
+
+    raw = shards[0].read_bytes()
+    shards[0].write_bytes(raw[:1000])
+    with pytest.raises(ShardError) as info:
+        list(TarShardStream([str(shards[0])]))
+    assert str(info.value) == (  # the header of sample 1 fits, its data is cut
+        f"{shards[0]}: not a readable tar shard: unexpected end of data after sample 0 (key "
+        "'dir/s000'); the file is truncated or corrupted: re-create it (stoker pack redoes an "
+        "unfinished shard)"
     )

@@ -13,11 +13,14 @@ Sidecar: ``<shard>.idx.npz`` beside the shard, plain numpy arrays (no pickles), 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
 import json
 import mmap
 import tarfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +61,13 @@ class ShardTable:
 
     def members(self, j: int) -> range:
         return range(int(self.starts[j]), int(self.starts[j + 1]))
+
+    @functools.cached_property
+    def lists(self) -> tuple[list[Any], ...]:
+        """The arrays as Python lists (starts, keys, fields, offsets, sizes, crc32): a read
+        indexes plain lists, ~10x cheaper than numpy scalars per item."""
+        return tuple(a.tolist() for a in (self.starts, self.keys, self.fields, self.offsets,
+                                          self.sizes, self.crc32))
 
     def span(self, j: int) -> tuple[int, int]:
         """(offset, length) of the bytes holding every member of sample ``j``."""
@@ -103,19 +113,59 @@ class ShardTable:
 
 def scan_shard(source: ByteSource, path: str, meta: dict[str, Any] | None = None) -> ShardTable:
     """Index a tar shard by reading it through: every member's offset, size and CRC-32."""
+    with shard_bytes(source, path) as view:
+        return scan_bytes(view, path, meta)
+
+
+@contextlib.contextmanager
+def shard_bytes(source: ByteSource, path: str) -> Iterator[memoryview]:
+    """The whole shard: a read-only map of the local file, or its bytes read through."""
     local = source.local_path(path)
     if local is None:
-        data = source.read(path)
-        return _scan(io.BytesIO(data), memoryview(data), path, meta)
+        yield memoryview(source.read(path))
+        return
     with open(local, "rb") as f:
         if f.seek(0, io.SEEK_END) == 0:
-            return _scan(f, memoryview(b""), path, meta)
+            yield memoryview(b"")
+            return
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             view = memoryview(mapped)
             try:
-                return _scan(f, view, path, meta)
+                yield view
             finally:
                 view.release()
+
+
+def scan_bytes(view: memoryview, path: str, meta: dict[str, Any] | None = None) -> ShardTable:
+    """Index a whole shard held in memory (``path`` only names it in errors)."""
+    return _scan(_ViewFile(view), view, path, meta)
+
+
+class _ViewFile(io.RawIOBase):
+    """A file over a memoryview, without copying it (``io.BytesIO`` would copy)."""
+
+    def __init__(self, view: memoryview) -> None:
+        self.view, self.position = view, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: len(self.view)}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        chunk = self.view[self.position : self.position + len(buffer)]
+        buffer[: len(chunk)] = chunk
+        self.position += len(chunk)
+        return len(chunk)
 
 
 def _scan(

@@ -6,14 +6,16 @@ map-style, the dataset gets everything stoker's loader gives map-style datasets:
 shuffle over all samples, O(1) exact resume, rank x worker sharding with equal steps per rank.
 
 A dataset is opened from its manifest (``index.json``, written by ``stoker pack``: shard
-paths, sample counts and byte sizes, so opening costs one read however many shards there are;
-each shard's sidecar index is read the first time one of its samples is) or from a list of
+paths, sample counts and byte sizes, so opening a remote dataset costs one read however many
+shards there are; a remote shard's sidecar index is read the first time one of its samples is,
+local ones at open, so forked workers inherit them) or from a list of
 shard paths (each shard's sidecar is read, or, for plain WebDataset shards without one, the
 shard is scanned at open: every byte read once; ``stoker.formats.index_shard`` saves that scan).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import posixpath
 import zlib
@@ -112,12 +114,18 @@ class TarShards(Dataset[Any]):
         manifest = _manifest_path(path) if isinstance(path, str) else None
         if manifest is not None:
             self.shards, self.meta = read_manifest(self.source, manifest)
-            self._lazy = True
+            # Local sidecars are read now (~1 ms each): workers forked later inherit them, so
+            # they are not re-read by every worker of every epoch. Remote ones on first use.
+            self._lazy = bool(self.shards) and self.source.local_path(self.shards[0].path) is None
+            if not self._lazy:
+                for s in range(len(self.shards)):
+                    self.table(s)
         else:
             paths = [path] if isinstance(path, str) else list(path)
             self.shards = [self._open_unlisted(s, p) for s, p in enumerate(paths)]
             self._lazy = False
-        self._ends = np.cumsum([s.samples for s in self.shards], dtype=np.int64)
+        self._ends = np.cumsum([s.samples for s in self.shards], dtype=np.int64).tolist()
+        self._length = self._ends[-1] if self._ends else 0
 
     def _open_unlisted(self, s: int, path: str) -> TarShard:
         try:
@@ -128,7 +136,7 @@ class TarShards(Dataset[Any]):
         return TarShard(path, len(table), table.size_bytes)
 
     def __len__(self) -> int:
-        return int(self._ends[-1]) if len(self._ends) else 0
+        return self._length
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -137,12 +145,12 @@ class TarShards(Dataset[Any]):
         return state
 
     def _position(self, index: int) -> tuple[int, int]:
-        n = len(self)
+        n = self._length
         if not -n <= index < n:
             raise IndexError(f"sample index {index} out of range for {n} samples")
         index %= n
-        s = int(np.searchsorted(self._ends, index, side="right"))
-        return s, index - (int(self._ends[s - 1]) if s else 0)
+        s = bisect.bisect_right(self._ends, index)
+        return s, index - (self._ends[s - 1] if s else 0)
 
     def table(self, s: int) -> ShardTable:
         """Shard ``s``'s index (read on first use, checked against the shard's size)."""
@@ -182,27 +190,29 @@ class TarShards(Dataset[Any]):
     def read(self, index: int) -> dict[str, Any]:
         """Sample ``index`` as raw bytes per field, before ``transform``."""
         s, j = self._position(index)
-        table, path = self.table(s), self.shards[s].path
-        offset, length = table.span(j)
-        key = str(table.keys[j])
+        path = self.shards[s].path
+        starts, keys, fields, offsets, sizes, crcs = self.table(s).lists
+        first, end = starts[j], starts[j + 1]
+        offset = offsets[first] if end > first else 0
+        length = offsets[end - 1] + sizes[end - 1] - offset if end > first else 0
         try:
             data = self.source.read_range(path, offset, length) if length else b""
         except OSError as exc:
             raise ShardError(
-                f"{path}: sample {index} (key {key!r}, bytes {offset}..{offset + length}) "
+                f"{path}: sample {index} (key {keys[j]!r}, bytes {offset}..{offset + length}) "
                 f"could not be read: {exc}"
             ) from exc
-        sample: dict[str, Any] = {"__key__": key, "__url__": path}
-        for m in table.members(j):
-            start = int(table.offsets[m]) - offset
-            value = data[start : start + int(table.sizes[m])]
-            if self.verify_crc and zlib.crc32(value) != int(table.crc32[m]):
+        sample: dict[str, Any] = {"__key__": keys[j], "__url__": path}
+        for m in range(first, end):
+            start = offsets[m] - offset
+            value = data[start : start + sizes[m]]
+            if self.verify_crc and zlib.crc32(value) != crcs[m]:
                 raise ShardError(
-                    f"{path}: sample {index} (key {key!r}), member {key}.{table.fields[m]}: "
-                    f"CRC-32 {zlib.crc32(value):08x}, the index says {int(table.crc32[m]):08x}"
-                    ": the shard was corrupted or changed after it was indexed; re-create it"
+                    f"{path}: sample {index} (key {keys[j]!r}), member {keys[j]}.{fields[m]}: "
+                    f"CRC-32 {zlib.crc32(value):08x}, the index says {crcs[m]:08x}: the shard "
+                    "was corrupted or changed after it was indexed; re-create it"
                 )
-            sample[str(table.fields[m])] = value
+            sample[fields[m]] = value
         return sample
 
     def __repr__(self) -> str:
