@@ -60,6 +60,7 @@ EXTRAS = {
     "skip_budget": 0.01,
     "worker_type": "auto",
     "worker_concurrency": "auto",
+    "fast_paths": True,
     "collect_stats": True,
 }
 # Extras the DataLoader docstring does not describe yet. Remove a name once it is documented

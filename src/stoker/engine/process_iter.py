@@ -35,6 +35,7 @@ from stoker.engine.stragglers import StragglerWatch
 from stoker.engine.worker_death import check_workers_alive, lost_worker
 from stoker.errors import LoaderTimeoutError
 from stoker.fastpaths.batched_getitem import compile_batched
+from stoker.fastpaths.switch import tell_not_per_sample
 from stoker.fetch.fetchers import EmptyBatch, vectorisable
 from stoker.profile.ranges import UNPACK, stage_range
 from stoker.sampling.datapipes import distributed_settings, is_datapipe
@@ -392,6 +393,7 @@ class ProcessIterator(BaseIterator):
                     continue
                 data = self._deliver(wid, reply)
                 if data is _EMPTY_STEP:  # every sample of it was skipped
+                    self._skips.empty_step(reply.task_id, self._index_sampler)
                     continue
                 return data
             if not self._task_worker:
@@ -544,6 +546,8 @@ class ProcessIterator(BaseIterator):
         if isinstance(reply, msg.Failed):
             raise rebuild(reply.error)
         self._stats.worker_batch(wid, reply.report)
+        # NOTE [ One switch for the fast paths ]
+        tell_not_per_sample(self._dataset, reply.report.batched)
         if reply.report.batched == "source" and not self._vector_trusted:
             self._vector_trusted = True
             self._engine.vector_trusted = self._dataset
