@@ -9,6 +9,7 @@ Iteration is stoker's (``engine``), and so are ``state_dict``/``load_state_dict`
 from __future__ import annotations
 
 import functools
+import os
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
@@ -40,6 +41,7 @@ ShardEven = Literal["pad", "drop", "exact"]
 OnError = Literal["raise", "skip"]
 WorkerType = Literal["auto", "process", "thread"]
 _WORKER_TYPES = ("auto", "process", "thread")
+_DOCTOR_ENV = "STOKER_DOCTOR"  # set by `stoker doctor` for the script it runs (doctor/agent.py)
 
 
 def _check_executor(dataset: Any, worker_type: str, concurrency: int | str) -> None:
@@ -252,6 +254,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             dataset, num_workers, collect_stats, self._stoker_fast_paths
         )
         self._stoker_inline_iter: weakref.ref[Any] | None = None  # an iterable's, num_workers=0
+        if _DOCTOR_ENV in os.environ:  # `stoker doctor -- python train.py`: measure this loader
+            from stoker.doctor.agent import attach
+
+            attach(self)
         remember_for_accelerate(self)  # NOTE [ Accelerate keeps stoker ]
         if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):
             # A partial, not a lambda: the loader pickles (NOTE [ Loader pickling ]).
