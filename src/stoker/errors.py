@@ -91,7 +91,7 @@ class ShardError(StokerError):
     changed after the index was built. The message names the file and the sample."""
 
 
-class RemoteReadError(StokerError, OSError):
+class RemoteReadError(OSError, StokerError):
     """A read from an object store failed for good (after its retries, or at once for a
     permanent error). ``url``, ``offset``, ``length``, ``attempts`` say which read; the last
     error is chained as ``__cause__``."""

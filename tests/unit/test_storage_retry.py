@@ -8,8 +8,10 @@ import random
 
 import pytest
 
+from stoker.errors import StokerError
 from stoker.storage import RemoteReadError, RetryPolicy
 from stoker.storage.retry import ReadRequest, TruncatedRead, is_transient, read_with_retries
+from stoker.workers.remote_errors import _Carrier
 
 
 def _flaky(outcomes: list) -> tuple[list[int], object]:
@@ -57,9 +59,11 @@ def test_giving_up_names_the_object_range_attempts_and_last_error() -> None:
     assert (error.url, error.offset, error.length, error.attempts) == (
         "s3://b/shard-7.tar", 1024, 4, 3)
     assert isinstance(error.__cause__, TruncatedRead) and len(calls) == 3
-    again = pickle.loads(pickle.dumps(error))  # crosses from a worker as itself
-    assert (str(again), again.url, again.offset, again.attempts) == (
-        str(error), error.url, error.offset, error.attempts)
+    for again in (pickle.loads(pickle.dumps(error)),  # crosses from a worker as itself
+                  pickle.loads(pickle.dumps(_Carrier(error)))):
+        assert (str(again), again.url, again.offset, again.attempts) == (
+            str(error), error.url, error.offset, error.attempts)
+        assert isinstance(again, OSError) and isinstance(again, StokerError)
 
 
 def test_permanent_errors_are_not_retried() -> None:
