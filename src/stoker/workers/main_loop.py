@@ -7,7 +7,7 @@ the concurrency (NOTE [ Automatic concurrency ]); then ``SamplePipeline`` fetche
 several batches at once, and a reader thread turns socket messages into events on one queue
 next to the fetch threads' "sample done" events, so the main thread handles both in order and
 stays the only one that sends. See ``workers.protocol`` for the messages and NOTE [ Loader
-shutdown ] in ``engine.shutdown``.
+shutdown ] in ``engine.worker_group``.
 """
 
 from __future__ import annotations
