@@ -59,6 +59,9 @@ EXTRAS = {
     "worker_type": "auto",
     "worker_concurrency": "auto",
     "collect_stats": True,
+    "device": None,
+    "device_prefetch": 1,
+    "device_transform": None,
 }
 # Extras the DataLoader docstring does not describe yet. Remove a name once it is documented
 # (the xfail is strict: a documented name listed here fails the run).

@@ -93,6 +93,7 @@ class ProcessIterator(BaseIterator):
         refuse_device_tensors(self._dataset, self._num_workers)
         ctx = safe_context(loader.multiprocessing_context, default_context(), loader)
         self._group = WorkerGroup()
+        self._group.reader.pins = self._host_pins()  # NOTE [ Slabs pinned in place ]
         self._finalizer = weakref.finalize(self, self._group.stop)
         # A worker that adopts the batched form read from the source vouches for it: the next
         # epoch's workers use it without probe batches, as the inline iterator does.
