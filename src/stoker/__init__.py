@@ -4,10 +4,16 @@ from stoker import formats, image, sharing
 from stoker.collate import default_collate, default_convert
 from stoker.distributed import EndOfData
 from stoker.errors import (
+    BatchDeviceError,
+    CopyOnReadWarning,
+    CudaInWorkersError,
+    DeviceUnavailableError,
     LoaderTimeoutError,
     MixedDeviceError,
     RemoteTraceback,
+    ShardError,
     SkipBudgetExceeded,
+    StallWarning,
     StokerError,
     WorkerDiedError,
     WorkerError,
@@ -18,13 +24,19 @@ from stoker.sampling.sample_rng import sample_generator, sample_rng, sample_seed
 from stoker.workers.worker_info import get_worker_info
 
 __all__ = [
+    "BatchDeviceError",
+    "CopyOnReadWarning",
+    "CudaInWorkersError",
     "DataLoader",
+    "DeviceUnavailableError",
     "EndOfData",
     "LoaderTimeoutError",
     "Mix",
     "MixedDeviceError",
     "RemoteTraceback",
+    "ShardError",
     "SkipBudgetExceeded",
+    "StallWarning",
     "StokerError",
     "WorkerDiedError",
     "WorkerError",
@@ -40,3 +52,7 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+from stoker.integrations import accelerate as _accelerate  # noqa: E402
+
+_accelerate.register()  # NOTE [ Accelerate keeps stoker ]

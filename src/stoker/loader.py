@@ -8,7 +8,7 @@ Iteration is stoker's (``engine``), and so are ``state_dict``/``load_state_dict`
 
 from __future__ import annotations
 
-import weakref
+import os
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
@@ -17,19 +17,21 @@ import torch.utils.data
 from stoker._core.stats import LoaderStats
 from stoker.device.attach import feed_spec
 from stoker.distributed import begin_epoch, next_epoch
-from stoker.distributed.context import detect
-from stoker.engine.base_iter import BaseIterator, fetch_spec_of
+from stoker.distributed.context import DistContext, detect, rank_and_world
+from stoker.engine.base_iter import BaseIterator, fetch_spec_of, stateful_sampler_of
 from stoker.engine.inline_iter import InlineIterator
+from stoker.engine.loader_state import EngineState
 from stoker.engine.process_iter import ProcessIterator
 from stoker.engine.progress import check_state
-from stoker.engine.stats import NoStats, StatsAccumulator
+from stoker.engine.state_fit import check_fields, check_fit
+from stoker.engine.state_fit import describe as describe_fit
 from stoker.engine.thread_iter import ThreadIterator
 from stoker.fastpaths.auto_inline import gathers_suffice
-from stoker.profile.memory_watch import MemoryWatch
+from stoker.fastpaths.switch import enabled as fast_paths_enabled
+from stoker.fastpaths.switch import tell_not_per_sample
+from stoker.integrations.accelerate import remember as remember_for_accelerate
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.sharded import ShardedSampler
-from stoker.sharing.auto_share import ListSharing
-from stoker.transport.slab_bank import SlabBank
 
 T_co = TypeVar("T_co", covariant=True)
 Seeding = Literal["per_batch", "per_worker"]
@@ -38,6 +40,7 @@ ShardEven = Literal["pad", "drop", "exact"]
 OnError = Literal["raise", "skip"]
 WorkerType = Literal["auto", "process", "thread"]
 _WORKER_TYPES = ("auto", "process", "thread")
+_DOCTOR_ENV = "STOKER_DOCTOR"  # set by `stoker doctor` for the script it runs (doctor/agent.py)
 
 
 def _check_executor(dataset: Any, worker_type: str, concurrency: int | str) -> None:
@@ -78,6 +81,28 @@ def _check_error_policy(dataset: Any, on_error: str, skip_budget: int | float) -
 _SHARD_EVENS = ("pad", "drop", "exact")
 
 
+def _constant_sampler_keys(state: dict[str, Any], index_sampler: Any) -> None:
+    """NOTE [ Constant state keys ]: checkpointers that match keys (DCP's ``dcp.load``
+    descends into nested dicts) need a fresh loader's state to have the keys of a mid-epoch
+    one. A stateful sampler's state is recorded only once a batch was delivered, so before that
+    it stands in with its current ``state_dict()``, marked as not to be applied: loading it
+    resumes exactly as the state without it did."""
+    stateful = stateful_sampler_of(index_sampler)
+    if state["sampler_state"] is not None or stateful is None:
+        state["sampler_state_applies"] = state["sampler_state"] is not None
+        return
+    state["sampler_state"] = stateful.state_dict()
+    state["sampler_state_applies"] = False
+
+
+def _injected_distributed(sampler: Any, batch_sampler: Any) -> bool:
+    """shard=True with a DistributedSampler given: a framework (Lightning) rebuilt the loader
+    with its own; it already splits across ranks, so it is kept in place of stoker's."""
+    return batch_sampler is None and isinstance(
+        sampler, torch.utils.data.DistributedSampler
+    )
+
+
 class DataLoader(torch.utils.data.DataLoader[T_co]):
     """Drop-in replacement for :class:`torch.utils.data.DataLoader`; same arguments, same batches.
 
@@ -89,10 +114,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         (default): processes when ``num_workers > 0``, else the calling thread; also the
         calling thread when every batch is plain array gathers read from ``__getitem__``'s
         source (NOTE [ Gathers need no workers ]; ``stats().inline`` says so).
-    worker_concurrency: samples each worker fetches at once: an ``int``, or ``"auto"``
-        (default): measured per worker, raised while throughput rises for fetches that mostly
-        wait (I/O), one for CPU-bound fetches and for datasets drawing from global RNGs (see
-        NOTE [ Automatic concurrency ]).
+    worker_concurrency: samples each worker fetches at once. ``"auto"`` (default): one, as in
+        torch, unless the dataset class declares ``stoker_thread_safe = True``; then measured
+        per worker and raised while throughput rises for fetches that mostly wait (I/O). An
+        ``int`` runs that many ``__getitem__`` calls at once on threads. Either opt-in promises
+        that ``__getitem__`` is thread-safe (no shared file handle, connection or
+        ``signal.alarm``) and draws randomness only from ``stoker.sample_rng()`` /
+        ``sample_generator()``; ``stats()`` says what it would give (NOTE [ Automatic
+        concurrency ]).
     seeding: ``"per_batch"`` (default) reseeds ``random``, numpy's global RNG and torch's
         default generator before every batch from (base seed, epoch, batch position), in
         whichever process fetches it, so random augmentations do not depend on ``num_workers``
@@ -128,6 +157,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         epoch: ``"pad"`` repeats samples from the start (DistributedSampler's default),
         ``"drop"`` drops the tail, ``"exact"`` reads every sample once and gives a short rank
         ``stoker.EndOfData`` steps (for evaluation).
+    fast_paths: ``True`` (default): the exact fast paths that rely on interpreter or library
+        internals (a batched ``__getitem__`` read from its source, lists read in place by
+        forked workers, raw RNG-state copies, ...). ``False`` (or ``STOKER_FAST_PATHS=0`` in
+        the environment) turns them all off: ``__getitem__`` is called per sample, for
+        debugging (NOTE [ One switch for the fast paths ]).
     """
 
     def __init__(
@@ -158,6 +192,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         skip_budget: int | float = 0.01,
         worker_type: WorkerType = "auto",
         worker_concurrency: int | Literal["auto"] = "auto",
+        fast_paths: bool = True,
         collect_stats: bool = True,
         device: str | torch.device | None = None,
         device_prefetch: int = 1,
@@ -178,20 +213,22 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         feed = feed_spec(device, device_prefetch, device_transform)
         self.worker_type = worker_type
         self.worker_concurrency = worker_concurrency
+        self.fast_paths = fast_paths
+        self._stoker_fast_paths = fast_paths_enabled(fast_paths)
         self.on_error = on_error
         self.skip_budget = skip_budget
-        self._stoker_skip_logged: set[Any] = set()
         self.seeding = seeding
         self.stall_warning_s = stall_warning_s
         self.shard = shard
-        self.dist_context = detect()
+        self.shard_even = shard_even
         self._stoker_pad_steps: Callable[[], int] | None = None
-        if shard and not isinstance(dataset, torch.utils.data.IterableDataset):
+        if shard and not isinstance(dataset, torch.utils.data.IterableDataset) and not (
+            _injected_distributed(sampler, batch_sampler)
+        ):
             sampler = self._sharded_sampler(dataset, sampler, batch_sampler, shuffle, generator,
                                             shard_even)
             shuffle = None
         self._stoker_iterations = 0  # epochs begun (drives DistributedSampler.set_epoch)
-        self._stoker_progress: Any = None
         self._stoker_resume: dict[str, Any] | None = None
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
@@ -200,18 +237,19 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
         # After torch's own validation of num_workers (a bad value fails there, like torch).
-        self._stoker_stats = (StatsAccumulator if collect_stats else NoStats)(num_workers)
-        self._stoker_feed_spec = feed
+        self._stoker_feed_spec = feed  # NOTE [ Batches on the device ]
         self.device = feed.device if feed is not None else None
         self.device_prefetch = device_prefetch
         self.device_transform = device_transform
-        self._stoker_memory_watch = MemoryWatch(dataset) if num_workers > 0 else None
-        self._stoker_list_sharing = ListSharing()
-        self._stoker_slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
-        weakref.finalize(self, self._stoker_slab_bank.close)
-        self._stoker_inline: bool | None = None  # NOTE [ Gathers need no workers ]; None: not asked
-        self._stoker_vector_trusted: Any = None  # the dataset whose batched form passed its probes
-        self._stoker_init_fn_seeds_told = False  # NOTE [ Seeds set in worker_init_fn stay ]
+        self.collect_stats = collect_stats
+        self._engine = EngineState(  # NOTE [ Engine state ]
+            dataset, num_workers, collect_stats, self._stoker_fast_paths
+        )
+        if _DOCTOR_ENV in os.environ:  # `stoker doctor -- python train.py`: measure this loader
+            from stoker.doctor.agent import attach
+
+            attach(self)
+        remember_for_accelerate(self)  # NOTE [ Accelerate keeps stoker ]
         if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):
             bs, dl = self.batch_size or 1, self.drop_last
             self._stoker_pad_steps = lambda: sampler.num_batches(bs, dl)
@@ -224,28 +262,51 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             raise ValueError(
                 "shard=True builds its own sampler (this rank's share of each epoch); "
                 "remove sampler=/batch_sampler=, or drop shard=True and pass a "
-                "DistributedSampler yourself."
+                "DistributedSampler yourself (a DistributedSampler passed with shard=True, as "
+                "Lightning injects one, is used in place of stoker's)."
             )
         # Every rank must draw the same order: seed from the generator (seeded alike on every
         # rank) or 0, like DistributedSampler's default.
         seed = 0 if generator is None else int(
             torch.empty((), dtype=torch.int64).random_(generator=generator).item()
         )
-        ctx = self.dist_context
+        # Rank and world size are read when a pass starts, not now: Lightning's ddp builds the
+        # loader before the process group exists, with WORLD_SIZE set and RANK not yet.
         return ShardedSampler(
-            len(dataset), rank=ctx.rank, world_size=ctx.world_size, shuffle=bool(shuffle),
-            seed=seed, even=even,
+            len(dataset), shuffle=bool(shuffle), seed=seed, even=even, context=rank_and_world,
         )
+
+    @property
+    def dist_context(self) -> DistContext:
+        """This process's rank and world size, read now (see ``stoker.distributed.detect``)."""
+        return detect()
 
     def __len__(self) -> int:
         if self._stoker_pad_steps is not None:
             return self._stoker_pad_steps()  # every rank takes the same number of steps
         return super().__len__()
 
+    # -- pickling ----------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """NOTE [ Loader pickling ]: a loader pickles and deep-copies like torch's (Lightning's
+        ddp_spawn, ``copy.deepcopy``). What belongs to a running engine stays behind: the
+        iterator (its workers and sockets) and the process-local parts of the engine state
+        (the epoch's live progress, the slab bank with shared memory and a lock: NOTE [ Engine
+        state ]); the copy rebuilds them when it first iterates. A state loaded with
+        ``load_state_dict`` and not applied yet travels with it."""
+        return {k: v for k, v in self.__dict__.items() if k != "_iterator"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)  # not setattr: torch freezes some attributes after __init__
+        self._iterator = None
+
     # -- iteration ---------------------------------------------------------------------------
 
     def __iter__(self) -> BaseIterator:  # type: ignore[override]
         resume, self._stoker_resume = self._stoker_resume, None
+        if resume is not None and not resume.get("sampler_state_applies", True):
+            resume = {**resume, "sampler_state": None}  # NOTE [ Constant state keys ]
         begin_epoch(self.sampler, self.batch_sampler)
         if self.persistent_workers and self.num_workers > 0:
             it = self._iterator
@@ -277,12 +338,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         load in the calling thread (NOTE [ Gathers need no workers ])."""
         if self.worker_type != "auto" or self.num_workers == 0:
             return False
-        if self._stoker_inline is None:
-            self._stoker_inline = gathers_suffice(
-                fetch_spec_of(self), self.worker_init_fn, self.batch_size
-            )
-        self._stoker_stats.inline = self._stoker_inline
-        return self._stoker_inline
+        engine = self._engine
+        if engine.inline is None:
+            engine.inline = gathers_suffice(fetch_spec_of(self), self.worker_init_fn,
+                                            self.batch_size)
+            if engine.inline:
+                tell_not_per_sample(self.dataset, "inline")
+        engine.stats.inline = engine.inline
+        return engine.inline
 
     # -- answers ---------------------------------------------------------------------------
 
@@ -292,7 +355,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         ``print(loader.stats())`` gives the one-line verdict; the fields hold the figures
         (see ``LoaderStats``), including every decision of the concurrency tuner.
         """
-        return self._stoker_stats.snapshot()
+        return self._engine.stats.snapshot()
 
     # -- resume ------------------------------------------------------------------------------
 
@@ -303,13 +366,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         Before the first batch it is the initial state; after a finished epoch it is the start
         of the next one. ``load_state_dict`` applies it to the next ``iter()``.
         """
-        progress = self._stoker_progress
+        progress = self._engine.progress
         if self._stoker_resume is not None:
             return dict(self._stoker_resume)
         if progress is None or progress.finished:
             state = self._fresh_state(progress)
         else:
             state = progress.state_dict()
+        _constant_sampler_keys(state, self._index_sampler)
+        state["loader"] = describe_fit(self)  # NOTE [ A state must fit its loader ]
         if callable(getattr(self.dataset, "state_dict", None)):
             state["dataset_state"] = self.dataset.state_dict()  # type: ignore[attr-defined]
             # In-process, an iterable's own state is its position; in workers the main
@@ -336,7 +401,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             "finished": False,
             "base_seed": finished.base_seed if persistent_alive else 0,
             "drew_base_seed": not persistent_alive,
-            "rng": rng.encoded(),
+            "rng": rng.encoded_unsaved(),
             "sampler_state": None,
             # The epoch the next pass will run (the autopilot's next step after a finished one).
             "sampler_epoch": (
@@ -350,11 +415,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from ``state_dict`` at the next ``iter()``; works across ``num_workers``."""
         state = check_state(state_dict)
+        check_fields(state)  # NOTE [ A state must fit its loader ]
         if "dataset_state" in state and callable(getattr(self.dataset, "load_state_dict", None)):
             self.dataset.load_state_dict(state["dataset_state"])  # type: ignore[attr-defined]
+        check_fit(state, self)  # with the dataset's own state loaded (its length may follow it)
         self._stoker_iterations = state["iterations"]
         epoch = state.get("sampler_epoch")
         if epoch is not None and callable(getattr(self.sampler, "set_epoch", None)):
             self.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
         self._stoker_resume = state
-        self._stoker_progress = None
+        self._engine.progress = None

@@ -31,27 +31,27 @@ class PlayedMain:
         self.fds: list[int] = []  # received from the worker (its stack log, memfd slabs)
         self.slabs_made = 0
 
-    def send(self, *message) -> None:
-        self.handle.conn.send(message)
+    def send(self, message) -> None:
+        msg.send(self.handle.conn, message)
 
     def reply(self) -> tuple:
         """The next reply that is not a HELLO or a new slab (their fds are taken and kept)."""
         conn = self.handle.conn
         while True:
             assert conn.poll(BLOCK_S), "the worker did not answer"
-            message = conn.recv()
-            if message[0] == msg.HELLO:
-                if message[1]:
+            message = msg.recv_from_worker(conn)
+            if isinstance(message, msg.Hello):
+                if message.has_log:
                     self.fds.append(segments.recv_fd(conn))
-            elif message[0] == msg.SLAB:
+            elif isinstance(message, msg.Slab):
                 self.slabs_made += 1
-                if message[1].name is None:
+                if message.ref.name is None:
                     self.fds.append(segments.recv_fd(conn))
             else:
                 return message
 
     def stop(self) -> None:
-        self.send(msg.STOP)
+        self.send(msg.Stop())
         self.handle.process.join(BLOCK_S)
         assert self.handle.process.exitcode == 0
         self.handle.conn.close()
@@ -61,4 +61,4 @@ class PlayedMain:
 
 
 def tag_and_task(reply):
-    return reply[0], reply[2]
+    return reply.tag, reply.task_id

@@ -110,19 +110,19 @@ def test_worker_gives_back_queued_tasks_and_ignores_late_cancels():
     ds = Gated(gated=(0,))
     main = PlayedMain(ds)
     try:
-        main.send(msg.TASK, 0, 0, [0], [])
+        main.send(msg.Task(0, 0, [0], []))
         assert ds.started.wait(BLOCK_S)  # task 0 runs, held at the gate
-        main.send(msg.TASK, 0, 1, [1], [])
-        main.send(msg.TASK, 0, 2, [2], [])
-        main.send(msg.CANCEL, 0, 0)  # too late: started
-        main.send(msg.CANCEL, 0, 2)  # read ahead while task 1 starts: withdrawn
-        main.send(msg.CANCEL, 0, 1)  # queued: withdrawn before it starts
-        main.send(msg.CANCEL, 5, 3)  # another epoch's task it never got: ignored
+        main.send(msg.Task(0, 1, [1], []))
+        main.send(msg.Task(0, 2, [2], []))
+        main.send(msg.Cancel(0, 0))  # too late: started
+        main.send(msg.Cancel(0, 2))  # read ahead while task 1 starts: withdrawn
+        main.send(msg.Cancel(0, 1))  # queued: withdrawn before it starts
+        main.send(msg.Cancel(5, 3))  # another epoch's task it never got: ignored
         ds.gate.set()
         # In any order: the worker also reads ahead before it creates its first slab.
         answers = {tag_and_task(main.reply()) for _ in range(3)}
-        assert answers == {(msg.DONE, 0), (msg.CANCELLED, 1), (msg.CANCELLED, 2)}
-        main.send(msg.TASK, 0, 3, [3], [])
-        assert tag_and_task(main.reply()) == (msg.DONE, 3)  # nothing else was pending
+        assert answers == {(msg.Tag.DONE, 0), (msg.Tag.CANCELLED, 1), (msg.Tag.CANCELLED, 2)}
+        main.send(msg.Task(0, 3, [3], []))
+        assert tag_and_task(main.reply()) == (msg.Tag.DONE, 3)  # nothing else was pending
     finally:
         main.stop()

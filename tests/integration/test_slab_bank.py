@@ -34,7 +34,7 @@ def _slab_of(ptr: int, slabs) -> bool:
 
 
 def _banked(loader):
-    return [s for group in loader._stoker_slab_bank._slabs.values() for s in group]
+    return [s for group in loader._engine.slab_bank._slabs.values() for s in group]
 
 
 def test_the_next_epoch_writes_into_the_slabs_the_last_workers_left():

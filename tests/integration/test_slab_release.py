@@ -22,7 +22,7 @@ def test_main_process_sends_a_released_slab_back_before_waiting(monkeypatch):
 
     def send(self, wid, message):
         sent(self, wid, message)
-        if message[0] == msg.RELEASE:
+        if isinstance(message, msg.Release):
             ds.gate.set()
 
     monkeypatch.setattr(process_iter.ProcessIterator, "_send", send)
@@ -43,27 +43,27 @@ def test_worker_frees_slabs_read_ahead_before_creating_one():
     ds = Gated(gated=(1,))
     main = PlayedMain(ds)
     try:
-        main.send(msg.TASK, 0, 0, [0], [])
+        main.send(msg.Task(0, 0, [0], []))
         done = main.reply()
-        assert tag_and_task(done) == (msg.DONE, 0)
-        slab = done[3]
+        assert tag_and_task(done) == (msg.Tag.DONE, 0)
+        slab = done.segment_id
         assert slab is not None
         slabs = main.slabs_made
-        main.send(msg.TASK, 0, 1, [1], [])  # held at the gate while the next two arrive
+        main.send(msg.Task(0, 1, [1], []))  # held at the gate while the next two arrive
         assert ds.started.wait(BLOCK_S)
-        main.send(msg.TASK, 0, 2, [2], [slab])  # batch 0's slab rides with a queued task
+        main.send(msg.Task(0, 2, [2], [slab]))  # batch 0's slab rides with a queued task
         ds.gate.set()
         again = main.reply()
-        assert tag_and_task(again) == (msg.DONE, 1)
-        assert again[3] == slab  # read ahead and reused, no new slab
+        assert tag_and_task(again) == (msg.Tag.DONE, 1)
+        assert again.segment_id == slab  # read ahead and reused, no new slab
         assert main.slabs_made == slabs
         third = main.reply()  # batch 1 still holds the only slab: a second one is made
-        assert tag_and_task(third) == (msg.DONE, 2) and third[3] != slab
+        assert tag_and_task(third) == (msg.Tag.DONE, 2) and third.segment_id != slab
         slabs = main.slabs_made
-        main.send(msg.RELEASE, [slab, third[3]])  # on their own, to an idle worker
-        main.send(msg.TASK, 0, 3, [3], [])
+        main.send(msg.Release([slab, third.segment_id]))  # on their own, to an idle worker
+        main.send(msg.Task(0, 3, [3], []))
         fourth = main.reply()
-        assert tag_and_task(fourth) == (msg.DONE, 3)
-        assert fourth[3] in (slab, third[3]) and main.slabs_made == slabs
+        assert tag_and_task(fourth) == (msg.Tag.DONE, 3)
+        assert fourth.segment_id in (slab, third.segment_id) and main.slabs_made == slabs
     finally:
         main.stop()

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from stoker.device.fake import FakeDevice
-from stoker.device.feed import BatchDeviceError, DeviceFeed, FeedSpec, current_batch_seed
+from stoker.device.feed import DeviceFeed, FeedSpec, current_batch_seed
 from stoker.engine.stats import NoStats, StatsAccumulator
+from stoker.errors import BatchDeviceError
 
 Pair = collections.namedtuple("Pair", "x y")
 

@@ -10,6 +10,7 @@ import stoker
 from stoker._core.stats import LoaderStats
 from stoker.engine.stats import NoStats, StatsAccumulator
 from stoker.profile.events import EventRecorder, record_events, stop_recording
+from stoker.workers.protocol import BatchReport
 
 
 class _Squares(torch.utils.data.Dataset):
@@ -37,7 +38,7 @@ def test_as_dict_before_any_batch_has_zero_rate() -> None:
 
 def test_collect_stats_false_measures_nothing_and_says_so() -> None:
     loader = stoker.DataLoader(_Squares(), batch_size=4, collect_stats=False)
-    assert isinstance(loader._stoker_stats, NoStats)
+    assert isinstance(loader._engine.stats, NoStats)
     assert len(list(loader)) == 10
     stats = loader.stats()
     assert stats.batches == 0 and stats.wait_s == 0.0
@@ -46,14 +47,14 @@ def test_collect_stats_false_measures_nothing_and_says_so() -> None:
 
 def test_collect_stats_default_counts_batches() -> None:
     loader = stoker.DataLoader(_Squares(), batch_size=4)
-    assert type(loader._stoker_stats) is StatsAccumulator
+    assert type(loader._engine.stats) is StatsAccumulator
     list(loader)
     assert loader.stats().batches == 10 and loader.stats().samples == 40
 
 
 def test_events_are_off_by_default_and_recorded_when_asked() -> None:
     loader = stoker.DataLoader(_Squares(), batch_size=4)
-    assert loader._stoker_stats.events is None
+    assert loader._engine.stats.events is None
     recorder = record_events(loader)
     list(loader)
     steps = recorder.steps()
@@ -70,9 +71,12 @@ def test_recorder_keeps_only_the_newest() -> None:
     recorder = EventRecorder(max_batches=3)
     for k in range(5):
         recorder.step(float(k), float(k) + 0.5, 1)
-        # a DONE info tuple: fetch wall 0.1, collate 0.2, pack 0.3, sent at k + 1
-        recorder.worker_batch(k % 2, (1, 0.1, 0.1, 0.2, 0.3, [], "", 0.0, False, False, k + 1.0),
-                              k + 1.5)
+        report = BatchReport(
+            concurrency=1, fetch_wall_s=0.1, fetch_cpu_s=0.1, collate_s=0.2, pack_s=0.3,
+            decisions=(), batched="", queued_s=0.0, gives_back=False, init_fn_seeded=False,
+            packed_at=k + 1.0,
+        )
+        recorder.worker_batch(k % 2, report, k + 1.5)
     assert [s.entered for s in recorder.steps()] == [2.0, 3.0, 4.0]
     last = recorder.worker_batches()[-1]
     assert last.worker_id == 0 and last.sent == 5.0 and last.received == 5.5

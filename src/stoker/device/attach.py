@@ -17,7 +17,7 @@ def make_feed(loader: Any, iterator: Any) -> DeviceFeed | None:
     spec = loader._stoker_feed_spec
     if spec is None:
         return None
-    return DeviceFeed(spec, CudaBackend(spec.device), iterator, loader._stoker_stats,
+    return DeviceFeed(spec, CudaBackend(spec.device), iterator, loader._engine.stats,
                       pins=iterator._pins)
 
 

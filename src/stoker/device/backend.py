@@ -28,13 +28,9 @@ from typing import Any, Protocol
 
 import torch
 
-from stoker.errors import StokerError
+from stoker.errors import DeviceUnavailableError
 
 _HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context
-
-
-class DeviceUnavailableError(StokerError, ValueError):
-    """``device=`` names a device this process cannot use."""
 
 
 class Event(Protocol):

@@ -65,7 +65,6 @@ class FakeDevice:
         self.default = FakeStream("default")
         self.streams: list[FakeStream] = [self.default]
         self._current = threading.local()
-        self.device_tensors: dict[int, int] = {}  # data_ptr -> id of tensors "on the device"
         self.kept: list[tuple[int, FakeStream]] = []  # (data_ptr, stream) record_stream calls
         self.registered: dict[int, int] = {}
         self.unregistered: list[int] = []
@@ -95,7 +94,7 @@ class FakeDevice:
 
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(tensor)
-        self.device_tensors[out.data_ptr()] = id(out)
+        out._stoker_fake_device = True  # type: ignore[attr-defined]  # "on the device"
         self.current_stream().ops.append(("copy", (tensor, out)))
         return out
 
@@ -118,7 +117,7 @@ class FakeDevice:
         self.run()
 
     def where(self, tensor: torch.Tensor) -> str:
-        return "device" if tensor.data_ptr() in self.device_tensors else "host"
+        return "device" if getattr(tensor, "_stoker_fake_device", False) else "host"
 
     # -- the test's side ------------------------------------------------------------------
 

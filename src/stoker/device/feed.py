@@ -40,7 +40,7 @@ import torch
 
 from stoker.device.backend import DeviceBackend, Event, Stream
 from stoker.device.tree import iter_tensors, map_batch
-from stoker.errors import StokerError
+from stoker.errors import BatchDeviceError
 
 _MAX_UNSETTLED = 256  # timing records kept waiting for their events, at most
 
@@ -51,10 +51,6 @@ _BATCH = threading.local()
 def current_batch_seed() -> int | None:
     """Seed of the batch whose ``device_transform`` runs in this thread, else None."""
     return getattr(_BATCH, "seed", None)
-
-
-class BatchDeviceError(StokerError, ValueError):
-    """A batch holds a tensor on a device other than the CPU and ``device=``."""
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,12 @@ def detect(environ: Mapping[str, str] | None = None) -> DistContext:
         raise ValueError(f"from the environment: {exc}") from None
 
 
+def rank_and_world() -> tuple[int, int]:
+    """``(rank, world_size)`` of ``detect()``: a module-level function, so it pickles."""
+    ctx = detect()
+    return ctx.rank, ctx.world_size
+
+
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":

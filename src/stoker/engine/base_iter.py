@@ -55,6 +55,7 @@ def fetch_spec_of(loader: Any) -> FetchSpec:
         collate_fn=resolve_collate(loader.collate_fn),
         drop_last=loader.drop_last,
         skip_errors=loader.on_error == "skip",
+        fast_paths=getattr(loader, "_stoker_fast_paths", True),
     )
 
 
@@ -130,7 +131,8 @@ class BaseIterator:
         self._step_slots = loader.batch_size or 1  # nominal slots per step, for ``advance``
         self._pad_steps = loader._stoker_pad_steps
         self._generator = loader.generator
-        self._stats = loader._stoker_stats
+        self._engine = loader._engine  # NOTE [ Engine state ]
+        self._stats = self._engine.stats
         per_batch = self._seeding == "per_batch"
         self._dataset_rngs = find_dataset_rngs(self._dataset) if per_batch else []
         if not per_batch and self._num_workers > 1:
@@ -196,8 +198,8 @@ class BaseIterator:
                 self._skip_delivered(resume)
         self._steps_target = self._pad_steps() if self._pad_steps is not None else None
         self._skips = SkipLedger(
-            loader.skip_budget, _epoch_samples(self._index_sampler), loader._stoker_skip_logged,
-            loader._stoker_stats,
+            loader.skip_budget, _epoch_samples(self._index_sampler), self._engine.skip_logged,
+            self._stats,
         )
         self._progress = EpochProgress(
             rng=self._rng, base_seed=self._base_seed, drew_base_seed=drew, epoch=self._epoch,
@@ -207,7 +209,7 @@ class BaseIterator:
             sampler_epoch=getattr(loader.sampler, "epoch", None),
             live_sampler=self._tracked,
         )
-        loader._stoker_progress = self._progress
+        self._engine.progress = self._progress
 
     def _iter_sampler(self) -> Any:
         return fast_iter(self._index_sampler) or iter(self._index_sampler)

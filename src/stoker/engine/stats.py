@@ -8,6 +8,7 @@ from typing import Any
 
 from stoker._core.stats import LoaderStats, TunerEvent
 from stoker.profile.events import EventRecorder
+from stoker.workers.protocol import BatchReport
 
 
 class StatsAccumulator:
@@ -20,6 +21,7 @@ class StatsAccumulator:
         self.batches = 0
         self.samples = 0
         self.skipped = 0
+        self.empty_batches = 0
         self.wait_s = 0.0
         self.loop_s = 0.0
         self.fetch_wall_s = 0.0
@@ -68,19 +70,20 @@ class StatsAccumulator:
     def epoch_ended(self) -> None:
         self._left_next_at = None  # the gap between epochs is not the user's step
 
-    def worker_batch(self, worker_id: int, info: tuple) -> None:
-        concurrency, fetch_wall, fetch_cpu, collate_s, pack_s, events, batched, queued = info[:8]
-        self.batched += bool(batched)  # "" or which batched form: "source" or "call"
-        self.fetch_queued_s += queued
-        self.concurrency[worker_id] = concurrency
-        self.fetch_wall_s += fetch_wall
-        self.fetch_cpu_s += fetch_cpu
-        self.collate_s += collate_s
-        self.pack_s += pack_s
-        if events:
-            self.tuner.extend(TunerEvent(worker_id, *e) for e in events)
+    def worker_batch(self, worker_id: int, report: BatchReport) -> None:
+        self.batched += bool(report.batched)  # "" or which batched form: "source" or "call"
+        self.fetch_queued_s += report.queued_s
+        self.concurrency[worker_id] = report.concurrency
+        self.fetch_wall_s += report.fetch_wall_s
+        self.fetch_cpu_s += report.fetch_cpu_s
+        self.collate_s += report.collate_s
+        self.pack_s += report.pack_s
+        if report.decisions:
+            self.tuner.extend(
+                TunerEvent(worker_id, e.at_s, e.concurrency, e.reason) for e in report.decisions
+            )
         if self.events is not None:
-            self.events.worker_batch(worker_id, info, time.perf_counter())
+            self.events.worker_batch(worker_id, report, time.perf_counter())
 
     def unpacked(self, started: float) -> None:
         """The main process received a batch from a worker (started at ``started``)."""
@@ -100,6 +103,7 @@ class StatsAccumulator:
 
         stats = LoaderStats(
             batches=self.batches, samples=self.samples, skipped=self.skipped,
+            empty_batches=self.empty_batches,
             num_workers=self.num_workers, wait_s=self.wait_s, loop_s=self.loop_s,
             fetch_wall_s=self.fetch_wall_s, fetch_cpu_s=self.fetch_cpu_s,
             collate_s=self.collate_s, pack_s=self.pack_s, unpack_s=self.unpack_s,
@@ -132,7 +136,7 @@ class NoStats(StatsAccumulator):
     def left_next(self, entered_at: float, data: Any) -> None:
         pass
 
-    def worker_batch(self, worker_id: int, info: tuple) -> None:
+    def worker_batch(self, worker_id: int, report: BatchReport) -> None:
         pass
 
     def unpacked(self, started: float) -> None:

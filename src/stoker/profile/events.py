@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stoker.workers.protocol import BatchReport
 
 DEFAULT_MAX_BATCHES = 100_000
 
@@ -60,16 +63,29 @@ class EventRecorder:
         self._steps: deque[tuple] = deque(maxlen=max_batches)
         self._main: deque[tuple] = deque(maxlen=2 * max_batches)
 
-    def worker_batch(self, worker_id: int, info: tuple, received: float) -> None:
-        # info: see workers/protocol.py (DONE); the send time is its last field.
-        if len(info) > 10:
-            self._workers.append((worker_id, info[1], info[3], info[4], info[10], received))
+    def worker_batch(self, worker_id: int, report: BatchReport, received: float) -> None:
+        self._workers.append((worker_id, report.fetch_wall_s, report.collate_s, report.pack_s,
+                              report.packed_at, received))
 
     def step(self, entered: float, left: float, samples: int) -> None:
         self._steps.append((entered, left, samples))
 
     def main_stage(self, name: str, start: float, end: float) -> None:
         self._main.append((name, start, end))
+
+    def raw(self) -> dict[str, list]:
+        """The records as plain lists (JSON), for ``from_raw`` in another process."""
+        return {"started": [self.started], "workers": [list(x) for x in self._workers],
+                "steps": [list(x) for x in self._steps], "main": [list(x) for x in self._main]}
+
+    @classmethod
+    def from_raw(cls, raw: dict[str, list]) -> EventRecorder:
+        rec = cls(max(1, len(raw["workers"]), len(raw["steps"]), len(raw["main"])))
+        rec.started = raw["started"][0]
+        rec._workers.extend(tuple(x) for x in raw["workers"])
+        rec._steps.extend(tuple(x) for x in raw["steps"])
+        rec._main.extend(tuple(x) for x in raw["main"])
+        return rec
 
     def worker_batches(self) -> list[WorkerBatch]:
         out = []
@@ -97,9 +113,9 @@ def record_events(loader: Any, max_batches: int = DEFAULT_MAX_BATCHES) -> EventR
     """Start recording ``loader``'s per-batch timeline (a ``stoker.DataLoader``); returns the
     recorder, which keeps filling until ``stop_recording(loader)``."""
     recorder = EventRecorder(max_batches)
-    loader._stoker_stats.events = recorder
+    loader._engine.stats.events = recorder
     return recorder
 
 
 def stop_recording(loader: Any) -> None:
-    loader._stoker_stats.events = None
+    loader._engine.stats.events = None

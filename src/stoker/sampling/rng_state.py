@@ -67,6 +67,13 @@ class RngSnapshot:
             return encoded
         return {**encoded, "global_torch_at_save": _encode(torch.get_rng_state())}
 
+    def encoded_unsaved(self) -> dict[str, str]:
+        """The state of an epoch not begun: the same keys, with no save point ("")."""
+        encoded = self.encoded()
+        if "global_torch" not in encoded:
+            return encoded
+        return {**encoded, "global_torch_at_save": ""}
+
     @contextlib.contextmanager
     def restored(self, encoded: dict[str, str]) -> Iterator[None]:
         """Put the saved states back for the epoch's draws.
@@ -92,6 +99,7 @@ class RngSnapshot:
         finally:
             # A mid-epoch state: the global RNG as it was when the state was saved. A state of
             # an epoch not begun: its save point is the epoch start, so the epoch's draws leave
-            # the global RNG where they left it originally.
-            if at_save is not None:
+            # the global RNG where they left it originally (its save point is "": the key is
+            # there all the same, so the state's keys never change; see ``encoded_unsaved``).
+            if at_save:
                 torch.set_rng_state(_decode(at_save))

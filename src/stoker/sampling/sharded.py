@@ -46,11 +46,11 @@ epoch starts over at position 0 (the same epoch keeps a loaded position, so the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any, Literal
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler, Sampler
 
 Even = Literal["pad", "drop", "exact"]
 _EVEN_CHOICES: tuple[Even, ...] = ("pad", "drop", "exact")
@@ -60,32 +60,36 @@ _STATE_VERSION = 1
 _ORDER_KEYS = ("dataset_len", "seed", "shuffle")
 
 
-class ShardedSampler(Sampler[int]):
-    """This rank's share of each epoch's global order; see the module docstring."""
+class ShardedSampler(DistributedSampler):  # type: ignore[type-arg]
+    """This rank's share of each epoch's global order; see the module docstring.
+
+    It is a ``DistributedSampler`` (``num_replicas``, ``rank``, ``epoch``, ``set_epoch``), so
+    frameworks that inject one where a loader has none (Lightning) leave it in place.
+    ``context`` (instead of ``rank``/``world_size``) reads them when a pass starts: a loader
+    built before the process group exists learns its rank when iteration begins.
+    """
 
     def __init__(
         self,
         dataset_len: int | Sized,
         *,
-        rank: int,
-        world_size: int,
+        rank: int = 0,
+        world_size: int = 1,
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
         even: Even | None = None,
+        context: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
-        super().__init__()
+        Sampler.__init__(self)  # not DistributedSampler's: it requires a process group
         n = dataset_len if isinstance(dataset_len, int) else len(dataset_len)
         if isinstance(dataset_len, bool) or n < 0:
             raise ValueError(f"dataset_len must be a length >= 0, got {dataset_len!r}")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(
-                f"rank={rank} is out of range for world_size={world_size}: "
-                "expected world_size >= 1 and 0 <= rank < world_size"
-            )
+        if context is None:
+            _check_rank(rank, world_size)
         self.dataset_len = n
-        self.rank = rank
-        self.world_size = world_size
+        self._fixed_rank, self._fixed_world_size = rank, world_size
+        self._context = context
         self.shuffle = shuffle
         self.seed = seed
         self.even: Even = _resolve_even(even, drop_last)
@@ -98,6 +102,35 @@ class ShardedSampler(Sampler[int]):
         self._epoch_sets = 0  # set_epoch/load_state_dict calls, for the epoch autopilot
         self._epoch_sets_at_iter = 0
 
+    # -- where this rank stands (read live under ``context``) ------------------------------
+
+    @property
+    def rank(self) -> int:  # type: ignore[override]
+        return self._place()[0]
+
+    @property
+    def world_size(self) -> int:
+        return self._place()[1]
+
+    @property
+    def num_replicas(self) -> int:  # type: ignore[override]
+        return self.world_size
+
+    @property
+    def num_samples(self) -> int:  # type: ignore[override]
+        return len(self)
+
+    @property
+    def total_size(self) -> int:  # type: ignore[override]
+        return self._seq_len(self._current_base())
+
+    def _place(self) -> tuple[int, int]:
+        if self._context is None:
+            return self._fixed_rank, self._fixed_world_size
+        rank, world_size = self._context()
+        _check_rank(rank, world_size)
+        return rank, world_size
+
     # -- iteration -------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[int]:
@@ -108,8 +141,9 @@ class ShardedSampler(Sampler[int]):
         self._pass_base, self._slots = base, 0
         self._passes += 1
         self._epoch_sets_at_iter = self._epoch_sets
-        seq = _even_out(self._order(), base, self.world_size, self.even)
-        return iter(seq[self.rank :: self.world_size])
+        rank, world_size = self._place()
+        seq = _even_out(self._order(), base, world_size, self.even)
+        return iter(seq[rank::world_size])
 
     def __len__(self) -> int:
         return _share_len(self._seq_len(self._current_base()), self.rank, self.world_size)
@@ -232,6 +266,14 @@ class ShardedSampler(Sampler[int]):
         if done >= self._seq_len(self._pass_base):
             return self.dataset_len  # whole share delivered: the epoch is read (drop: cut too)
         return min(self._pass_base + done, self.dataset_len)
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(
+            f"rank={rank} is out of range for world_size={world_size}: "
+            "expected world_size >= 1 and 0 <= rank < world_size"
+        )
 
 
 def _resolve_even(even: Even | None, drop_last: bool) -> Even:

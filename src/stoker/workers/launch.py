@@ -40,7 +40,7 @@ class WorkerHandle:
             return
         self.stop_sent = True
         try:
-            self.conn.send((msg.STOP,))
+            msg.send(self.conn, msg.Stop())
         except (OSError, ValueError):
             pass
 
@@ -178,7 +178,7 @@ def stop_workers(workers: list[WorkerHandle], drain: Any = None) -> None:
 
 def _drain_one(w: WorkerHandle, drain: Any) -> None:
     try:
-        message = w.conn.recv()
+        message = msg.recv_from_worker(w.conn)
     except (EOFError, OSError):
         w.conn.close()
         return

@@ -6,8 +6,8 @@ a time on the worker's main thread, which reads its socket directly, until the t
 the concurrency (NOTE [ Automatic concurrency ]); then ``SamplePipeline`` fetches samples of
 several batches at once, and a reader thread turns socket messages into events on one queue
 next to the fetch threads' "sample done" events, so the main thread handles both in order and
-stays the only one that sends. See ``messages`` for the protocol and NOTE [ Loader shutdown ]
-in ``engine.shutdown``.
+stays the only one that sends. See ``workers.protocol`` for the messages and NOTE [ Loader
+shutdown ] in ``engine.worker_group``.
 """
 
 from __future__ import annotations
@@ -88,12 +88,12 @@ def _watch_parent(main_pid: int) -> None:
 def _read_socket(conn: Connection, events: queue.SimpleQueue) -> None:
     while True:
         try:
-            message = conn.recv()
+            message = msg.recv_from_main(conn)
         except (EOFError, OSError):
             events.put((_EOF, None))
             return
         events.put((_MESSAGE, message))
-        if message[0] == msg.STOP:
+        if isinstance(message, msg.Stop):
             return
 
 
@@ -129,7 +129,7 @@ class _Worker:
         self.run_queue = RunQueueMeter()  # this (the main) thread: where batches are fetched
 
     def _announce(self, fd: int, ref: SegmentRef) -> None:
-        self.conn.send((msg.SLAB, ref))
+        msg.send(self.conn, msg.Slab(ref))
         if ref.name is None:
             segments.send_fd(self.conn, fd)
 
@@ -182,9 +182,10 @@ class _Worker:
             self.vector = VectorProbe(self.spec.fetch.dataset, vectorisable(self.spec.fetch),
                                       trusted=self.spec.vector_trusted)
         if self.tuner is None:
+            safe = declared_thread_safe(self.spec.fetch.dataset)
             self.tuner = ConcurrencyTuner(
-                self.spec.concurrency, declared_thread_safe(self.spec.fetch.dataset),
-                can_split=self.fetcher.splittable,
+                self.spec.concurrency, safe, can_split=self.fetcher.splittable,
+                threads_promised=safe,  # NOTE [ Automatic concurrency ]
             )
         if self.pipeline is not None:
             self.pipeline.set_fetcher(self.fetcher)
@@ -212,7 +213,7 @@ class _Worker:
         if self.exhausted:
             return  # like torch: tasks after the end of an iterable are ignored
         if self.init_error is not None:
-            self.conn.send((msg.FAILED, self.epoch, task_id, self.init_error))
+            msg.send(self.conn, msg.Failed(self.epoch, task_id, self.init_error))
             return
         assert self.tuner is not None and self.vector is not None
         self.fetcher.sample_context = (self.spec.base_seed, self.epoch)
@@ -241,7 +242,7 @@ class _Worker:
             wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         except StopIteration:  # only iterables: map fetchers turn it into an error
             self.exhausted = True
-            self.conn.send((msg.EXHAUSTED, self.epoch, task_id))
+            msg.send(self.conn, msg.Exhausted(self.epoch, task_id))
             return
         except Exception as exc:
             self._fail(task_id, indices, exc)
@@ -337,23 +338,23 @@ class _Worker:
             self.pipeline.set_concurrency(self.tuner.concurrency)
         events = self.tuner.decisions[self._events_sent:]
         self._events_sent += len(events)
-        info = (
-            self.tuner.concurrency, timing[0], timing[1], t1 - t0, t2 - t1,
-            [(e.at_s, e.concurrency, e.reason) for e in events], batched,
-            self.run_queue.take(), self.pipeline is None and self.seed_per_batch,
-            self.seed_per_batch != self.spec.seed_per_batch, t2,
+        report = msg.BatchReport(
+            concurrency=self.tuner.concurrency, fetch_wall_s=timing[0], fetch_cpu_s=timing[1],
+            collate_s=t1 - t0, pack_s=t2 - t1, decisions=tuple(events), batched=batched,
+            queued_s=self.run_queue.take(),
+            gives_back=self.pipeline is None and self.seed_per_batch,
+            init_fn_seeded=self.seed_per_batch != self.spec.seed_per_batch, packed_at=t2,
         )
-        reply = (
-            msg.DONE, self.epoch, task_id, segment_id, used, payload, self.retired, skipped, info
-        )
-        self.conn.send(reply)
+        msg.send(self.conn, msg.Done(
+            self.epoch, task_id, segment_id, used, payload, self.retired, skipped, report
+        ))
         self.retired = []
 
     def _fail(self, task_id: int, indices: Any, exc: BaseException) -> None:
         if isinstance(exc, MixedDeviceError) and isinstance(indices, list):
             exc = exc.with_indices(indices)
         err = capture(exc, self.spec.worker_id, "loading " + describe_indices(indices))
-        self.conn.send((msg.FAILED, self.epoch, task_id, err))
+        msg.send(self.conn, msg.Failed(self.epoch, task_id, err))
 
     # -- many samples at once ----------------------------------------------------------------
 
@@ -397,7 +398,7 @@ class _Worker:
 
     def _recv(self) -> tuple[str, Any]:
         try:
-            return _MESSAGE, self.conn.recv()
+            return _MESSAGE, msg.recv_from_main(self.conn)
         except (EOFError, OSError):
             return _EOF, None
 
@@ -421,31 +422,31 @@ class _Worker:
         withdrawn = False
         while self.conn.poll():
             event = self._recv()
-            if event[0] == _MESSAGE and event[1][0] in (msg.RELEASE, msg.TASK):
+            item = event[1]
+            if event[0] == _MESSAGE and isinstance(item, (msg.Release, msg.Task)):
                 # Slabs given back are free now, also those riding with a task read ahead.
-                item = event[1]
-                self.retired += self.pool.release(item[-1])
-                if item[0] == msg.RELEASE:
+                self.retired += self.pool.release(item.released)
+                if isinstance(item, msg.Release):
                     continue
-                event = (_MESSAGE, (*item[:-1], []))
-            if event[0] != _MESSAGE or event[1][0] != msg.CANCEL:
+                event = (_MESSAGE, item._replace(released=[]))
+            if event[0] != _MESSAGE or not isinstance(item, msg.Cancel):
                 self.inbox.append(event)
                 if event[0] == _EOF:
                     break
                 continue
-            _, epoch, cancelled = event[1]
-            if (epoch, cancelled) == (self.epoch, task_id):
+            if (item.epoch, item.task_id) == (self.epoch, task_id):
                 withdrawn = True
             else:
-                self._withdraw_read_ahead(epoch, cancelled)
+                self._withdraw_read_ahead(item.epoch, item.task_id)
         return withdrawn
 
     def _withdraw_read_ahead(self, epoch: int, task_id: int) -> None:
         for event in self.inbox:
             item = event[1]
-            if event[0] == _MESSAGE and item[0] == msg.TASK and item[1:3] == (epoch, task_id):
+            if event[0] == _MESSAGE and isinstance(item, msg.Task) and (
+                    item.epoch, item.task_id) == (epoch, task_id):
                 self.inbox.remove(event)  # its slabs were released when it was read
-                self.conn.send((msg.CANCELLED, epoch, task_id))
+                msg.send(self.conn, msg.Cancelled(epoch, task_id))
                 return
 
     def serve(self) -> None:
@@ -461,22 +462,20 @@ class _Worker:
                 continue
             if kind == _EOF:
                 return  # the main process is gone
-            tag = item[0]
-            if tag == msg.TASK:
-                _, epoch, task_id, indices, released = item
-                self.retired += self.pool.release(released)
-                if epoch != self.epoch:
+            if isinstance(item, msg.Task):
+                self.retired += self.pool.release(item.released)
+                if item.epoch != self.epoch:
                     continue
-                if self.pipeline is None and self._read_waiting(task_id):
-                    self.conn.send((msg.CANCELLED, epoch, task_id))
+                if self.pipeline is None and self._read_waiting(item.task_id):
+                    msg.send(self.conn, msg.Cancelled(item.epoch, item.task_id))
                     continue
-                self.run_task(task_id, indices)
-            elif tag == msg.CANCEL:
+                self.run_task(item.task_id, item.indices)
+            elif isinstance(item, msg.Cancel):
                 continue  # started or answered already: its reply stands
-            elif tag == msg.RELEASE:
-                self.retired += self.pool.release(item[1])
-            elif tag == msg.RESET:
-                self.reset(item[1], item[2], item[3])
+            elif isinstance(item, msg.Release):
+                self.retired += self.pool.release(item.released)
+            elif isinstance(item, msg.Reset):
+                self.reset(item.epoch, item.released, item.datapipe_seed)
             else:
                 return
 
@@ -497,12 +496,12 @@ def worker_main_once(handle: Any, worker_id: int, conn: Connection) -> None:
 def _answer_with(error: RemoteError, conn: Connection) -> None:
     """A worker whose spec did not load answers every task with the error until stopped."""
     try:
-        conn.send((msg.HELLO, False))
+        msg.send(conn, msg.Hello(has_log=False))
         while True:
-            message = conn.recv()
-            if message[0] == msg.TASK:
-                conn.send((msg.FAILED, message[1], message[2], error))
-            elif message[0] == msg.STOP:
+            message = msg.recv_from_main(conn)
+            if isinstance(message, msg.Task):
+                msg.send(conn, msg.Failed(message.epoch, message.task_id, error))
+            elif isinstance(message, msg.Stop):
                 return
     except (EOFError, OSError):
         return
@@ -520,12 +519,13 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     process_pool.close_inherited_parent_ends()
     threading.Thread(target=_watch_parent, args=(spec.parent_pid,), daemon=True).start()
     cap_worker_threads(1, forked=spec.forked)
-    collate_into_slabs_in_this_worker()  # NOTE [ torch's collate in stoker workers ]
+    if spec.fetch.fast_paths:
+        collate_into_slabs_in_this_worker()  # NOTE [ torch's collate in stoker workers ]
     apply_in_worker(spec.shared_lists)  # before any user code runs here
     worker = _Worker(spec, conn)
     try:
         log_fd = diagnostics.install_in_worker()
-        conn.send((msg.HELLO, log_fd is not None))
+        msg.send(conn, msg.Hello(has_log=log_fd is not None))
         if log_fd is not None:
             segments.send_fd(conn, log_fd)
         worker.start()

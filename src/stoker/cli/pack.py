@@ -1,0 +1,92 @@
+"""``stoker pack SOURCE OUT``: an image folder or a map-style Dataset -> tar shards + index.
+
+Imports ``stoker.formats`` only when the command runs (``stoker --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Any
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "pack",
+        help="pack an image folder or a map-style Dataset into tar shards with an index",
+        description=(
+            "Write SOURCE (an image-folder directory, one subdirectory per class, or "
+            "MODULE:FACTORY, a function returning a map-style Dataset) as WebDataset-style tar "
+            "shards with a sidecar index per shard and a manifest (OUT/index.json), in "
+            "parallel. Run it again after an interruption to resume: finished shards are kept."
+            " Read the result with stoker.formats.TarShards(OUT)."
+        ),
+    )
+    parser.add_argument("source", metavar="SOURCE", help="a directory or MODULE:FACTORY")
+    parser.add_argument("out", metavar="OUT", help="output directory (new, or a pack to resume)")
+    parser.add_argument("--samples-per-shard", type=_positive, default=None, metavar="N")
+    parser.add_argument(
+        "--shard-size-mb", type=_positive_float, default=256.0, metavar="MB",
+        help="target shard size when --samples-per-shard is not given (default 256)",
+    )
+    parser.add_argument("--workers", type=_positive, default=None,
+                        help="processes (default: the CPU count)")
+    parser.add_argument("--max-side", type=_positive, default=None, metavar="PIXELS",
+                        help="re-encode larger images so their longer side is at most this")
+    parser.add_argument("--jpeg-quality", type=_positive, default=90,
+                        help="JPEG/WebP quality of re-encoded images (default 90)")
+    parser.add_argument("--fields", default=None, metavar="EXT,EXT",
+                        help="field names of a Dataset's tuple samples, e.g. jpg,cls")
+    parser.add_argument("--verify", action="store_true",
+                        help="re-read every shard afterwards and check counts and CRC-32s")
+    parser.add_argument("--no-progress", action="store_true", help="no progress line")
+
+
+def _load_dataset(spec: str) -> Any:
+    module_name, _, factory_name = spec.partition(":")
+    sys.path.insert(0, os.getcwd())  # like `python -m`: modules in the working directory
+    module = importlib.import_module(module_name)
+    factory = getattr(module, factory_name, None)
+    if factory is None or not callable(factory):
+        raise SystemExit(
+            f"stoker pack: {module_name} has no callable {factory_name!r}; SOURCE is a "
+            "directory or MODULE:FACTORY, a function returning a map-style Dataset"
+        )
+    return factory()
+
+
+def run(args: argparse.Namespace) -> int:
+    from stoker.formats import PackOptions, ShardError, pack
+
+    source: Any = args.source
+    if not os.path.isdir(source) and ":" in source:
+        source = _load_dataset(source)
+    options = PackOptions(
+        samples_per_shard=args.samples_per_shard, shard_size_mb=args.shard_size_mb,
+        workers=args.workers, max_side=args.max_side, jpeg_quality=args.jpeg_quality,
+        fields=tuple(args.fields.split(",")) if args.fields else None, verify=args.verify,
+        progress=False if args.no_progress else None,
+    )
+    try:
+        summary = pack(source, args.out, options)
+    except (ShardError, FileExistsError, FileNotFoundError) as exc:
+        print(f"stoker pack: {exc}", file=sys.stderr)
+        return 1
+    print(summary)
+    return 0

@@ -1,0 +1,61 @@
+"""What the engine keeps on a loader from one epoch (one iterator) to the next.
+
+NOTE [ Engine state ]
+A ``DataLoader`` owns one ``EngineState`` and hands it to every iterator it makes; iterators
+read and update it there, never the loader's own fields. It holds two kinds of things:
+
+* portable: plain facts learnt about the dataset (which batched form passed its probes,
+  whether batches are plain gathers, which skip messages were logged, whether the
+  worker_init_fn warning was given). They travel when the loader is pickled or deep-copied.
+* process-local: what belongs to this process's running engine (the stats accumulator, the
+  memory watch, the list-sharing plan, the slab bank with its shared memory, the live
+  progress of the epoch). They never travel: unpickling (``__setstate__``) builds new ones
+  with ``_new_local_parts``, as a new loader has them (NOTE [ Loader pickling ] in
+  ``stoker.loader``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from stoker.engine.stats import NoStats, StatsAccumulator
+from stoker.profile.memory_watch import MemoryWatch
+from stoker.sharing.auto_share import ListSharing
+from stoker.transport.slab_bank import SlabBank
+
+_LOCAL = ("progress", "stats", "memory_watch", "list_sharing", "slab_bank")
+
+
+class EngineState:
+    """One per loader, shared by its iterators (NOTE [ Engine state ])."""
+
+    def __init__(
+        self, dataset: Any, num_workers: int, collect_stats: bool, fast_paths: bool = True
+    ) -> None:
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.collect_stats = collect_stats
+        self.fast_paths = fast_paths  # NOTE [ One switch for the fast paths ]
+        # -- portable ------------------------------------------------------------------------
+        self.skip_logged: set[Any] = set()  # on_error="skip": messages logged once
+        self.inline: bool | None = None  # NOTE [ Gathers need no workers ]; None: not asked
+        self.vector_trusted: Any = None  # the dataset whose batched form passed its probes
+        self.init_fn_seeds_told = False  # NOTE [ Seeds set in worker_init_fn stay ]
+        self._new_local_parts()
+
+    def _new_local_parts(self) -> None:
+        """The process-local parts, as a new loader has them."""
+        self.progress: Any = None  # the live ``EpochProgress`` of the last epoch begun
+        self.stats = (StatsAccumulator if self.collect_stats else NoStats)(self.num_workers)
+        self.memory_watch = MemoryWatch(self.dataset) if self.num_workers > 0 else None
+        self.list_sharing = ListSharing(self.fast_paths)
+        self.slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
+        weakref.finalize(self, self.slab_bank.close)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in _LOCAL}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._new_local_parts()

@@ -1,0 +1,268 @@
+"""``pack``: a directory of files or a map-style dataset -> tar shards + index, in parallel.
+
+NOTE [ Resumable pack ]
+    The output directory holds a plan (``pack.json``: what is packed, how many samples, how
+    many per shard, the re-encoding) written before any shard. Shard ``k`` always holds samples
+    ``k*S .. (k+1)*S - 1``, so any process can write any shard and a shard's bytes do not depend
+    on which process wrote it or when. A shard is written as ``<name>.partial``, flushed to
+    disk and renamed; then its sidecar index is written the same way. A shard is finished iff
+    its sidecar exists and names the shard's size: that is the last thing written, so a shard
+    killed anywhere before it is redone from scratch (its leftovers are deleted), and a
+    finished one is never touched again. The manifest (``index.json``) is written last, so a
+    directory with a manifest is complete. Running the same pack again resumes; running a
+    different one into the same directory is refused.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import json
+import mmap
+import multiprocessing as mp
+import os
+import sys
+import tarfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stoker.formats._common import write_atomic
+from stoker.formats._records import DatasetRecords, FolderRecords, Records, shrink_image
+from stoker.formats.pack_report import PackSummary, Progress, verify_pack
+from stoker.formats.tar_index import INDEX_SUFFIX, ShardTable, index_path, scan_shard
+from stoker.formats.tar_shards import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION
+from stoker.storage import LocalSource
+
+PLAN_NAME = "pack.json"
+SIZE_PROBE_SAMPLES = 16
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """How ``pack`` writes shards. ``samples_per_shard`` wins over ``shard_size_mb`` (a target
+    turned into a sample count from the mean size of the first samples). ``workers``: processes
+    (default: the CPU count). ``max_side``: re-encode larger images (jpg, png, webp fields) so
+    their longer side is at most this, recorded in the metadata. ``fields``: names of a tuple
+    sample's elements. ``progress``: a progress line on stderr (default: when it is a terminal).
+    """
+
+    samples_per_shard: int | None = None
+    shard_size_mb: float = 256.0
+    workers: int | None = None
+    max_side: int | None = None
+    jpeg_quality: int = 90
+    fields: tuple[str, ...] | None = None
+    verify: bool = False
+    progress: bool | None = None
+    name: str = "shard"
+
+
+def _records(source: Any, options: PackOptions) -> Records:
+    if isinstance(source, (str, os.PathLike)):
+        if not os.path.isdir(source):
+            raise FileNotFoundError(
+                f"{source}: not a directory; stoker pack reads an image folder (one "
+                "subdirectory per class) or a map-style Dataset"
+            )
+        return FolderRecords(os.fspath(source))
+    if not hasattr(source, "__getitem__") or not hasattr(source, "__len__"):
+        raise TypeError(
+            f"cannot pack a {type(source).__name__}: stoker pack needs a directory or a "
+            "map-style Dataset (with __len__ and __getitem__)"
+        )
+    return DatasetRecords(source, options.fields, type(source).__qualname__)
+
+
+def _plan(records: Records, options: PackOptions) -> dict[str, Any]:
+    n = len(records)
+    per_shard = options.samples_per_shard
+    if per_shard is None:
+        probe = [records.record(i)[1] for i in range(min(n, SIZE_PROBE_SAMPLES))]
+        mean = sum(sum(len(v) + 1024 for v in r.values()) for r in probe) / max(1, len(probe))
+        per_shard = max(1, int(options.shard_size_mb * 2**20 // max(mean, 1)))
+    return {
+        "version": 1, "source": records.describe(), "samples": n,
+        "samples_per_shard": per_shard, "shards": -(-n // per_shard) if n else 0,
+        "max_side": options.max_side,
+        "jpeg_quality": options.jpeg_quality if options.max_side else None,
+        "name": options.name,
+    }
+
+
+def _shard_name(plan: dict[str, Any], k: int) -> str:
+    return f"{plan['name']}-{k:06d}.tar"
+
+
+def _meta(plan: dict[str, Any]) -> dict[str, Any]:
+    meta: dict[str, Any] = {"source": plan["source"]}
+    if plan["max_side"]:
+        meta["max_side"] = plan["max_side"]
+        meta["jpeg_quality"] = plan["jpeg_quality"]
+    return meta
+
+
+def _settle_plan(out_dir: str, plan: dict[str, Any], options: PackOptions) -> dict[str, Any]:
+    """The plan to follow: the one on disk when it packs the same thing (resume), else ours."""
+    path = os.path.join(out_dir, PLAN_NAME)
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        derived = ("samples_per_shard", "shards")  # from a size probe, unless given
+        if options.samples_per_shard is None and all(
+            old.get(k) == v for k, v in plan.items() if k not in derived
+        ):
+            plan = {**plan, **{k: old.get(k) for k in derived}}
+        if old != plan:
+            raise FileExistsError(
+                f"{out_dir} holds an unfinished or finished pack of something else "
+                f"({path}: {json.dumps(old)}; this pack: {json.dumps(plan)}); pack into "
+                "another directory, or delete this one to start over"
+            )
+        return old
+    names = [n for n in os.listdir(out_dir) if not n.startswith(".")]
+    if names:
+        raise FileExistsError(
+            f"{out_dir} is not empty and holds no {PLAN_NAME} (found {sorted(names)[:5]}); "
+            "pack into an empty or new directory"
+        )
+    write_atomic(path, json.dumps(plan, indent=1).encode())
+    return plan
+
+
+def _finished(out_dir: str, plan: dict[str, Any], k: int) -> ShardTable | None:
+    shard = os.path.join(out_dir, _shard_name(plan, k))
+    if not os.path.exists(index_path(shard)) or not os.path.exists(shard):
+        return None
+    with open(index_path(shard), "rb") as f:
+        table = ShardTable.from_bytes(f.read(), index_path(shard))
+    return table if table.size_bytes == os.path.getsize(shard) else None
+
+
+def _clean(out_dir: str, plan: dict[str, Any], k: int) -> None:
+    shard = os.path.join(out_dir, _shard_name(plan, k))
+    for path in (shard, shard + ".partial", index_path(shard), index_path(shard) + ".partial"):
+        if os.path.exists(path):
+            os.remove(path)
+
+
+# -- the shard writer (runs in pack's worker processes) ----------------------------------------
+
+_JOB: dict[str, Any] = {}
+
+
+def _init_worker(records: Records, plan: dict[str, Any], out_dir: str, counts: Any) -> None:
+    _JOB.update(records=records, plan=plan, out_dir=out_dir, counts=counts)
+
+
+def _write_shard(k: int) -> tuple[int, int, int]:
+    """Write shard ``k`` (NOTE [ Resumable pack ]); returns (k, samples, bytes)."""
+    records, plan, out_dir, counts = (_JOB[n] for n in ("records", "plan", "out_dir", "counts"))
+    shard = os.path.join(out_dir, _shard_name(plan, k))
+    start = k * plan["samples_per_shard"]
+    stop = min(plan["samples"], start + plan["samples_per_shard"])
+    with open(shard + ".partial", "wb") as f:
+        with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for index in range(start, stop):
+                key, fields = records.record(index)
+                for name, data in fields.items():
+                    if plan["max_side"]:
+                        data = shrink_image(name, data, plan["max_side"], plan["jpeg_quality"])
+                    _add_member(tar, f"{key}.{name}", data)
+                if counts is not None:  # one slot per shard: one writer, no lock
+                    counts[k] += 1
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(shard + ".partial", shard)
+    table = scan_shard(LocalSource(), shard, _meta(plan))
+    write_atomic(index_path(shard), table.to_bytes())
+    return k, len(table), table.size_bytes
+
+
+def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    import io
+
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o644, 0  # same bytes on every run
+    tar.addfile(info, io.BytesIO(data))
+
+
+# -- the driver -------------------------------------------------------------------------------
+
+
+def pack(source: Any, out_dir: str, options: PackOptions | None = None, **overrides: Any
+         ) -> PackSummary:
+    """Pack ``source`` (an image-folder directory or a map-style Dataset) into tar shards with
+    an index in ``out_dir``; resumes an interrupted pack of the same source (NOTE [ Resumable
+    pack ]). Keyword arguments override fields of ``options`` (``PackOptions``)."""
+    options = dataclasses.replace(options or PackOptions(), **overrides)
+    started = time.perf_counter()
+    records = _records(source, options)
+    os.makedirs(out_dir, exist_ok=True)
+    plan = _settle_plan(out_dir, _plan(records, options), options)
+    done = {k: t for k in range(plan["shards"]) if (t := _finished(out_dir, plan, k))}
+    todo = [k for k in range(plan["shards"]) if k not in done]
+    for k in todo:
+        _clean(out_dir, plan, k)
+    resumed = sum(len(t) for t in done.values())
+    progress = Progress(plan["samples"], resumed, options.progress)
+    written = _run(records, plan, out_dir, todo, progress, options.workers)
+    sizes = {k: t.size_bytes for k, t in done.items()} | {k: s for k, (_, s) in written.items()}
+    counts = {k: len(t) for k, t in done.items()} | {k: n for k, (n, _) in written.items()}
+    _write_manifest(out_dir, plan, counts, sizes)
+    progress.close()
+    summary = PackSummary(
+        out_dir, sum(counts.values()), len(counts), sum(sizes.values()),
+        time.perf_counter() - started, len(done), sum(n for n, _ in written.values()),
+    )
+    if options.verify:
+        summary = dataclasses.replace(summary, verified=verify_pack(out_dir, options.workers))
+    return summary
+
+
+def _run(records: Records, plan: dict[str, Any], out_dir: str, todo: list[int],
+         progress: Progress, workers: int | None) -> dict[int, tuple[int, int]]:
+    if not todo:
+        return {}
+    workers = max(1, min(_workers(workers), len(todo)))
+    fork = sys.platform == "linux"
+    context = mp.get_context("fork" if fork else None)
+    # Samples written so far, per shard, in an anonymous shared mapping forked workers inherit
+    # (no file, no semaphore); elsewhere progress moves a shard at a time.
+    shared = mmap.mmap(-1, 8 * max(1, plan["shards"])) if fork else None
+    counts = np.frombuffer(shared, dtype=np.int64) if shared is not None else None
+    written: dict[int, tuple[int, int]] = {}
+    with cf.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker,
+        initargs=(records, plan, out_dir, counts),
+    ) as pool:
+        pending = {pool.submit(_write_shard, k) for k in todo}
+        while pending:
+            finished, pending = cf.wait(pending, timeout=0.25, return_when=cf.FIRST_COMPLETED)
+            for future in finished:
+                k, n, size = future.result()
+                written[k] = (n, size)
+            done = int(counts.sum()) if counts is not None else sum(
+                n for n, _ in written.values())
+            progress.update(done, sum(s for _, s in written.values()))
+    return written
+
+
+def _workers(requested: int | None) -> int:
+    return requested or os.cpu_count() or 1
+
+
+def _write_manifest(out_dir: str, plan: dict[str, Any], counts: dict[int, int],
+                    sizes: dict[int, int]) -> None:
+    manifest = {
+        "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
+        "samples": sum(counts.values()), "index_suffix": INDEX_SUFFIX,
+        "shards": [
+            {"path": _shard_name(plan, k), "samples": counts[k], "size_bytes": sizes[k]}
+            for k in sorted(counts)
+        ],
+        "meta": _meta(plan),
+    }
+    write_atomic(os.path.join(out_dir, MANIFEST_NAME), json.dumps(manifest, indent=1).encode())

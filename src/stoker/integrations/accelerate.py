@@ -1,0 +1,231 @@
+"""Accelerate (and so Hugging Face ``Trainer``) keeps a stoker loader's engine.
+
+NOTE [ Accelerate keeps stoker ]
+``accelerator.prepare(loader)`` and ``accelerate.skip_first_batches(loader, n)`` rebuild a
+DataLoader: they wrap it in a ``DataLoaderShard`` (or ``DataLoaderDispatcher``) whose
+``base_dataloader`` is a new ``torch.utils.data.DataLoader`` built from the old one's torch
+arguments and a sharded batch sampler. For a stoker loader that new loader would be torch's:
+every stoker argument gone, ``stats()`` at zero, no warning. stoker therefore wraps those two
+functions of ``accelerate.data_loader`` as soon as that module is imported (an import hook
+registered by ``import stoker``, or at once when Accelerate was imported first): the wrapped
+functions run Accelerate's own code unchanged, then, when the input was a stoker loader, build
+the base loader again as a ``stoker.DataLoader`` with the very arguments Accelerate chose
+(dataset, sharded batch sampler, workers, collate) plus the original's stoker arguments. Any
+other loader is returned exactly as Accelerate built it. Where the result has no base loader
+to replace (a wrapper this module does not know, e.g. XLA's), a one-time warning says the
+loader now runs on torch's DataLoader and what to do: the engine is never bypassed silently.
+
+``shard=True`` is dropped from the rebuilt loader: Accelerate's batch sampler already gives
+each process its share, and stoker's sharding on top would split it again.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import inspect
+import sys
+import warnings
+import weakref
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import torch.utils.data
+
+_TARGET = "accelerate.data_loader"
+_WRAPPED = ("prepare_data_loader", "skip_first_batches")
+# Modules that bind Accelerate's functions by name (``from .data_loader import ...``).
+_BINDERS = (
+    "accelerate", "accelerate.accelerator", "accelerate.data_loader", "transformers.trainer",
+)
+_warned: set[str] = set()
+
+
+_loaders_by_dataset: dict[int, weakref.ref[Any]] = {}
+
+
+def remember(loader: Any) -> None:
+    """Called by every stoker loader: Accelerate rebuilds loaders from their dataset, so the
+    dataset leads back to the stoker loader whose arguments the rebuilt one must keep."""
+    key = id(loader.dataset)
+
+    def forget(ref: weakref.ref[Any]) -> None:
+        if _loaders_by_dataset.get(key) is ref:
+            del _loaders_by_dataset[key]
+
+    _loaders_by_dataset[key] = weakref.ref(loader, forget)
+
+
+def _loader_of(dataset: Any) -> Any:
+    for candidate in (dataset, getattr(dataset, "dataset", None)):  # IterableDatasetShard
+        ref = _loaders_by_dataset.get(id(candidate))
+        loader = ref() if ref is not None else None
+        if loader is not None and loader.dataset is candidate:
+            return loader
+    return None
+
+
+def stoker_source(loader: Any) -> Any:
+    """The stoker loader behind ``loader`` (itself, or an Accelerate wrapper's base), or None."""
+    from stoker.loader import DataLoader
+
+    for candidate in (loader, _base_of(loader)):
+        if candidate is not None and isinstance(type(candidate), type) and issubclass(
+            type(candidate), DataLoader
+        ):
+            return candidate
+    return None
+
+
+def _base_of(loader: Any) -> Any:
+    try:
+        return object.__getattribute__(loader, "base_dataloader")
+    except AttributeError:
+        return None
+
+
+def rebuilt(source: Any, base: torch.utils.data.DataLoader) -> Any:
+    """A ``stoker.DataLoader`` with ``base``'s torch arguments and ``source``'s stoker ones."""
+    from stoker.loader import DataLoader
+
+    kwargs: dict[str, Any] = {
+        name: getattr(base, name)
+        for name in ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+                     "multiprocessing_context", "generator", "prefetch_factor",
+                     "persistent_workers", "pin_memory_device", "in_order")
+    }
+    if base.batch_size is None and base._auto_collation:  # built with batch_sampler=
+        kwargs["batch_sampler"] = base.batch_sampler
+    else:
+        kwargs.update(batch_size=base.batch_size, drop_last=base.drop_last)
+        if not isinstance(base.dataset, torch.utils.data.IterableDataset):
+            kwargs["sampler"] = base.sampler
+    for name in stoker_arguments():
+        kwargs[name] = getattr(source, name)
+    kwargs["shard"] = False  # Accelerate's batch sampler already shards
+    return DataLoader(base.dataset, **kwargs)
+
+
+@functools.cache
+def stoker_arguments() -> tuple[str, ...]:
+    """stoker.DataLoader's constructor arguments that torch's DataLoader does not have."""
+    from stoker.loader import DataLoader
+
+    ours = inspect.signature(DataLoader.__init__).parameters
+    torch_own = inspect.signature(torch.utils.data.DataLoader.__init__).parameters
+    return tuple(name for name in ours if name not in torch_own)
+
+
+def adopt(source: Any, prepared: Any, what: str) -> Any:
+    """Put a stoker loader under what Accelerate returned for ``source``."""
+    if type(prepared) is torch.utils.data.DataLoader:
+        return rebuilt(source, prepared)
+    base = _base_of(prepared)
+    if isinstance(base, torch.utils.data.DataLoader) and stoker_source(base) is None:
+        prepared.base_dataloader = rebuilt(source, base)
+        if hasattr(prepared, "dl_state_dict"):
+            prepared.dl_state_dict = prepared.base_dataloader.state_dict()
+        return prepared
+    if stoker_source(prepared) is None:
+        warn_bypassed(what, type(prepared).__name__)
+    return prepared
+
+
+def warn_bypassed(what: str, got: str) -> None:
+    """Once per call site kind: stoker's engine no longer runs under this loader."""
+    if what in _warned:
+        return
+    _warned.add(what)
+    warnings.warn(
+        f"{what} replaced a stoker.DataLoader with Accelerate's {got}, which stoker cannot "
+        "rebuild: batches now come from torch's DataLoader, without stoker's engine "
+        "(loader.stats() stays at 0). Iterate the stoker loader yourself (skip "
+        "accelerator.prepare for it and move batches with accelerator.device), or report "
+        "this Accelerate version to stoker.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def _wrap(original: Any, what: str) -> Any:
+    if getattr(original, "__stoker_wrapped__", False):
+        return original
+
+    @functools.wraps(original)
+    def wrapper(dataloader: Any, *args: Any, **kwargs: Any) -> Any:
+        prepared = original(dataloader, *args, **kwargs)
+        source = stoker_source(dataloader)
+        return prepared if source is None else adopt(source, prepared, what)
+
+    wrapper.__stoker_wrapped__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _hook_adapter(adapter_cls: Any) -> None:
+    """Every ``DataLoaderAdapter`` (``DataLoaderShard``, ``DataLoaderDispatcher``,
+    ``SkipDataLoader``) built over a stoker loader's dataset gets a stoker base loader, however
+    the function that built it was imported."""
+    init = adapter_cls.__init__
+    if getattr(init, "__stoker_wrapped__", False):
+        return
+
+    @functools.wraps(init)
+    def __init__(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, dataset, *args, **kwargs)
+        source = _loader_of(dataset)
+        if source is not None:
+            adopt(source, self, f"accelerate's {type(self).__name__}")
+
+    __init__.__stoker_wrapped__ = True  # type: ignore[attr-defined]
+    adapter_cls.__init__ = __init__
+
+
+def install(module: ModuleType) -> None:
+    """Wrap ``module``'s (``accelerate.data_loader``) functions and every binding of them."""
+    adapter = getattr(module, "DataLoaderAdapter", None)
+    if adapter is not None:
+        _hook_adapter(adapter)
+    for name in _WRAPPED:
+        original = getattr(module, name, None)
+        if original is None:
+            warn_bypassed(f"accelerate.{name}", "(missing function)")
+            continue
+        wrapped = _wrap(original, f"accelerate's {name}()")
+        for binder in _BINDERS:
+            mod = sys.modules.get(binder)
+            if mod is not None and getattr(mod, name, None) is original:
+                setattr(mod, name, wrapped)
+        setattr(module, name, wrapped)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Wraps the functions the moment ``accelerate.data_loader`` has run, before any
+    ``from .data_loader import prepare_data_loader`` binds the unwrapped one."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _TARGET:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_and_install(module: ModuleType) -> None:
+            exec_module(module)
+            install(module)
+
+        loader.exec_module = exec_and_install  # type: ignore[method-assign]
+        return spec
+
+
+def register() -> None:
+    """Called by ``import stoker``: install now if Accelerate is loaded, else when it is."""
+    if _TARGET in sys.modules:
+        install(sys.modules[_TARGET])
+    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())

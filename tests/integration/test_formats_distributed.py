@@ -1,0 +1,118 @@
+"""Every record-format reader under a real process group: 3 gloo ranks x 2 forked workers
+each, ``stoker.DataLoader(shard=True, shard_even="exact")`` with a collective in every step.
+Together the ranks read each sample of the dataset exactly once, every rank takes the same
+number of steps, and the second epoch is a different shuffle. Results travel back as JSON
+files; the assertions run here, in the parent (the launcher of test_distributed.py)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from _format_files import N, expected, readers, write_all
+from test_distributed import COLLECTIVE_TIMEOUT_S, _free_port
+
+import stoker
+
+WORLD = 3
+READERS = ["tar", "parquet", "arrow", "tfrecord", "lmdb", "image_folder"]
+LAUNCH_DEADLINE_S = 90.0
+
+
+class _FirstColumn(torch.utils.data.Dataset[torch.Tensor]):
+    """The image folder's (bytes, label) as the common tensor sample."""
+
+    def __init__(self, folder: Any) -> None:
+        self.folder = folder
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        from _format_files import from_image
+
+        return from_image(self.folder[i])
+
+
+def _read(name: str, root: str) -> dict[str, Any]:
+    dataset = readers(root)[name]()
+    if name == "image_folder":
+        dataset = _FirstColumn(dataset)
+    loader = stoker.DataLoader(
+        dataset, batch_size=2, shuffle=True, shard=True, shard_even="exact", num_workers=2,
+        generator=torch.Generator().manual_seed(3), timeout=COLLECTIVE_TIMEOUT_S,
+        persistent_workers=True,
+    )
+    epochs = []
+    for _ in range(2):
+        rows: list[list[int]] = []
+        steps = 0
+        for batch in loader:
+            real = [] if isinstance(batch, stoker.EndOfData) else batch.tolist()
+            dist.all_reduce(torch.tensor([1]))  # would time out if a rank stopped early
+            rows += real
+            steps += 1
+        epochs.append({"rows": rows, "steps": steps})
+    return {"epochs": epochs}
+
+
+def _rank_main(rank: int, world: int, port: int, root: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+        timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+    )
+    try:
+        result = {name: _read(name, root) for name in READERS}
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    import test_distributed
+
+    root = tmp_path_factory.mktemp("formats")
+    write_all(str(root))
+    out = root / "out"
+    out.mkdir()
+    args = (WORLD, _free_port(), str(root), str(out))
+    ctx = torch.multiprocessing.start_processes(
+        _rank_main, args=args, nprocs=WORLD, join=False, start_method="fork")
+    import time
+
+    deadline = time.monotonic() + LAUNCH_DEADLINE_S
+    try:
+        while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{WORLD} ranks still running after {LAUNCH_DEADLINE_S} s")
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(timeout=10)
+            proc.close()
+    del test_distributed
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("name", READERS)
+def test_ranks_read_every_sample_once_in_equal_steps(ranks: list[dict[str, Any]],
+                                                     name: str) -> None:
+    orders = []
+    for epoch in range(2):
+        per_rank = [r[name]["epochs"][epoch] for r in ranks]
+        assert len({r["steps"] for r in per_rank}) == 1, [r["steps"] for r in per_rank]
+        rows = [row for r in per_rank for row in r["rows"]]
+        assert len(rows) == N, "a sample was lost or read twice"
+        assert sorted(rows) == sorted(expected(name))
+        assert all(r["rows"] for r in per_rank), "a rank read nothing"
+        orders.append([row[0] for r in per_rank for row in r["rows"]])
+    assert orders[0] != orders[1], "epoch 1 repeated epoch 0's order"

@@ -1,0 +1,69 @@
+"""Every reader over the same dataset written with its format's own writer (real files): it
+gives exactly the dataset's samples, in order, and indexes like a list."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
+from _format_files import N, expected, sample_of, write_all  # noqa: E402
+
+from stoker.errors import ShardError  # noqa: E402
+
+READERS = ["tar", "parquet", "arrow", "tfrecord", "lmdb", "image_folder"]
+
+
+@pytest.fixture(scope="module")
+def readers(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return write_all(str(tmp_path_factory.mktemp("formats")))
+
+
+@pytest.mark.parametrize("name", READERS)
+def test_reader_gives_exactly_the_datasets_samples(readers: dict, name: str) -> None:
+    dataset = readers[name]()
+    assert len(dataset) == N
+    assert [sample_of(name, dataset, i) for i in range(N)] == expected(name)
+    assert sample_of(name, dataset, -1) == expected(name)[-1]
+    shuffled = [7, 0, 22, 3, 19, 11, 12]  # across files, row groups and back
+    assert [sample_of(name, dataset, i) for i in shuffled] == [expected(name)[i] for i in shuffled]
+    with pytest.raises(IndexError):
+        dataset[N]
+
+
+def test_tfrecord_without_index_says_how_to_make_one(readers: dict, tmp_path: Path) -> None:
+    from stoker.formats import TFRecordDataset
+
+    path = str(tmp_path / "x.tfrecord")
+    with pytest.raises(FileNotFoundError) as info:
+        TFRecordDataset(path)
+    assert str(info.value) == (
+        f"{path}: no record index at {path}.index; random access needs one: python -m "
+        f"tfrecord.tools.tfrecord2idx {path} {path}.index"
+    )
+
+
+def test_damaged_tfrecord_is_named_with_its_record(readers: dict, tmp_path: Path) -> None:
+    import shutil
+
+    from stoker.formats import TFRecordDataset
+
+    copies = []
+    for source in readers["tfrecord"]().paths:  # damage copies: the fixture's files stay whole
+        copies.append(str(tmp_path / Path(source).name))
+        shutil.copy(source, copies[-1])
+        shutil.copy(source + ".index", copies[-1] + ".index")
+    dataset = TFRecordDataset(copies)
+    path = dataset.paths[1]
+    raw = bytearray(Path(path).read_bytes())
+    offset, length = (int(x) for x in dataset.offsets[1][2])
+    raw[offset + length - 6] ^= 0x55  # inside record 2's data
+    Path(path).write_bytes(bytes(raw))
+    with pytest.raises(ShardError) as info:
+        dataset[14]
+    assert str(info.value) == (
+        f"{path}: record 2 (sample 14, bytes {offset}..{offset + length}) is damaged: the CRC "
+        "of its data does not match; the file or its index changed: re-create them"
+    )

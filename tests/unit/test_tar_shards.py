@@ -1,0 +1,237 @@
+"""Tar shards on real files: the index built by scanning, the map-style reader, and the errors
+a truncated or corrupted shard gives (whole messages). No processes: shards are written here
+with the stdlib's tarfile, as another tool (WebDataset's writer) would write them."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from stoker.formats import ShardError, TarShards, index_shard
+from stoker.formats._common import require
+from stoker.formats.tar_index import index_path, split_name
+from stoker.storage import LocalSource
+
+# sample key -> {field: bytes}; one shard holds samples in this order
+SAMPLES = [
+    (f"dir/s{i:03d}", {"jpg": bytes([i]) * (100 + 37 * i), "cls": str(i % 3).encode()})
+    for i in range(11)
+]
+
+
+def write_tar(path: Path, samples: list[tuple[str, dict[str, bytes]]]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for key, fields in samples:
+            for ext, data in fields.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def expected(samples: list[tuple[str, dict[str, bytes]]], shard: Path) -> list[dict]:
+    return [{"__key__": k, "__url__": str(shard), **f} for k, f in samples]
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> list[Path]:
+    return [
+        write_tar(tmp_path / "a.tar", SAMPLES[:4]),
+        write_tar(tmp_path / "b.tar", SAMPLES[4:5]),
+        write_tar(tmp_path / "c.tar", SAMPLES[5:]),
+    ]
+
+
+def test_split_name_is_webdatasets_rule() -> None:
+    assert split_name("a/b.c/x.seg.png") == ("a/b.c/x", "seg.png")
+    assert split_name("plain") == ("plain", "")
+
+
+def test_unindexed_shards_are_scanned_and_read_exactly(shards: list[Path]) -> None:
+    ds = TarShards([str(s) for s in shards])
+    assert len(ds) == len(SAMPLES)
+    got = [ds[i] for i in range(len(ds))]
+    want = expected(SAMPLES[:4], shards[0]) + expected(SAMPLES[4:5], shards[1]) + expected(
+        SAMPLES[5:], shards[2])
+    assert got == want
+    assert ds[-1] == want[-1]
+    with pytest.raises(IndexError, match="sample index 11 out of range for 11 samples"):
+        ds[11]
+
+
+def test_sidecar_index_is_used_and_locates_samples(shards: list[Path]) -> None:
+    tables = [index_shard(str(s)) for s in shards]
+    assert all(Path(index_path(str(s))).exists() for s in shards)
+    ds = TarShards([str(s) for s in shards])
+    assert [s.samples for s in ds.shards] == [4, 1, 6]
+    assert [s.size_bytes for s in ds.shards] == [s.stat().st_size for s in shards]
+    loc = ds.locate(5)
+    assert (loc.shard, loc.key) == (str(shards[2]), "dir/s005")
+    raw = shards[2].read_bytes()
+    for ext, (offset, size) in loc.fields.items():
+        assert raw[offset : offset + size] == SAMPLES[5][1][ext]
+    assert raw[loc.offset : loc.offset + loc.length].startswith(SAMPLES[5][1]["jpg"])
+    assert tables[0].meta == {}
+
+
+def test_transform_is_applied(shards: list[Path]) -> None:
+    ds = TarShards(str(shards[0]), transform=lambda s: int(s["cls"]))
+    assert [ds[i] for i in range(4)] == [0, 1, 2, 0]
+
+
+def test_corrupted_member_is_named_with_its_sample(shards: list[Path]) -> None:
+    index_shard(str(shards[2]))
+    raw = bytearray(shards[2].read_bytes())
+    loc = TarShards(str(shards[2])).locate(2)
+    offset = loc.fields["jpg"][0]
+    raw[offset] ^= 0xFF
+    shards[2].write_bytes(bytes(raw))
+    ds = TarShards(str(shards[2]))
+    assert ds[1]["__key__"] == "dir/s006"  # other samples still read
+    with pytest.raises(ShardError) as info:
+        ds[2]
+    good = TarShards(str(shards[2]), verify_crc=False).read(2)["jpg"]
+    import zlib
+
+    assert str(info.value) == (
+        f"{shards[2]}: sample 2 (key 'dir/s007'), member dir/s007.jpg: CRC-32 "
+        f"{zlib.crc32(good):08x}, the index says {zlib.crc32(SAMPLES[7][1]['jpg']):08x}: the "
+        "shard was corrupted or changed after it was indexed; re-create it"
+    )
+
+
+def test_truncated_shard_without_index_is_named_at_scan(shards: list[Path]) -> None:
+    raw = shards[2].read_bytes()
+    start = TarShards(str(shards[2])).locate(3).offset  # sample 3's image data
+    shards[2].write_bytes(raw[: start + 10])
+    with pytest.raises(ShardError) as info:
+        TarShards([str(s) for s in shards])
+    assert str(info.value) == (
+        f"{shards[2]}: truncated tar shard: sample 3 (key 'dir/s008') ends at byte "
+        f"{start + len(SAMPLES[8][1]['jpg'])}, the file has {start + 10} bytes; re-create it "
+        "(stoker pack redoes an unfinished shard)"
+    )
+    shards[2].write_bytes(raw[: start - 100])  # inside that member's header
+    with pytest.raises(ShardError) as info:
+        TarShards([str(s) for s in shards])
+    # tarfile itself stops quietly at a header cut short: the missing end marker tells
+    header = start - 512
+    assert str(info.value) == _no_end(shards[2], header, start - 100)
+    raw = bytearray(raw)
+    raw[header + 148 : header + 156] = b"9999999\0"  # a header whose checksum is wrong
+    shards[2].write_bytes(bytes(raw))
+    with pytest.raises(ShardError) as info:
+        TarShards([str(s) for s in shards])
+    assert str(info.value) == _no_end(shards[2], header, len(raw))
+
+
+def _no_end(shard: Path, offset: int, size: int) -> str:
+    return (
+        f"{shard}: truncated or corrupted tar shard: neither a valid member header nor the "
+        f"end-of-archive marker at byte {offset}, after sample 2 (key 'dir/s007') (the file "
+        f"has {size} bytes); re-create it (stoker pack redoes an unfinished shard)"
+    )
+
+
+class RangeOnly(LocalSource):
+    """Local files reached only by read/read_range, as an object store's are."""
+
+    def local_path(self, path: str) -> None:
+        return None
+
+
+def test_truncated_shard_with_manifest_is_named(tmp_path: Path, shards: list[Path]) -> None:
+    for s in shards:
+        index_shard(str(s))
+    sizes = [s.stat().st_size for s in shards]
+    manifest = {
+        "format": "stoker-tar-shards", "version": 1, "samples": 11,
+        "shards": [{"path": s.name, "samples": n, "size_bytes": b}
+                   for s, n, b in zip(shards, [4, 1, 6], sizes, strict=True)],
+    }
+    (tmp_path / "index.json").write_text(json.dumps(manifest))
+    assert len(TarShards(str(tmp_path))) == 11
+    assert len(TarShards(str(tmp_path), source=RangeOnly())) == 11
+    shards[1].write_bytes(shards[1].read_bytes()[:700])
+    message = (
+        f"{tmp_path}/b.tar: the shard is 700 bytes and its index has 1 samples; the index "
+        f"says {sizes[1]} bytes and the manifest 1 samples: the shard changed or was "
+        "truncated after it was indexed; re-create it (stoker pack redoes an unfinished shard)"
+    )
+    with pytest.raises(ShardError) as info:  # local sidecars are read at open
+        TarShards(str(tmp_path))
+    assert str(info.value) == message
+    remote = TarShards(str(tmp_path), source=RangeOnly())  # remote ones on first use
+    assert remote[0]["__key__"] == "dir/s000" and remote[10]["__key__"] == "dir/s010"
+    assert remote[0] == TarShards([str(s) for s in shards[:1]])[0]
+    with pytest.raises(ShardError) as info:
+        remote[4]
+    assert str(info.value) == message
+
+
+def test_not_a_manifest_says_what_was_expected(tmp_path: Path) -> None:
+    (tmp_path / "index.json").write_text('{"format": "other"}')
+    with pytest.raises(ShardError) as info:
+        TarShards(str(tmp_path))
+    assert str(info.value) == (
+        f"{tmp_path}/index.json: not a stoker shard manifest (ValueError: format is 'other'); "
+        "expected the index.json that `stoker pack` writes, or pass the list of shard paths "
+        "instead"
+    )
+
+
+def test_missing_extra_says_how_to_install() -> None:
+    with pytest.raises(ImportError) as info:
+        require("no_such_module_here", "parquet", "stoker.formats.ParquetDataset")
+    assert str(info.value) == (
+        "stoker.formats.ParquetDataset needs the 'no_such_module_here' package, which is not "
+        "installed. Install it with: pip install 'stoker[parquet]'"
+    )
+
+
+# -- TarShardStream: the iterable reader for shards without an index --------------------------
+
+
+def _keys(stream: object) -> list[str]:
+    return [s["__key__"] for s in stream]  # type: ignore[attr-defined]
+
+
+def test_stream_yields_every_sample_once_shuffled_per_epoch(shards: list[Path]) -> None:
+    from stoker.formats import TarShardStream
+
+    stream = TarShardStream([str(s) for s in shards], shuffle_buffer=4, seed=1)
+    first = _keys(stream)
+    assert sorted(first) == [k for k, _ in SAMPLES]
+    assert _keys(stream) == first, "same seed and epoch: same order"
+    stream.set_epoch(1)
+    second = _keys(stream)
+    assert sorted(second) == sorted(first) and second != first
+    by_key = {k: f for k, f in SAMPLES}
+    assert all(s["jpg"] == by_key[s["__key__"]]["jpg"] for s in stream)
+
+
+def test_stream_without_buffer_keeps_each_shard_in_order(shards: list[Path]) -> None:
+    from stoker.formats import TarShardStream
+
+    keys = _keys(TarShardStream([str(s) for s in shards], shuffle_buffer=0, seed=3))
+    runs = [[k for k, _ in SAMPLES[:4]], [k for k, _ in SAMPLES[4:5]], [k for k, _ in SAMPLES[5:]]]
+    starts = sorted(runs, key=lambda run: keys.index(run[0]))
+    assert keys == [k for run in starts for k in run]
+
+
+def test_stream_names_a_truncated_shard(shards: list[Path]) -> None:
+    from stoker.formats import TarShardStream
+
+    raw = shards[0].read_bytes()
+    shards[0].write_bytes(raw[:1000])
+    with pytest.raises(ShardError) as info:
+        list(TarShardStream([str(shards[0])]))
+    assert str(info.value) == (  # the header of sample 1 fits, its data is cut
+        f"{shards[0]}: not a readable tar shard: unexpected end of data after sample 0 (key "
+        "'dir/s000'); the file is truncated or corrupted: re-create it (stoker pack redoes an "
+        "unfinished shard)"
+    )
