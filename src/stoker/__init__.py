@@ -21,6 +21,7 @@ from stoker.errors import (
 from stoker.loader import DataLoader
 from stoker.mix import Mix
 from stoker.sampling.sample_rng import sample_generator, sample_rng, sample_seed
+from stoker.stateful import StatefulDataLoader
 from stoker.workers.worker_info import get_worker_info
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "ShardError",
     "SkipBudgetExceeded",
     "StallWarning",
+    "StatefulDataLoader",
     "StokerError",
     "WorkerDiedError",
     "WorkerError",

@@ -40,6 +40,7 @@ PUBLIC = {
     "ShardError": "exception",
     "SkipBudgetExceeded": "exception",
     "StallWarning": "warning",
+    "StatefulDataLoader": "class",
     "StokerError": "exception",
     "WorkerDiedError": "exception",
     "WorkerError": "exception",
@@ -56,6 +57,7 @@ PUBLIC = {
 
 # stoker.DataLoader's own keyword-only arguments (after torch's) and their defaults, in order.
 EXTRAS = {
+    "snapshot_every_n_steps": 1,  # torchdata StatefulDataLoader's (accepted, changes nothing)
     "seeding": "per_batch",
     "stall_warning_s": 300.0,
     "shard": False,
@@ -186,6 +188,11 @@ def _params(fn: object) -> list[inspect.Parameter]:
 
 def test_dataloader_is_a_torch_dataloader():
     assert issubclass(stoker.DataLoader, torch.utils.data.DataLoader)
+
+
+def test_stateful_dataloader_is_stokers_dataloader_under_torchdatas_name():
+    assert issubclass(stoker.StatefulDataLoader, stoker.DataLoader)
+    assert _params(stoker.StatefulDataLoader.__init__) == _params(stoker.DataLoader.__init__)
 
 
 def test_torch_parameters_keep_torchs_names_order_kinds_and_defaults():

@@ -56,6 +56,8 @@ class LoaderStats:
     batched: int = 0  # batches fetched whole, not sample by sample (NOTE [ Vectorised fetch ])
     # num_workers > 0, yet loaded in the calling thread (NOTE [ Gathers need no workers ])
     inline: bool = False
+    # worker_type="thread": fetches ran on threads of the training process, not in workers
+    threads: bool = False
     # Batches a worker left without tasks took from another's queue (NOTE [ Idle workers take
     # queued tasks ]), and how many of those the first worker had already started (loaded twice).
     tasks_moved: int = 0

@@ -219,8 +219,14 @@ class BaseIterator:
         prefix = resume["batches"]
         self._skip = set(resume["extra_batches"])
         if self._fetch_spec.kind == "iterable":
-            if resume.get("dataset_state_covers_position") and self._num_workers == 0:
-                return  # the dataset's own load_state_dict already moved it past them
+            covered = resume.get("dataset_state_covers_position") or (
+                resume.get("dataset_iter_state") is not None
+            )
+            if covered and self._num_workers == 0:
+                # Its own load_state_dict (dataset's or iterator's) moved it past them; the
+                # positions (and so the per-batch seeds) continue where they were.
+                self._position = prefix
+                return
             # An iterable cannot seek: read the delivered batches again and drop them.
             self._drop_below, self._drop_set, self._skip = prefix, self._skip, set()
             if prefix or self._drop_set:

@@ -40,6 +40,7 @@ class StatsAccumulator:
         self.fetch_queued_s = 0.0
         self.batched = 0
         self.inline = False
+        self.threads = False
         self.tasks_moved = 0
         self.tasks_loaded_twice = 0
         self.concurrency: dict[int, int] = {}
@@ -111,6 +112,7 @@ class StatsAccumulator:
             device_wait_s=self.device_wait_s, device_bytes=self.device_bytes,
             device_batches=self.device_batches, fetch_queued_s=self.fetch_queued_s,
             cpu_steal_share=self._steal_share(), batched=self.batched, inline=self.inline,
+            threads=self.threads,
             tasks_moved=self.tasks_moved, tasks_loaded_twice=self.tasks_loaded_twice,
             concurrency=tuple(self.concurrency[w] for w in sorted(self.concurrency)),
             tuner=tuple(self.tuner),
