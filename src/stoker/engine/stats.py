@@ -16,6 +16,8 @@ from stoker.workers.protocol import BatchReport
 class StatsAccumulator:
     """One per loader; iterators add to it. Worker figures arrive with each batch."""
 
+    measures = True
+
     def __init__(self, num_workers: int) -> None:
         self.num_workers = num_workers
         self.batches = 0
@@ -30,6 +32,13 @@ class StatsAccumulator:
         self.pack_s = 0.0
         self.unpack_s = 0.0
         self.pin_s = 0.0
+        # device= (NOTE [ Batches on the device ]): CPU time queuing copies, device time of
+        # the copies and of the consumer's stream waiting for them, bytes and batches copied.
+        self.to_device_s = 0.0
+        self.device_copy_s = 0.0
+        self.device_wait_s = 0.0
+        self.device_bytes = 0
+        self.device_batches = 0
         self.fetch_queued_s = 0.0
         self.batched = 0
         self.inline = False
@@ -101,7 +110,9 @@ class StatsAccumulator:
             num_workers=self.num_workers, wait_s=self.wait_s, loop_s=self.loop_s,
             fetch_wall_s=self.fetch_wall_s, fetch_cpu_s=self.fetch_cpu_s,
             collate_s=self.collate_s, pack_s=self.pack_s, unpack_s=self.unpack_s,
-            pin_s=self.pin_s, fetch_queued_s=self.fetch_queued_s,
+            pin_s=self.pin_s, to_device_s=self.to_device_s, device_copy_s=self.device_copy_s,
+            device_wait_s=self.device_wait_s, device_bytes=self.device_bytes,
+            device_batches=self.device_batches, fetch_queued_s=self.fetch_queued_s,
             cpu_steal_share=self._steal_share(), batched=self.batched, inline=self.inline,
             threads=self.threads,
             tasks_moved=self.tasks_moved, tasks_loaded_twice=self.tasks_loaded_twice,
@@ -120,6 +131,8 @@ class StatsAccumulator:
 class NoStats(StatsAccumulator):
     """``collect_stats=False``: the main process measures nothing per batch (the workers
     still time their fetches: their concurrency tuner needs it)."""
+
+    measures = False
 
     def entered_next(self) -> float:
         return 0.0
