@@ -257,7 +257,7 @@ def test_extra_is_documented(name):
 
 # Public subpackages whose own __all__ is part of the API. name -> locked __all__.
 SUBPACKAGES = {
-    "image": ["random_resized_crop_box"],
+    "image": ["DecodeImages", "random_resized_crop_box"],
 }
 
 

@@ -96,3 +96,31 @@ def test_a_batch_on_another_device_is_refused():
 def test_a_bad_device_index_is_refused():
     with pytest.raises(stoker.DeviceUnavailableError, match="this process sees"):
         stoker.DataLoader([1], device=f"cuda:{torch.cuda.device_count()}")
+
+
+def test_gpu_decode_matches_the_cpu_path_within_decoder_rounding():
+    pytest.importorskip("torchvision", reason="GPU decoding needs torchvision")
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from stoker.device import feed
+    from stoker.image import DecodeImages
+
+    jpegs = []
+    for k in range(6):
+        pixels = np.random.default_rng(k).integers(0, 256, (200 + k, 300, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="JPEG", quality=95)
+        jpegs.append(buf.getvalue())
+    outs = []
+    for decode_on in ("cuda", "cpu"):
+        feed._BATCH.seed, feed._BATCH.device = 7, torch.device("cuda", 0)
+        try:
+            outs.append(DecodeImages(size=64, decode_on=decode_on)(jpegs))
+        finally:
+            feed._BATCH.seed = feed._BATCH.device = None
+    gpu, cpu = outs
+    assert gpu.device.type == cpu.device.type == "cuda" and gpu.shape == (6, 3, 64, 64)
+    assert (gpu.int() - cpu.int()).abs().float().mean() < 3  # same crops, decoders round apart

@@ -1,6 +1,7 @@
 """The fast image path: crop boxes drawn like torchvision's ``RandomResizedCrop``, and JPEG
 decode at reduced scale with crop, resize and flip fused, written straight into a batch."""
 
+from stoker.device.decode import DecodeImages
 from stoker.image.crops import random_resized_crop_box
 
-__all__ = ["random_resized_crop_box"]
+__all__ = ["DecodeImages", "random_resized_crop_box"]
