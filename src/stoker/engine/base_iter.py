@@ -23,7 +23,7 @@ from stoker.device.attach import host_pins_for, make_feed
 from stoker.device.pin import pin_batch, pin_target
 from stoker.engine.progress import EpochProgress
 from stoker.engine.skips import SkipLedger
-from stoker.profile.ranges import PIN, WAIT, stage_range
+from stoker.profile.ranges import PIN, WAIT, profiling, stage_range
 from stoker.sampling.datapipes import draw_shared_seed, is_iter_datapipe, seed_group
 from stoker.sampling.dataset_rngs import find_dataset_rngs, warn_shared_rngs
 from stoker.sampling.fast_batches import fast_iter
@@ -310,11 +310,17 @@ class BaseIterator:
     def _next_data(self) -> Any:
         raise NotImplementedError
 
+    def _next_batch(self) -> Any:
+        return self.next_host() if self._feed is None else self._feed.next()
+
     def __next__(self) -> Any:
         entered = self._stats.entered_next()
         try:
-            with stage_range(WAIT):  # a torch.profiler range only while one records
-                data = self.next_host() if self._feed is None else self._feed.next()
+            if profiling():  # a torch.profiler range only while one records
+                with stage_range(WAIT):
+                    data = self._next_batch()
+            else:
+                data = self._next_batch()
         except StopIteration:
             if self._steps_target is not None and self._num_yielded < self._steps_target:
                 return self._end_of_data()

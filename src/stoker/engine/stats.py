@@ -6,6 +6,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from torch import Tensor
+
 from stoker._core.stats import LoaderStats, TunerEvent
 from stoker.profile.events import EventRecorder
 from stoker.workers.protocol import BatchReport
@@ -164,18 +166,26 @@ def machine_steal() -> tuple[int, int] | None:
 
 
 def batch_samples(data: Any) -> int:
-    """Samples in a delivered batch: the first dimension of its first tensor, else 1."""
-    import torch
+    """Samples in a delivered batch: the first dimension of its first tensor (depth first, in
+    order), the length of its first list of plain values, else 1. Per batch, so it returns
+    at the first leaf it can size instead of walking the batch."""
+    n = _first_size(data)
+    return 1 if n is None else n
 
-    stack = [data]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            return int(item.size(0)) if item.dim() else 1  # size(0): nested tensors too
-        if isinstance(item, dict):
-            stack.extend(reversed(list(item.values())))
-        elif isinstance(item, (list, tuple)) and item:
-            if isinstance(item[0], (str, bytes, int, float)):
-                return len(item)
-            stack.extend(reversed(item))
-    return 1
+
+def _first_size(item: Any) -> int | None:
+    if isinstance(item, Tensor):
+        return int(item.size(0)) if item.dim() else 1  # size(0): nested tensors too
+    if isinstance(item, dict):
+        values: Any = item.values()
+    elif isinstance(item, (list, tuple)) and item:
+        if isinstance(item[0], (str, bytes, int, float)):
+            return len(item)
+        values = item
+    else:
+        return None
+    for value in values:
+        n = _first_size(value)
+        if n is not None:
+            return n
+    return None
