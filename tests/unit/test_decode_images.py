@@ -14,8 +14,8 @@ from PIL import Image
 
 import stoker
 from stoker.device import feed
-from stoker.device.decode import DecodeImages
 from stoker.image import random_resized_crop_box
+from stoker.image.gpu_decode import DecodeImages
 
 
 def encoded(h: int, w: int, fmt: str = "PNG", seed: int = 0) -> bytes:

@@ -1,7 +1,7 @@
 """The fast image path: crop boxes drawn like torchvision's ``RandomResizedCrop``, and JPEG
 decode at reduced scale with crop, resize and flip fused, written straight into a batch."""
 
-from stoker.device.decode import DecodeImages
 from stoker.image.crops import random_resized_crop_box
+from stoker.image.gpu_decode import DecodeImages
 
 __all__ = ["DecodeImages", "random_resized_crop_box"]
