@@ -13,7 +13,8 @@ from typing import Any
 
 from stoker.doctor.diagnose import Kind
 
-THREAD_SAFE_PROMISE = "opt-in: only if your __getitem__ is thread-safe"
+THREAD_SAFE_PROMISE = ("opt-in: only if your __getitem__ is thread-safe and draws randomness "
+                       "only from stoker.sample_rng()")
 
 
 @dataclass(frozen=True)
