@@ -4,10 +4,16 @@ from stoker import formats, image, sharing
 from stoker.collate import default_collate, default_convert
 from stoker.distributed import EndOfData
 from stoker.errors import (
+    BatchDeviceError,
+    CopyOnReadWarning,
+    CudaInWorkersError,
+    DeviceUnavailableError,
     LoaderTimeoutError,
     MixedDeviceError,
     RemoteTraceback,
+    ShardError,
     SkipBudgetExceeded,
+    StallWarning,
     StokerError,
     WorkerDiedError,
     WorkerError,
@@ -15,16 +21,24 @@ from stoker.errors import (
 from stoker.loader import DataLoader
 from stoker.mix import Mix
 from stoker.sampling.sample_rng import sample_generator, sample_rng, sample_seed
+from stoker.stateful import StatefulDataLoader
 from stoker.workers.worker_info import get_worker_info
 
 __all__ = [
+    "BatchDeviceError",
+    "CopyOnReadWarning",
+    "CudaInWorkersError",
     "DataLoader",
+    "DeviceUnavailableError",
     "EndOfData",
     "LoaderTimeoutError",
     "Mix",
     "MixedDeviceError",
     "RemoteTraceback",
+    "ShardError",
     "SkipBudgetExceeded",
+    "StallWarning",
+    "StatefulDataLoader",
     "StokerError",
     "WorkerDiedError",
     "WorkerError",

@@ -8,8 +8,16 @@
      │         ├── LoaderTimeoutError   no batch within ``timeout`` seconds (torch's message)
      │         ├── SkipBudgetExceeded   on_error="skip" skipped more samples than allowed
      │         ├── MixedDeviceError     a batch's samples are on different devices
-     │         └── ShardError           a shard or record file is not what its index says
-     └── RemoteTraceback                the worker-side traceback, chained as ``__cause__``
+     │         ├── CudaInWorkersError   the loader would carry CUDA into worker processes
+     │         ├── ShardError           a shard or record file is not what its index says
+     │         ├── DeviceUnavailableError  device= names a device this process cannot use
+     │         └── BatchDeviceError     device=: a batch holds a tensor on another accelerator
+     │    (the last two are ValueErrors too)
+     ├── RemoteTraceback                the worker-side traceback, chained as ``__cause__``
+     └── Warning
+          └── UserWarning
+               ├── StallWarning         no batch for ``stall_warning_s``; the loader waits on
+               └── CopyOnReadWarning    a worker's private memory grows steadily
 """
 
 from __future__ import annotations
@@ -83,3 +91,27 @@ class MixedDeviceError(StokerError):
 class ShardError(StokerError):
     """A shard (or record file) cannot be read as its index says: truncated, corrupted, or
     changed after the index was built. The message names the file and the sample."""
+
+
+class CudaInWorkersError(StokerError):
+    """The loader would carry CUDA into worker processes, where it cannot work."""
+
+
+class DeviceUnavailableError(StokerError, ValueError):
+    """``DataLoader(device=...)`` names a device this process cannot use."""
+
+
+class BatchDeviceError(StokerError, ValueError):
+    """With ``device=``, a batch holds a tensor on another accelerator than that device."""
+
+
+class StallWarning(UserWarning):
+    """No batch arrived for longer than ``stall_warning_s``; the loader keeps waiting."""
+
+
+class CopyOnReadWarning(UserWarning):
+    """A DataLoader worker's private memory grows steadily (most often copy-on-read).
+
+    A ``UserWarning`` rather than a ``ResourceWarning``: Python's default filters hide every
+    ``ResourceWarning``, and this one is meant to be seen.
+    """

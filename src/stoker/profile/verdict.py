@@ -36,6 +36,10 @@ def _why(s: LoaderStats, total: float) -> str:
     work = s.fetch_cpu_s + s.collate_s + s.pack_s
     waiting, queued = _fetch_waiting(s)
     conc = max(s.concurrency) if s.concurrency else 1
+    if s.threads and conc == 1:
+        # Threads wait for the GIL (held by the loop collating, or each other): that is not
+        # I/O. The tuner, which raised concurrency for fetches that truly wait, already knows.
+        return _why_threads(s, total)
     if waiting > 0.5 and conc == 1:
         # One fetch at a time (torch's way): threads need the user's promise of thread-safety.
         gain = 1.0 / max(1e-9, 1.0 - waiting)
@@ -49,6 +53,8 @@ def _why(s: LoaderStats, total: float) -> str:
         return ("batches are array gathers done in the training process (worker_type='auto': "
                 "cheaper than receiving them from workers); the gathers themselves are the "
                 "cost: use larger batches, or worker_type='process' to move them off this thread")
+    if s.threads:
+        return _why_threads(s, total)
     if s.num_workers == 0:
         return ("batches are loaded in the training process (num_workers=0); "
                 f"set num_workers to use the machine's {_cores()} cores")
@@ -71,6 +77,17 @@ def _why(s: LoaderStats, total: float) -> str:
     return (f"the {s.num_workers} workers are CPU-bound (busy {busy:.0%}) and the machine has "
             f"{_cores()} cores; make __getitem__ cheaper (faster decoding, smaller images)"
             + steal)
+
+
+def _why_threads(s: LoaderStats, total: float) -> str:
+    """worker_type="thread": the fetch threads live in the training process. Their Python
+    work holds its one GIL, so they are measured against one core, not ``num_workers``."""
+    busy = s.fetch_cpu_s / total if total > 0 else 0.0
+    return (f"batches are loaded on {s.num_workers} threads of the training process "
+            f"(worker_type='thread'), which fetched on a CPU {busy:.0%} of the loop's time and "
+            "collate in the loop's own thread; their Python code shares one GIL with the loop, "
+            "so they cannot use more than one core: use worker_type='process' for CPU-bound "
+            "datasets (decode/augment)")
 
 
 _OVERSUBSCRIBED = 0.25  # fetches queued for a CPU more than this share of their wall time
