@@ -20,10 +20,10 @@ from stoker.profile.memory_watch import (
     GrowthRule,
     MemoryWatch,
     classify_growth,
-    find_largest_python_container,
     read_uss,
     steady_growth,
 )
+from stoker.profile.memory_suspect import find_largest_python_container
 from stoker.sharing import SharedStrList
 
 
