@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
+from stoker.profile.memory_suspect import find_largest_python_container
 from stoker.profile.memory_watch import (
     MIB,
     CopyOnReadWarning,
@@ -23,7 +24,6 @@ from stoker.profile.memory_watch import (
     read_uss,
     steady_growth,
 )
-from stoker.profile.memory_suspect import find_largest_python_container
 from stoker.sharing import SharedStrList
 
 
