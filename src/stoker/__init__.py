@@ -4,8 +4,10 @@ from stoker import formats, image, sharing
 from stoker.collate import default_collate, default_convert
 from stoker.distributed import EndOfData
 from stoker.errors import (
+    BatchDeviceError,
     CopyOnReadWarning,
     CudaInWorkersError,
+    DeviceUnavailableError,
     LoaderTimeoutError,
     MixedDeviceError,
     RemoteTraceback,
@@ -23,9 +25,11 @@ from stoker.stateful import StatefulDataLoader
 from stoker.workers.worker_info import get_worker_info
 
 __all__ = [
+    "BatchDeviceError",
     "CopyOnReadWarning",
     "CudaInWorkersError",
     "DataLoader",
+    "DeviceUnavailableError",
     "EndOfData",
     "LoaderTimeoutError",
     "Mix",

@@ -9,7 +9,10 @@
      │         ├── SkipBudgetExceeded   on_error="skip" skipped more samples than allowed
      │         ├── MixedDeviceError     a batch's samples are on different devices
      │         ├── CudaInWorkersError   the loader would carry CUDA into worker processes
-     │         └── ShardError           a shard or record file is not what its index says
+     │         ├── ShardError           a shard or record file is not what its index says
+     │         ├── DeviceUnavailableError  device= names a device this process cannot use
+     │         └── BatchDeviceError     device=: a batch holds a tensor on another accelerator
+     │    (the last two are ValueErrors too)
      ├── RemoteTraceback                the worker-side traceback, chained as ``__cause__``
      └── Warning
           └── UserWarning
@@ -92,6 +95,14 @@ class ShardError(StokerError):
 
 class CudaInWorkersError(StokerError):
     """The loader would carry CUDA into worker processes, where it cannot work."""
+
+
+class DeviceUnavailableError(StokerError, ValueError):
+    """``DataLoader(device=...)`` names a device this process cannot use."""
+
+
+class BatchDeviceError(StokerError, ValueError):
+    """With ``device=``, a batch holds a tensor on another accelerator than that device."""
 
 
 class StallWarning(UserWarning):

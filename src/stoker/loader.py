@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 import torch.utils.data
 
 from stoker._core.stats import LoaderStats
+from stoker.device.attach import feed_spec
 from stoker.distributed import begin_epoch, next_epoch
 from stoker.distributed.context import DistContext, detect, rank_and_world
 from stoker.engine.base_iter import BaseIterator, fetch_spec_of, stateful_sampler_of
@@ -167,6 +168,16 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     collect_stats: ``True`` (default): measure where time goes, per batch, for
         ``loader.stats()`` (a few microseconds a batch); ``False`` measures nothing in the
         main process and ``stats()`` says so.
+    device: hand out every tensor of each batch on this CUDA device (``"cuda"``,
+        ``"cuda:1"``, a ``torch.device``); ``None`` (default) keeps batches on the CPU, as torch
+        does. Copies run on a side stream of stoker's, ``device_prefetch`` batches ahead; your
+        current stream waits for them on an event (no synchronize), and slabs are page-locked
+        in place, so nothing is copied on the host (NOTE [ Batches on the device ]).
+    device_prefetch: batches whose copies are queued ahead of the one handed out (default 1).
+    device_transform: a function run on the device right after each batch's copy, on the copy
+        stream (``uint8`` -> ``float``, normalize, ``channels_last``, GPU image decoding with
+        ``stoker.image.DecodeImages``); it receives the batch on the device and returns the
+        batch to hand out.
     shard_even: how ranks get the same number of steps, so DDP never hangs at the end of an
         epoch: ``"pad"`` repeats samples from the start (DistributedSampler's default),
         ``"drop"`` drops the tail, ``"exact"`` reads every sample once and gives a short rank
@@ -209,6 +220,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         worker_concurrency: int | Literal["auto"] = "auto",
         fast_paths: bool = True,
         collect_stats: bool = True,
+        device: str | torch.device | None = None,
+        device_prefetch: int = 1,
+        device_transform: Callable[[Any], Any] | None = None,
     ) -> None:
         if seeding not in _SEEDINGS:
             raise ValueError(f"seeding={seeding!r}: expected one of {_SEEDINGS}.")
@@ -223,6 +237,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             raise ValueError(f"shard_even={shard_even!r}: expected one of {_SHARD_EVENS}.")
         _check_error_policy(dataset, on_error, skip_budget)
         _check_executor(dataset, worker_type, worker_concurrency)
+        # NOTE [ Batches on the device ]
+        feed = feed_spec(device, device_prefetch, device_transform)
         self.worker_type = worker_type
         self.worker_concurrency = worker_concurrency
         self.fast_paths = fast_paths
@@ -249,6 +265,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
         # After torch's own validation of num_workers (a bad value fails there, like torch).
+        self._stoker_feed_spec = feed  # NOTE [ Batches on the device ]
+        self.device = feed.device if feed is not None else None
+        self.device_prefetch = device_prefetch
+        self.device_transform = device_transform
         self.collect_stats = collect_stats
         self._engine = EngineState(  # NOTE [ Engine state ]
             dataset, num_workers, collect_stats, self._stoker_fast_paths

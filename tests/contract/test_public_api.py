@@ -27,9 +27,11 @@ import stoker
 
 # name -> what it is. Sorted by name.
 PUBLIC = {
+    "BatchDeviceError": "exception",
     "CopyOnReadWarning": "warning",
     "CudaInWorkersError": "exception",
     "DataLoader": "class",
+    "DeviceUnavailableError": "exception",
     "EndOfData": "class",
     "LoaderTimeoutError": "exception",
     "Mix": "class",
@@ -66,6 +68,9 @@ EXTRAS = {
     "worker_concurrency": "auto",
     "fast_paths": True,
     "collect_stats": True,
+    "device": None,
+    "device_prefetch": 1,
+    "device_transform": None,
 }
 # Extras the DataLoader docstring does not describe yet. Remove a name once it is documented
 # (the xfail is strict: a documented name listed here fails the run).
