@@ -23,6 +23,7 @@ import multiprocessing as mp
 import os
 import sys
 import tarfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -155,6 +156,18 @@ _JOB: dict[str, Any] = {}
 
 def _init_worker(records: Records, plan: dict[str, Any], out_dir: str, counts: Any) -> None:
     _JOB.update(records=records, plan=plan, out_dir=out_dir, counts=counts)
+    parent = os.getppid()
+    threading.Thread(target=_exit_with, args=(parent,), name="stoker-pack-parent-watch",
+                     daemon=True).start()
+
+
+def _exit_with(parent: int) -> None:
+    """A pool worker whose driver died (kill -9, OOM) would wait on its task queue forever:
+    the queue's write end lives on in the worker's siblings. Leave once the parent is gone;
+    its unfinished shard is redone by the next run (NOTE [ Resumable pack ])."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 def _write_shard(k: int) -> tuple[int, int, int]:
