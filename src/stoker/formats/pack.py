@@ -60,6 +60,18 @@ class PackOptions:
     progress: bool | None = None
     name: str = "shard"
 
+    def __post_init__(self) -> None:
+        for field_name in ("samples_per_shard", "workers", "max_side"):
+            value = getattr(self, field_name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{field_name}={value!r}: expected a positive int or None")
+        if not 1 <= self.jpeg_quality <= 100:
+            raise ValueError(f"jpeg_quality={self.jpeg_quality!r}: expected 1 to 100")
+        if not self.shard_size_mb > 0:
+            raise ValueError(f"shard_size_mb={self.shard_size_mb!r}: expected more than 0")
+        if not self.name or "/" in self.name:
+            raise ValueError(f"name={self.name!r}: expected a file name prefix such as 'shard'")
+
 
 def _records(source: Any, options: PackOptions) -> Records:
     if isinstance(source, (str, os.PathLike)):
