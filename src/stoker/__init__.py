@@ -4,10 +4,14 @@ from stoker import formats, image, sharing
 from stoker.collate import default_collate, default_convert
 from stoker.distributed import EndOfData
 from stoker.errors import (
+    CopyOnReadWarning,
+    CudaInWorkersError,
     LoaderTimeoutError,
     MixedDeviceError,
     RemoteTraceback,
+    ShardError,
     SkipBudgetExceeded,
+    StallWarning,
     StokerError,
     WorkerDiedError,
     WorkerError,
@@ -18,13 +22,17 @@ from stoker.sampling.sample_rng import sample_generator, sample_rng, sample_seed
 from stoker.workers.worker_info import get_worker_info
 
 __all__ = [
+    "CopyOnReadWarning",
+    "CudaInWorkersError",
     "DataLoader",
     "EndOfData",
     "LoaderTimeoutError",
     "Mix",
     "MixedDeviceError",
     "RemoteTraceback",
+    "ShardError",
     "SkipBudgetExceeded",
+    "StallWarning",
     "StokerError",
     "WorkerDiedError",
     "WorkerError",

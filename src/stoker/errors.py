@@ -8,8 +8,13 @@
      │         ├── LoaderTimeoutError   no batch within ``timeout`` seconds (torch's message)
      │         ├── SkipBudgetExceeded   on_error="skip" skipped more samples than allowed
      │         ├── MixedDeviceError     a batch's samples are on different devices
+     │         ├── CudaInWorkersError   the loader would carry CUDA into worker processes
      │         └── ShardError           a shard or record file is not what its index says
-     └── RemoteTraceback                the worker-side traceback, chained as ``__cause__``
+     ├── RemoteTraceback                the worker-side traceback, chained as ``__cause__``
+     └── Warning
+          └── UserWarning
+               ├── StallWarning         no batch for ``stall_warning_s``; the loader waits on
+               └── CopyOnReadWarning    a worker's private memory grows steadily
 """
 
 from __future__ import annotations
@@ -83,3 +88,19 @@ class MixedDeviceError(StokerError):
 class ShardError(StokerError):
     """A shard (or record file) cannot be read as its index says: truncated, corrupted, or
     changed after the index was built. The message names the file and the sample."""
+
+
+class CudaInWorkersError(StokerError):
+    """The loader would carry CUDA into worker processes, where it cannot work."""
+
+
+class StallWarning(UserWarning):
+    """No batch arrived for longer than ``stall_warning_s``; the loader keeps waiting."""
+
+
+class CopyOnReadWarning(UserWarning):
+    """A DataLoader worker's private memory grows steadily (most often copy-on-read).
+
+    A ``UserWarning`` rather than a ``ResourceWarning``: Python's default filters hide every
+    ``ResourceWarning``, and this one is meant to be seen.
+    """

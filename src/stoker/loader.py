@@ -8,6 +8,7 @@ Iteration is stoker's (``engine``), and so are ``state_dict``/``load_state_dict`
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
@@ -21,8 +22,12 @@ from stoker.engine.inline_iter import InlineIterator
 from stoker.engine.loader_state import EngineState
 from stoker.engine.process_iter import ProcessIterator
 from stoker.engine.progress import check_state
+from stoker.engine.state_fit import check_fields, check_fit
+from stoker.engine.state_fit import describe as describe_fit
 from stoker.engine.thread_iter import ThreadIterator
 from stoker.fastpaths.auto_inline import gathers_suffice
+from stoker.fastpaths.switch import enabled as fast_paths_enabled
+from stoker.fastpaths.switch import tell_not_per_sample
 from stoker.integrations.accelerate import remember as remember_for_accelerate
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.sharded import ShardedSampler
@@ -34,6 +39,7 @@ ShardEven = Literal["pad", "drop", "exact"]
 OnError = Literal["raise", "skip"]
 WorkerType = Literal["auto", "process", "thread"]
 _WORKER_TYPES = ("auto", "process", "thread")
+_DOCTOR_ENV = "STOKER_DOCTOR"  # set by `stoker doctor` for the script it runs (doctor/agent.py)
 
 
 def _check_executor(dataset: Any, worker_type: str, concurrency: int | str) -> None:
@@ -107,10 +113,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         (default): processes when ``num_workers > 0``, else the calling thread; also the
         calling thread when every batch is plain array gathers read from ``__getitem__``'s
         source (NOTE [ Gathers need no workers ]; ``stats().inline`` says so).
-    worker_concurrency: samples each worker fetches at once: an ``int``, or ``"auto"``
-        (default): measured per worker, raised while throughput rises for fetches that mostly
-        wait (I/O), one for CPU-bound fetches and for datasets drawing from global RNGs (see
-        NOTE [ Automatic concurrency ]).
+    worker_concurrency: samples each worker fetches at once. ``"auto"`` (default): one, as in
+        torch, unless the dataset class declares ``stoker_thread_safe = True``; then measured
+        per worker and raised while throughput rises for fetches that mostly wait (I/O). An
+        ``int`` runs that many ``__getitem__`` calls at once on threads. Either opt-in promises
+        that ``__getitem__`` is thread-safe (no shared file handle, connection or
+        ``signal.alarm``) and draws randomness only from ``stoker.sample_rng()`` /
+        ``sample_generator()``; ``stats()`` says what it would give (NOTE [ Automatic
+        concurrency ]).
     seeding: ``"per_batch"`` (default) reseeds ``random``, numpy's global RNG and torch's
         default generator before every batch from (base seed, epoch, batch position), in
         whichever process fetches it, so random augmentations do not depend on ``num_workers``
@@ -136,6 +146,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         epoch: ``"pad"`` repeats samples from the start (DistributedSampler's default),
         ``"drop"`` drops the tail, ``"exact"`` reads every sample once and gives a short rank
         ``stoker.EndOfData`` steps (for evaluation).
+    fast_paths: ``True`` (default): the exact fast paths that rely on interpreter or library
+        internals (a batched ``__getitem__`` read from its source, lists read in place by
+        forked workers, raw RNG-state copies, ...). ``False`` (or ``STOKER_FAST_PATHS=0`` in
+        the environment) turns them all off: ``__getitem__`` is called per sample, for
+        debugging (NOTE [ One switch for the fast paths ]).
     """
 
     def __init__(
@@ -166,6 +181,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         skip_budget: int | float = 0.01,
         worker_type: WorkerType = "auto",
         worker_concurrency: int | Literal["auto"] = "auto",
+        fast_paths: bool = True,
         collect_stats: bool = True,
     ) -> None:
         if seeding not in _SEEDINGS:
@@ -181,6 +197,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         _check_executor(dataset, worker_type, worker_concurrency)
         self.worker_type = worker_type
         self.worker_concurrency = worker_concurrency
+        self.fast_paths = fast_paths
+        self._stoker_fast_paths = fast_paths_enabled(fast_paths)
         self.on_error = on_error
         self.skip_budget = skip_budget
         self.seeding = seeding
@@ -204,7 +222,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         )
         # After torch's own validation of num_workers (a bad value fails there, like torch).
         self.collect_stats = collect_stats
-        self._engine = EngineState(dataset, num_workers, collect_stats)  # NOTE [ Engine state ]
+        self._engine = EngineState(  # NOTE [ Engine state ]
+            dataset, num_workers, collect_stats, self._stoker_fast_paths
+        )
+        if _DOCTOR_ENV in os.environ:  # `stoker doctor -- python train.py`: measure this loader
+            from stoker.doctor.agent import attach
+
+            attach(self)
         remember_for_accelerate(self)  # NOTE [ Accelerate keeps stoker ]
         if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):
             bs, dl = self.batch_size or 1, self.drop_last
@@ -298,6 +322,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if engine.inline is None:
             engine.inline = gathers_suffice(fetch_spec_of(self), self.worker_init_fn,
                                             self.batch_size)
+            if engine.inline:
+                tell_not_per_sample(self.dataset, "inline")
         engine.stats.inline = engine.inline
         return engine.inline
 
@@ -328,6 +354,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         else:
             state = progress.state_dict()
         _constant_sampler_keys(state, self._index_sampler)
+        state["loader"] = describe_fit(self)  # NOTE [ A state must fit its loader ]
         if callable(getattr(self.dataset, "state_dict", None)):
             state["dataset_state"] = self.dataset.state_dict()  # type: ignore[attr-defined]
             # In-process, an iterable's own state is its position; in workers the main
@@ -368,8 +395,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from ``state_dict`` at the next ``iter()``; works across ``num_workers``."""
         state = check_state(state_dict)
+        check_fields(state)  # NOTE [ A state must fit its loader ]
         if "dataset_state" in state and callable(getattr(self.dataset, "load_state_dict", None)):
             self.dataset.load_state_dict(state["dataset_state"])  # type: ignore[attr-defined]
+        check_fit(state, self)  # with the dataset's own state loaded (its length may follow it)
         self._stoker_iterations = state["iterations"]
         epoch = state.get("sampler_epoch")
         if epoch is not None and callable(getattr(self.sampler, "set_epoch", None)):

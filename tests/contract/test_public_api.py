@@ -27,13 +27,17 @@ import stoker
 
 # name -> what it is. Sorted by name.
 PUBLIC = {
+    "CopyOnReadWarning": "warning",
+    "CudaInWorkersError": "exception",
     "DataLoader": "class",
     "EndOfData": "class",
     "LoaderTimeoutError": "exception",
     "Mix": "class",
     "MixedDeviceError": "exception",
     "RemoteTraceback": "exception",
+    "ShardError": "exception",
     "SkipBudgetExceeded": "exception",
+    "StallWarning": "warning",
     "StokerError": "exception",
     "WorkerDiedError": "exception",
     "WorkerError": "exception",
@@ -58,6 +62,7 @@ EXTRAS = {
     "skip_budget": 0.01,
     "worker_type": "auto",
     "worker_concurrency": "auto",
+    "fast_paths": True,
     "collect_stats": True,
 }
 # Extras the DataLoader docstring does not describe yet. Remove a name once it is documented
@@ -69,6 +74,8 @@ def kind_of(obj: object) -> str:
     if isinstance(obj, types.ModuleType):
         return "module"
     if isinstance(obj, type):
+        if issubclass(obj, Warning):
+            return "warning"
         return "exception" if issubclass(obj, BaseException) else "class"
     if callable(obj):
         return "function"
@@ -127,6 +134,42 @@ def test_exceptions_keep_their_hierarchy():
     errors = [n for n, kind in PUBLIC.items() if kind == "exception"]
     others = set(errors) - {"StokerError", "RemoteTraceback"}
     assert others and all(issubclass(getattr(stoker, n), stoker.StokerError) for n in others)
+    warns = [n for n, kind in PUBLIC.items() if kind == "warning"]
+    assert warns and all(issubclass(getattr(stoker, n), UserWarning) for n in warns)
+
+
+# Exception classes that never reach a user: signals inside one module, caught there.
+_INTERNAL_SIGNALS = {
+    "stoker.fastpaths.batched_columns.Decline",  # the batched form declines a batch
+    "stoker.transport.slab_writer.SlabFull",  # a batch outgrows its slab: a bigger one is made
+}
+
+
+def test_every_exception_and_warning_class_lives_in_errors_and_is_exported():
+    import importlib
+    import pkgutil
+
+    import stoker.errors
+
+    found = []
+    for info in pkgutil.walk_packages(stoker.__path__, "stoker."):
+        if info.name.startswith(("stoker.cli", "stoker.doctor", "stoker.integrations")) or (
+                info.name.endswith("__main__")):
+            continue  # commands (their errors end as a message and an exit code); frameworks
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional extra that is not installed
+            continue
+        for name, obj in vars(module).items():
+            if isinstance(obj, type) and issubclass(obj, BaseException) and (
+                    obj.__module__ == info.name and not name.startswith("_")
+                    and info.name != "stoker.errors"):
+                found.append(f"{info.name}.{name}")
+    assert sorted(set(found) - _INTERNAL_SIGNALS) == []
+    in_errors = {n for n, obj in vars(stoker.errors).items()
+                 if isinstance(obj, type) and issubclass(obj, BaseException)
+                 and obj.__module__ == "stoker.errors"}
+    assert in_errors == {n for n, kind in PUBLIC.items() if kind in ("exception", "warning")}
 
 
 # -------------------------------------------------------------------------------- DataLoader

@@ -55,6 +55,12 @@ class Waiting(Dataset):
         return torch.tensor([i, os.getpid()])
 
 
+class WaitingDeclared(Waiting):
+    """Waiting, and its class promises that __getitem__ may run on several threads."""
+
+    stoker_thread_safe = True
+
+
 class WaitingWithGlobalRng(Waiting):
     def __getitem__(self, i: int) -> torch.Tensor:
         self._never.wait(self.wait_s)

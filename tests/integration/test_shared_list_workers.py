@@ -54,7 +54,8 @@ class PathsDataset(Dataset):
         return len(self.paths)
 
     def __getitem__(self, index: int) -> tuple[int, int, int]:
-        segment = getattr(self.paths, "_segment", None)
+        backing = getattr(self.paths, "_items", self.paths)  # a stand-in's source
+        segment = getattr(backing, "_segment", None)
         inode = os.fstat(segment.fd).st_ino if segment is not None else 0
         return os.getpid(), len(self.paths[index].encode()), inode
 
@@ -154,7 +155,7 @@ class OwnPathsDataset(Dataset):
         return len(self.paths)
 
     def __getitem__(self, index: int) -> tuple[int, int, int]:
-        in_place = type(self.paths).__name__ == "InheritedList"
+        in_place = type(getattr(self.paths, "_items", None)).__name__ == "InheritedList"
         return os.getpid(), len(self.paths[index].encode()), int(in_place)
 
 

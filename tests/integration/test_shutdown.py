@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import stoker
-from stoker.engine.process_iter import _SMALL_BATCH_DEPTH
+from stoker.engine.prefetch_depth import _SMALL_BATCH_DEPTH
 
 WAIT_S = 30
 

@@ -524,14 +524,14 @@ def test_each_worker_gets_its_first_task_before_the_next_is_forked(monkeypatch):
     # NOTE [ Tasks before the next fork ]: the first worker works while the others are forked,
     # and which worker loads which batch stays torch's at the start (task k -> worker k mod n).
     import stoker
-    from stoker.engine import process_iter
+    from stoker.engine import process_iter, worker_start
 
     loads_at_start = []
-    real_start = process_iter.start_worker
+    real_start = worker_start.start_worker
 
     def start_worker(ctx, spec, *args):
         if spec.worker_id > 0:
-            loads_at_start.append(list(started[0]._load))
+            loads_at_start.append(list(started[0]._book.load))
         return real_start(ctx, spec, *args)
 
     started = []
@@ -541,7 +541,7 @@ def test_each_worker_gets_its_first_task_before_the_next_is_forked(monkeypatch):
         real_init(self)
         started.append(self)
 
-    monkeypatch.setattr(process_iter, "start_worker", start_worker)
+    monkeypatch.setattr(worker_start, "start_worker", start_worker)
     monkeypatch.setattr(process_iter.ProcessIterator, "_init_dispatch", init_dispatch)
     loader = stoker.DataLoader(_WorkerIds(), batch_size=2, num_workers=3, timeout=60,
                                worker_type="process")

@@ -8,6 +8,7 @@ import pytest
 from stoker.sharing import SharedBytesList, SharedList, SharedStrList, inherited_list
 from stoker.sharing.auto_share import MIN_ITEMS, READ_IN_PLACE, ListSharing, apply_in_worker
 from stoker.sharing.inherited_list import InheritedList
+from stoker.sharing.stand_in import ListStandIn
 
 in_place_readable = pytest.mark.skipif(
     not inherited_list.available(), reason="this interpreter's object layout is not read"
@@ -38,10 +39,10 @@ def test_lists_only_the_dataset_holds_are_read_in_place():
     assert planned == {"paths": READ_IN_PLACE, "items": READ_IN_PLACE}  # small, mixed: left
     expected = list(ds.paths)  # an equal copy: holding the list itself would count
     apply_in_worker(ListSharing().plan(ds))
-    assert type(ds.paths) is InheritedList and ds.paths == expected
-    assert type(ds.meta.items) is InheritedList and ds.meta.items[3] == ("/x/3", 3)
-    with pytest.raises(TypeError, match="stoker_share_lists = False"):
-        ds.paths[0] = "x"
+    assert type(ds.paths._items) is InheritedList and ds.paths == expected
+    assert type(ds.meta.items._items) is InheritedList and ds.meta.items[3] == ("/x/3", 3)
+    ds.paths[0] = "x"  # the worker's own copy from now on
+    assert ds.paths[:2] == ["x", expected[1]] and ds.paths._items is None
 
 
 @in_place_readable
@@ -51,7 +52,7 @@ def test_aliases_of_one_list_get_one_view():
     plan = ListSharing().plan(ds)
     assert _planned(plan)["imgs"] is READ_IN_PLACE
     apply_in_worker(plan)
-    assert ds.imgs is ds.paths and type(ds.paths) is InheritedList
+    assert ds.imgs is ds.paths and type(ds.paths._items) is InheritedList
 
 
 def test_lists_of_rich_items_are_left_alone():
@@ -94,11 +95,13 @@ def test_opting_out_keeps_plain_lists():
     assert ListSharing().plan(ds) == ()
 
 
-def test_applying_a_plan_swaps_the_attribute_and_the_container_is_read_only():
+def test_applying_a_plan_swaps_the_attribute_and_a_change_goes_to_a_copy_of_its_own():
     ds = Paths()
     original = ds.paths  # held here too: a container
+    before = list(original)
     apply_in_worker(ListSharing().plan(ds))
-    assert type(ds.paths) is SharedStrList and ds.paths == original
+    assert type(ds.paths) is ListStandIn and type(ds.paths._items) is SharedStrList
+    assert ds.paths == original
     assert ds.paths[-1] == original[-1] and ds.paths[10:12] == original[10:12]
-    with pytest.raises(TypeError, match="stoker_share_lists = False"):
-        ds.paths[0] = "x"
+    ds.paths[0] = "x"  # as a worker's own copy of the list would change under torch
+    assert ds.paths[0] == "x" and ds.paths[1:] == before[1:] and original == before

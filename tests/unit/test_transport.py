@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from stoker.collate import allocating_into, default_collate
-from stoker.transport import segments
+from stoker.transport import segments, slab_reader
 from stoker.transport.slab_bank import BankedSlab, SlabBank
 from stoker.transport.slab_reader import SlabReader
 from stoker.transport.slab_writer import SlabPool, write_batch
@@ -119,13 +119,27 @@ def test_released_slab_is_reused_and_held_batches_stay_valid(link):
 
 def test_a_view_kept_after_the_batch_is_dropped_keeps_the_slab(link):
     pool, reader, created = link
-    batch, sid, _ = roundtrip(pool, reader, {"x": torch.arange(1000.0)})
+    batch, sid, _ = roundtrip(pool, reader, {"x": torch.arange(100_000.0)})  # 400 KB: a view
     view = batch["x"][10:20].numpy()
     del batch
     recycle(pool, reader)
-    _, sid2, _ = roundtrip(pool, reader, {"x": torch.zeros(1000)})
+    _, sid2, _ = roundtrip(pool, reader, {"x": torch.zeros(100_000)})
     assert sid2 != sid
     np.testing.assert_array_equal(view, np.arange(10.0, 20.0))
+
+
+def test_small_leaves_are_copied_out_and_do_not_keep_the_slab(link):
+    # NOTE [ Small leaves do not hold the slab ]: labels kept, images dropped.
+    pool, reader, _ = link
+    images = torch.arange(300_000, dtype=torch.uint8).reshape(100, 3000)
+    batch, sid, _ = roundtrip(pool, reader, {"images": images, "labels": torch.arange(100)})
+    labels = batch["labels"]
+    assert torch.equal(batch["images"], images) and labels.tolist() == list(range(100))
+    del batch
+    recycle(pool, reader)
+    _, sid2, _ = roundtrip(pool, reader, {"images": images, "labels": torch.arange(100)})
+    assert sid2 == sid  # the slab came back although the labels are still held
+    assert labels.tolist() == list(range(100))
 
 
 def test_batch_larger_than_the_slab_moves_to_a_bigger_one(link):
@@ -180,7 +194,11 @@ def _write_in_forked_child(inherited, value: float):
         assert proc.exitcode == 0
 
 
-def test_a_banked_slab_is_written_by_a_forked_child_through_the_inherited_mapping(link):
+def test_a_banked_slab_is_written_by_a_forked_child_through_the_inherited_mapping(
+    link, monkeypatch
+):
+    # Small batches read as views of the slab here (NOTE [ Small leaves do not hold the slab ]).
+    monkeypatch.setattr(slab_reader, "SMALL_LEAF_BYTES", 0)
     pool, reader, created = link
     first, sid, _ = roundtrip(pool, reader, [torch.ones(256)])
     del first
@@ -210,7 +228,8 @@ def test_a_banked_slab_is_written_by_a_forked_child_through_the_inherited_mappin
     assert _slab_mappings() == 0
 
 
-def test_a_slab_leased_when_the_workers_stop_is_banked_only_once_released(link):
+def test_a_slab_leased_when_the_workers_stop_is_banked_only_once_released(link, monkeypatch):
+    monkeypatch.setattr(slab_reader, "SMALL_LEAF_BYTES", 0)  # a view of the slab, not a copy
     pool, reader, _ = link
     held, _, _ = roundtrip(pool, reader, [torch.full((256,), 3.0)])
     bank = SlabBank()

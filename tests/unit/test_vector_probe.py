@@ -16,6 +16,8 @@ from stoker.sampling import global_rngs
 class DrawsPerCall(torch.utils.data.Dataset):
     """Indexable by a tensor of indices, but draws once per call: not batchable."""
 
+    stoker_tensor_index = True  # a wrong promise: the probe still catches it
+
     def __init__(self) -> None:
         self.x = torch.arange(32.0)
         self.rng = np.random.default_rng(7)
@@ -65,3 +67,26 @@ def test_a_candidate_that_agrees_is_adopted_after_its_probes():
         probe.check(indices, default_collate([ds[i] for i in indices]))
     assert probe.adopted
     assert torch.equal(probe.fetch([4, 6]), torch.tensor([8.0, 12.0]))
+
+
+class NormalisedPerCall(torch.utils.data.Dataset):
+    """Takes a tensor of indices, but ``max`` then reduces over the whole batch."""
+
+    def __init__(self) -> None:
+        self.x = torch.arange(1.0, 33.0)
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i):
+        x = self.x[i]
+        return x / x.abs().max()
+
+
+def test_a_tensor_of_indices_is_tried_only_when_the_class_promises_it():
+    assert VectorProbe(NormalisedPerCall(), eligible=True).kind is None
+
+    class Promised(NormalisedPerCall):
+        stoker_tensor_index = True
+
+    assert VectorProbe(Promised(), eligible=True).kind == "call"

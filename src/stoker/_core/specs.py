@@ -19,6 +19,7 @@ class FetchSpec:
     collate_fn: Callable[[Any], Any]
     drop_last: bool
     skip_errors: bool = False  # on_error="skip": leave out samples whose fetch raises
+    fast_paths: bool = True  # NOTE [ One switch for the fast paths ] in stoker.fastpaths.switch
 
 
 @dataclass(frozen=True)

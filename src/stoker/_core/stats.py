@@ -27,6 +27,8 @@ class LoaderStats:
     batches: int = 0
     samples: int = 0
     skipped: int = 0
+    # on_error="skip": steps whose every sample was skipped, not yielded (the epoch is shorter)
+    empty_batches: int = 0
     num_workers: int = 0
     wait_s: float = 0.0
     loop_s: float = 0.0

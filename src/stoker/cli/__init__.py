@@ -3,6 +3,7 @@ so `stoker --help` stays fast and a missing optional extra only affects its own 
 
     stoker demo [--images N] [--epochs N] [--num-workers N] [--batch-size N] [--rounds N]
     stoker pack SOURCE OUT [--samples-per-shard N] [--workers N] [--max-side PX] [--verify]
+    stoker doctor [options] MODULE:FACTORY | -- python train.py ...   (cli/doctor.py)
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="loader class measured against torch's (default stoker:DataLoader; "
         "torch.utils.data:DataLoader gives an A/A run that shows the noise)",
     )
+    commands.add_parser(
+        "doctor",
+        help="why is my training slow? measure your loader and the settings that help",
+        add_help=False,  # stoker.cli.doctor parses its own arguments (and `--` COMMAND)
+    ).add_argument("rest", nargs=argparse.REMAINDER)
     from stoker.cli import pack as _pack  # the parser only: formats load when it runs
 
     _pack.add_parser(commands)
@@ -100,6 +106,11 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `stoker` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["doctor"]:
+        from stoker.cli import doctor
+
+        return doctor.main(argv[1:])
     args = _build_parser().parse_args(argv)
     if args.command == "demo":
         return _run_demo(args)

@@ -54,6 +54,7 @@ def fetch_spec_of(loader: Any) -> FetchSpec:
         collate_fn=resolve_collate(loader.collate_fn),
         drop_last=loader.drop_last,
         skip_errors=loader.on_error == "skip",
+        fast_paths=getattr(loader, "_stoker_fast_paths", True),
     )
 
 

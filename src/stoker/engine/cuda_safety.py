@@ -19,11 +19,7 @@ from typing import Any
 import torch
 
 from stoker._core.walk import iter_attributes
-from stoker.errors import StokerError
-
-
-class CudaInWorkersError(StokerError):
-    """The loader would carry CUDA into worker processes, where it cannot work."""
+from stoker.errors import CudaInWorkersError
 
 
 def find_device_tensors(dataset: Any, device_types: frozenset[str]) -> list[tuple[str, str]]:

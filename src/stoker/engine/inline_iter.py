@@ -9,6 +9,7 @@ from stoker.engine.base_iter import BaseIterator
 from stoker.errors import MixedDeviceError
 from stoker.fastpaths.batched_getitem import Decline
 from stoker.fastpaths.index_tensor import VectorProbe
+from stoker.fastpaths.switch import tell_not_per_sample
 from stoker.fetch.fetchers import EMPTY, make_fetcher, vectorisable
 from stoker.profile.ranges import COLLATE, FETCH, stage_range
 from stoker.sampling.datapipes import distributed_settings, is_datapipe, seed_shufflers, shard
@@ -70,7 +71,7 @@ class InlineIterator(BaseIterator):
         seed = batch_seed(self._base_seed, self._epoch, position)
         saved = save_states(self._dataset_rngs)
         try:
-            with GlobalRngGuard():
+            with GlobalRngGuard(raw=self._fetch_spec.fast_paths):
                 seed_global_rngs(seed)
                 reseed(self._dataset_rngs, seed)
                 return self._timed_fetch(index)
@@ -99,6 +100,7 @@ class InlineIterator(BaseIterator):
             self._vector.check(index, batch)
             if self._vector.adopted:
                 self._engine.vector_trusted = self._dataset
+                tell_not_per_sample(self._dataset, "source")
             elif not self._vector.probing and self._num_workers > 0:
                 # Running inline for num_workers > 0 (NOTE [ Gathers need no workers ]) and
                 # these batches reject the batched form: later epochs go back to workers.
@@ -136,5 +138,6 @@ class InlineIterator(BaseIterator):
                 continue
             self._delivered(position)
             if data is EMPTY:
+                self._skips.empty_step(position, self._index_sampler)
                 continue
             return self._pinned(data)

@@ -30,10 +30,13 @@ _LOCAL = ("progress", "stats", "memory_watch", "list_sharing", "slab_bank")
 class EngineState:
     """One per loader, shared by its iterators (NOTE [ Engine state ])."""
 
-    def __init__(self, dataset: Any, num_workers: int, collect_stats: bool) -> None:
+    def __init__(
+        self, dataset: Any, num_workers: int, collect_stats: bool, fast_paths: bool = True
+    ) -> None:
         self.dataset = dataset
         self.num_workers = num_workers
         self.collect_stats = collect_stats
+        self.fast_paths = fast_paths  # NOTE [ One switch for the fast paths ]
         # -- portable ------------------------------------------------------------------------
         self.skip_logged: set[Any] = set()  # on_error="skip": messages logged once
         self.inline: bool | None = None  # NOTE [ Gathers need no workers ]; None: not asked
@@ -46,7 +49,7 @@ class EngineState:
         self.progress: Any = None  # the live ``EpochProgress`` of the last epoch begun
         self.stats = (StatsAccumulator if self.collect_stats else NoStats)(self.num_workers)
         self.memory_watch = MemoryWatch(self.dataset) if self.num_workers > 0 else None
-        self.list_sharing = ListSharing()
+        self.list_sharing = ListSharing(self.fast_paths)
         self.slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
         weakref.finalize(self, self.slab_bank.close)
 

@@ -16,65 +16,42 @@ state ]).
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import os
 import time
 import warnings
 import weakref
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from stoker._core.specs import WorkerSpec
 from stoker.engine.base_iter import BaseIterator
 from stoker.engine.cuda_safety import refuse_device_tensors, safe_context
-from stoker.engine.shutdown import WorkerGroup
+from stoker.engine.prefetch_depth import depth_for
 from stoker.engine.stall import describe_stall, warn_stall
-from stoker.engine.stragglers import StragglerWatch
-from stoker.engine.worker_death import check_workers_alive, lost_worker
+from stoker.engine.stragglers import MovePolicy, StragglerWatch
+from stoker.engine.task_book import TaskBook
+from stoker.engine.worker_death import DeathWatch
+from stoker.engine.worker_group import WorkerGroup
+from stoker.engine.worker_start import forked_spec, start_workers
 from stoker.errors import LoaderTimeoutError
 from stoker.fastpaths.batched_getitem import compile_batched
+from stoker.fastpaths.switch import tell_not_per_sample
 from stoker.fetch.fetchers import EmptyBatch, vectorisable
 from stoker.profile.ranges import UNPACK, stage_range
 from stoker.sampling.datapipes import distributed_settings, is_datapipe
 from stoker.workers import protocol as msg
-from stoker.workers.launch import (
-    WorkerProcess,
-    default_context,
-    gc_frozen_for_fork,
-    start_worker,
-)
+from stoker.workers.launch import WorkerProcess, default_context
 from stoker.workers.remote_errors import add_note, rebuild
-from stoker.workers.spec_once import PickledSpec
-from stoker.workers.thread_caps import pools_quiet_for_fork
 
 _EMPTY_STEP = object()
-
-# NOTE [ Deeper prefetch for small batches ]
-# torch keeps prefetch_factor tasks per worker; a worker that has finished them idles until
-# the main process yields a batch, and with in-order delivery that waits for the slowest
-# worker. On a busy machine this left tiny-batch workers idle a third of the time. When
-# batches are small, that depth costs almost no memory, so a worker may hold up to
-# _SMALL_BATCH_DEPTH tasks as long as they fit in _SMALL_BATCH_BUDGET bytes. prefetch_factor
-# stays the floor (and the exact depth for larger batches); results do not change.
-_SMALL_BATCH_DEPTH = 8
-_SMALL_BATCH_BUDGET = 16 << 20
-# NOTE [ Slabs come back before the next task ]
-# A slab the user let go of travels back to its worker with that worker's next task. A worker
-# whose next task is already queued may finish it before another task comes, find every slab
-# still out, and create one: ~8 ms for a 10 MiB slab (the kernel zeroes its pages), plus the
-# memory. So while the main process waits for a batch (the workers are the bottleneck then),
-# released slabs of at least _EAGER_RELEASE_BYTES go back at once, in a RELEASE message of
-# their own, and a worker about to create a slab first reads what is waiting in its socket.
-# Smaller slabs are cheap to create and keep riding with tasks, as do all slabs when batches
-# are ready before they are asked for: a message per batch would cost more than it saves.
-_EAGER_RELEASE_BYTES = 1 << 20
 _LIVENESS_POLL_S = 5.0
 _WATCH_DELAY_S = 1.0  # only a fallback: worker sentinels wake the wait at once on death
 
 
 class ProcessIterator(BaseIterator):
+    """Conducts one loader's workers: ``TaskBook`` says which task is where, ``WorkerGroup``
+    owns the processes and sockets, ``MovePolicy`` moves tasks off stragglers,
+    ``DeathWatch`` and ``engine.stall`` report dead and stuck workers."""
+
     _reiter_after_seed = True
 
     def __init__(self, loader: Any, resume: dict[str, Any] | None = None) -> None:
@@ -92,27 +69,26 @@ class ProcessIterator(BaseIterator):
         self._step_samples = loader.batch_size or 1
         refuse_device_tensors(self._dataset, self._num_workers)
         ctx = safe_context(loader.multiprocessing_context, default_context(), loader)
-        self._group = WorkerGroup()
+        self._group = WorkerGroup(self._num_workers)
         self._finalizer = weakref.finalize(self, self._group.stop)
+        self._deaths = DeathWatch(self._group, self._file_reply, self._shutdown)
         # A worker that adopts the batched form read from the source vouches for it: the next
         # epoch's workers use it without probe batches, as the inline iterator does.
         self._vector_trusted = self._engine.vector_trusted is self._dataset
-        method = ctx.get_start_method()
         # Whether each worker's last reply said it can give a queued task back. Before the
         # first one: yes (it starts with no fetch threads), unless a worker_init_fn may have
         # taken over its seeds (NOTE [ Seeds set in worker_init_fn stay ]). Assuming no let
         # an idle worker exit while a task still queued behind a straggler could move to it.
         self._gives_back = [loader.worker_init_fn is None] * self._num_workers
         self._init_dispatch()
-        with pools_quiet_for_fork(method), gc_frozen_for_fork(method):
-            self._start_workers(loader, ctx)
-        self._worker_pids = tuple(w.pid for w in self._group.workers)
+        start_workers(self._group, ctx, self._specs(loader, ctx), self._prime)
+        self._worker_pids = self._group.pids
         self._memory_watch = self._engine.memory_watch
         # Its first reads cost ~10 ms each: keep them out of the time to the first batch.
         self._watch_from = time.monotonic() + _WATCH_DELAY_S
         self._fill()
 
-    def _start_workers(self, loader: Any, ctx: Any) -> None:
+    def _specs(self, loader: Any, ctx: Any) -> list[WorkerSpec]:
         # Under fork, large plain lists go to the workers as shared containers (NOTE
         # [ Automatic list sharing ]); spawned workers get the pickled dataset anyway.
         fork = ctx.get_start_method() == "fork"
@@ -122,26 +98,8 @@ class ProcessIterator(BaseIterator):
         specs = [self._spec(loader, wid, shared) for wid in range(self._num_workers)]
         if fork:  # NOTE [ Slabs outlive workers ]
             self._group.bank = self._engine.slab_bank
-            specs = [self._forked_spec(s) for s in specs]
-        if fork or len(specs) == 1:
-            for spec in specs:
-                self._group.workers.append(start_worker(ctx, spec))
-                self._prime(spec.worker_id)  # NOTE [ Tasks before the next fork ]
-            return
-        # spawn/forkserver: the spec is pickled once for all workers (NOTE [ Pickle once ]);
-        # each child imports torch and unpickles, seconds each, so start them side by side
-        # (a fork must not happen in a thread).
-        once = PickledSpec(specs[0])
-        try:
-            with ThreadPoolExecutor(max_workers=min(len(specs), 8)) as pool:
-                futures = [pool.submit(start_worker, ctx, spec, once) for spec in specs]
-        finally:
-            once.close()
-        # Keep every worker that started (shutdown stops them), then report a failed start.
-        self._group.workers.extend(f.result() for f in futures if f.exception() is None)
-        failed = [f.exception() for f in futures if f.exception() is not None]
-        if failed:
-            raise failed[0]  # type: ignore[misc]
+            specs = [forked_spec(self._group, s) for s in specs]
+        return specs
 
     def _spec(self, loader: Any, wid: int, shared_lists: tuple = ()) -> WorkerSpec:
         return WorkerSpec(
@@ -162,65 +120,26 @@ class ProcessIterator(BaseIterator):
             datapipe_ranks=distributed_settings() if is_datapipe(self._dataset) else None,
         )
 
-    def _forked_spec(self, spec: WorkerSpec) -> WorkerSpec:
-        """A forked worker's spec: the slabs its predecessor left (the reader owns them from
-        here, so a failed start gives them back to the bank), and ``forked``."""
-        assert self._group.bank is not None
-        slabs = self._group.bank.withdraw(spec.worker_id)
-        for sid, slab in enumerate(slabs):
-            self._group.reader.adopt_banked(spec.worker_id, sid, slab)
-        return dataclasses.replace(
-            spec, slabs=tuple((s.address, s.nbytes) for s in slabs), forked=True
-        )
-
     # -- epoch state -------------------------------------------------------------------------
 
-    # NOTE [ Tasks before the next fork ]
-    # Forking a worker costs the main process ~6 ms (its page tables), and workers are forked
-    # one after another. Sending tasks only once all were forked left the first worker idle
-    # for the forks after it, at the start of every epoch. So each worker of a map-style
-    # dataset gets its first task as soon as it is forked; the rest follow after the last fork,
-    # in the same order as before (task k to worker k mod n at the start), so which worker
-    # loads which batch does not change. An IterableDataset's tasks follow torch's round-robin
-    # cycle, which is only walked after every fork.
-
     def _prime(self, wid: int) -> None:
-        if not self._is_iterable and self._load[wid] < min(1, self._depth[wid]) and not (
-                self._sampler_done):
+        """NOTE [ Tasks before the next fork ] in ``engine.worker_start``."""
+        book = self._book
+        if not self._is_iterable and book.load[wid] < min(1, book.depth[wid]) and not (
+                book.sampler_done):
             self._try_put_index(wid)
-
-    def _start_dispatch(self) -> None:
-        self._init_dispatch()
-        self._fill()
 
     def _fill(self) -> None:
         """Send tasks until every worker holds its depth of them."""
-        missing = sum(max(0, d - n) for d, n in zip(self._depth, self._load, strict=True))
-        for _ in range(missing):
-            if self._sampler_done:
+        for _ in range(self._book.missing()):
+            if self._book.sampler_done:
                 return
             self._try_put_index()
 
     def _init_dispatch(self) -> None:
-        n = self._num_workers
-        self._order: deque[int] = deque()  # dispatched positions, in sampler order
-        self._task_worker: dict[int, int] = {}  # outstanding task -> worker
-        self._task_indices: dict[int, Any] = {}
-        self._ready: dict[int, tuple] = {}  # replies not yet yielded
-        self._arrivals: deque[int] = deque()  # completion order, for in_order=False
-        self._load = [0] * n
-        self._active = [True] * n
-        # NOTE [ Idle workers take queued tasks ]: each worker's unanswered tasks in the order
-        # sent (the first is running), and moved tasks -> the workers that still owe a reply.
-        self._queued: list[deque[int]] = [deque() for _ in range(n)]
-        self._stragglers = StragglerWatch(n)
-        self._moved: dict[int, set[int]] = {}
-        # Tasks a worker may hold: prefetch_factor, or enough to keep its concurrent fetches
-        # busy once its tuner raised them (batches of samples in flight + one).
-        self._depth = [self._prefetch] * n
-        self._to_release: list[list[int]] = [[] for _ in range(n)]
-        self._rr = itertools.cycle(range(n))
-        self._sampler_done = False
+        self._book = TaskBook(self._num_workers, self._prefetch, self._in_order,
+                              self._gives_back)
+        self._moves = MovePolicy(self._book, StragglerWatch(self._num_workers), self._may_move)
         self._last_reply_at = time.monotonic()
         self._stall_warned = False
 
@@ -228,15 +147,16 @@ class ProcessIterator(BaseIterator):
         """Next epoch on persistent workers (called by ``DataLoader.__iter__``)."""
         # Batches of the abandoned epoch that arrived but were never handed out: their slabs
         # go back to the workers (else each early-ended epoch would strand a few slabs).
-        for wid, reply in self._ready.values():
+        for wid, reply in self._book.ready.values():
             if isinstance(reply, msg.Done):
                 self._group.reader.release_now(wid, reply.segment_id)
         self._open_epoch(loader, None, first=False)
-        self._collect_released()
+        self._group.collect_released()
         for w in self._group.workers:
-            release = self._take_release(w.worker_id)
+            release = self._group.take_release(w.worker_id)
             self._send(w.worker_id, msg.Reset(self._epoch, release, self._datapipe_seed))
-        self._start_dispatch()
+        self._init_dispatch()
+        self._fill()
 
     # -- sending -----------------------------------------------------------------------------
 
@@ -245,16 +165,7 @@ class ProcessIterator(BaseIterator):
         try:
             msg.send(w.conn, message)
         except OSError:  # EPIPE/ECONNRESET: it died since the last poll; report the death
-            lost_worker(self, w)
-
-    def _collect_released(self) -> None:
-        for wid, ids in self._group.reader.take_released().items():
-            if wid < len(self._group.workers):
-                self._to_release[wid].extend(ids)
-
-    def _take_release(self, wid: int) -> list[int]:
-        ids, self._to_release[wid] = self._to_release[wid], []
-        return ids
+            self._deaths.lost(self._book, w)
 
     def _let_idle_workers_go(self) -> None:
         """Non-persistent workers with nothing left this epoch (the sampler is spent and
@@ -262,53 +173,58 @@ class ProcessIterator(BaseIterator):
         are consumed, instead of all together at the end of the epoch."""
         if self._persistent:
             return
+        book = self._book
         for w in self._group.workers:
             wid = w.worker_id
             if not w.stop_sent and (
-                not self._active[wid] or (self._sampler_done and self._load[wid] == 0)
-            ) and not (self._active[wid] and self._queued_elsewhere()):
+                not book.active[wid] or (book.sampler_done and book.load[wid] == 0)
+            ) and not (book.active[wid] and self._moves.queued_elsewhere()):
                 self._group.stop_early(w)
+
+    def _try_put_index(self, wid: int | None = None) -> None:
+        """Send the next task to worker ``wid``, or to the one the book picks."""
+        if wid is None:
+            wid = self._book.pick_worker()
+        if wid is None:
+            return
+        try:
+            position, index = self._next_index()
+        except StopIteration:
+            self._book.sampler_done = True
+            self._let_idle_workers_go()
+            return
+        self._book.new_task(position, index)
+        self._send_task(wid, position, index)
+
+    def _send_task(self, wid: int, position: int, index: Any) -> None:
+        self._group.collect_released()
+        self._send(wid, msg.Task(self._epoch, position, index, self._group.take_release(wid)))
+        if self._book.sent(wid, position):
+            self._moves.watch.started(wid, time.monotonic())
 
     # -- moving queued tasks to idle workers (NOTE [ Idle workers take queued tasks ]) --------
 
-    def _holds_movable(self, wid: int) -> bool:
-        """Does worker ``wid`` hold a task it has not started and could give back?"""
-        return self._gives_back[wid] and len(self._queued[wid]) > 1
-
-    def _queued_elsewhere(self) -> bool:
-        return self._may_move and any(map(self._holds_movable, range(self._num_workers)))
-
     def _idle_workers(self) -> list[int]:
+        book = self._book
         return [
             w.worker_id for w in self._group.workers
-            if not w.stop_sent and self._active[w.worker_id] and self._load[w.worker_id] == 0
+            if not w.stop_sent and book.active[w.worker_id] and book.load[w.worker_id] == 0
         ]
-
-    def _move_due(self) -> float | None:
-        """The earliest time a queued task may move to an idle worker; None if none can."""
-        if not self._queued_elsewhere() or not self._idle_workers():
-            return None
-        return min(self._stragglers.due(w) for w in range(self._num_workers)
-                   if self._holds_movable(w))
 
     def _move_queued_tasks(self) -> None:
         """Give each idle worker a task queued behind a straggler at another worker."""
-        due = self._move_due()
+        due = self._moves.due(self._idle_workers())
         if due is None or due > time.monotonic():
             return
         self._read_waiting_replies()  # a task that looks queued may be answered already
         for thief in self._idle_workers():
-            now = time.monotonic()
-            victims = [w for w in range(self._num_workers) if self._holds_movable(w)
-                       and self._stragglers.straggling(w, self._group.workers[w].pid, now)]
-            if not victims:
+            victim = self._moves.victim(self._worker_pids, time.monotonic())
+            if victim is None:
                 break
-            victim = max(victims, key=lambda w: len(self._queued[w]))
-            position = self._queued[victim][1]  # the first not started: [0] runs
-            del self._queued[victim][1]
+            position = self._book.take_queued(victim)
             self._send(victim, msg.Cancel(self._epoch, position))
-            self._moved[position] = {victim, thief}
-            self._send_task(thief, position, self._task_indices[position])
+            self._book.moved[position] = {victim, thief}
+            self._send_task(thief, position, self._book.indices[position])
             self._stats.tasks_moved += 1
         self._let_idle_workers_go()
 
@@ -319,70 +235,11 @@ class ProcessIterator(BaseIterator):
                 for reply in self._group.drain(w):
                     self._file_reply(w, reply)
 
-    def _settle_moved(self, wid: int, reply: msg.Reply) -> bool:
-        """A reply for a moved task: True if it is not the batch (a withdrawal, or the copy
-        that came second; its slab goes back)."""
-        position = reply.task_id
-        owing = self._moved[position]
-        owing.discard(wid)
-        if not owing:
-            del self._moved[position]
-        if isinstance(reply, msg.Cancelled):
-            return True
-        if position in self._task_worker:
-            return False  # the first copy
-        self._stats.tasks_loaded_twice += 1
-        if isinstance(reply, msg.Done):
-            self._group.reader.release_now(wid, reply.segment_id)
-        return True
-
-    def _pick_worker(self) -> int | None:
-        """torch's cycle: the next active worker (with in_order=False, one below its depth)."""
-        for _ in range(self._num_workers):
-            wid = next(self._rr)
-            if self._active[wid] and (self._in_order or self._load[wid] < self._depth[wid]):
-                return wid
-        return None
-
-    def _try_put_index(self, wid: int | None = None) -> None:
-        """Send the next task to worker ``wid``, or to the one ``_pick_worker`` chooses."""
-        if wid is None:
-            wid = self._pick_worker()
-        if wid is None:
-            return
-        try:
-            position, index = self._next_index()
-        except StopIteration:
-            self._sampler_done = True
-            self._let_idle_workers_go()
-            return
-        self._order.append(position)
-        self._task_indices[position] = index
-        self._send_task(wid, position, index)
-
-    def _send_large_releases(self) -> None:
-        """NOTE [ Slabs come back before the next task ]"""
-        reader = self._group.reader
-        for w in self._group.workers:
-            ids = self._to_release[w.worker_id]
-            if ids and not w.stop_sent and any(
-                    reader.nbytes(w.worker_id, sid) >= _EAGER_RELEASE_BYTES for sid in ids):
-                self._send(w.worker_id, msg.Release(self._take_release(w.worker_id)))
-
-    def _send_task(self, wid: int, position: int, index: Any) -> None:
-        self._collect_released()
-        self._send(wid, msg.Task(self._epoch, position, index, self._take_release(wid)))
-        self._task_worker[position] = wid
-        self._queued[wid].append(position)
-        if self._load[wid] == 0:
-            self._stragglers.started(wid, time.monotonic())
-        self._load[wid] += 1
-
     # -- receiving ---------------------------------------------------------------------------
 
     def _next_data(self) -> Any:
         while True:
-            item = self._next_ready()
+            item = self._book.next_ready()
             if item is not None:
                 self._try_put_index()
                 wid, reply = item
@@ -392,28 +249,13 @@ class ProcessIterator(BaseIterator):
                     continue
                 data = self._deliver(wid, reply)
                 if data is _EMPTY_STEP:  # every sample of it was skipped
+                    self._skips.empty_step(reply.task_id, self._index_sampler)
                     continue
                 return data
-            if not self._task_worker:
+            if not self._book.outstanding():
                 self._end_epoch()
                 raise StopIteration
             self._receive()
-
-    def _next_ready(self) -> tuple | None:
-        if not self._in_order:
-            return self._ready.pop(self._arrivals.popleft()) if self._arrivals else None
-        while self._order:
-            position = self._order[0]
-            if position in self._ready:
-                self._order.popleft()
-                return self._ready.pop(position)
-            wid = self._task_worker.get(position)
-            if wid is not None and self._active[wid]:
-                return None  # still being worked on
-            self._order.popleft()  # its worker's iterable ended: skip, as torch does
-            self._task_worker.pop(position, None)
-            self._task_indices.pop(position, None)
-        return None
 
     def _wait_s(self) -> float:
         if self._timeout > 0:
@@ -428,15 +270,20 @@ class ProcessIterator(BaseIterator):
         limit = self._stall_warning_s
         if limit is not None and waited >= limit and not self._stall_warned:
             self._stall_warned = True
-            warn_stall(self, waited)
+            warn_stall(self._group, self._book, waited)
+
+    def _send_large_releases(self) -> None:
+        """NOTE [ Slabs come back before the next task ] in ``engine.worker_group``."""
+        for wid in self._group.large_releases():
+            self._send(wid, msg.Release(self._group.take_release(wid)))
 
     def _receive(self) -> None:
         """Block until some worker replies (or dies, or the timeout passes); file the replies."""
-        self._collect_released()
+        self._group.collect_released()
         self._send_large_releases()  # before waiting: the worker may need the slab first
         poller, by_fd = self._group.poller()
         wait_s = self._wait_s()
-        due = self._move_due()  # wake up to move a task queued behind a straggler
+        due = self._moves.due(self._idle_workers())  # wake up to move a queued task
         until_due = wait_s if due is None else max(0.0, due - time.monotonic())
         move_wakeup = until_due < wait_s
         wait_s = min(wait_s, until_due)
@@ -448,12 +295,12 @@ class ProcessIterator(BaseIterator):
                 try:  # one message: the caller polls again for the rest
                     self._file(w, msg.recv_from_worker(w.conn))
                 except (EOFError, OSError):
-                    lost_worker(self, w)
+                    self._deaths.lost(self._book, w)
                 got_reply = True
         if got_reply or move_wakeup:
             self._move_queued_tasks()
         if not got_reply:
-            check_workers_alive(self)
+            self._deaths.check(self._book)
             if not ready and self._timeout > 0 and not move_wakeup:
                 self._raise_timeout()
             self._check_stall()
@@ -464,7 +311,6 @@ class ProcessIterator(BaseIterator):
             self._file_reply(w, reply)
 
     def _file_reply(self, w: Any, reply: msg.Reply) -> None:
-        position = reply.task_id
         done = reply if isinstance(reply, msg.Done) else None
         if done is not None:
             self._group.reader.retire(w.worker_id, done.retired)
@@ -472,44 +318,46 @@ class ProcessIterator(BaseIterator):
             if done is not None:
                 self._group.reader.release_now(w.worker_id, done.segment_id)
             return
-        wid = w.worker_id
+        wid, position, book = w.worker_id, reply.task_id, self._book
         now = time.monotonic()
-        self._load[wid] -= 1
-        queued = self._queued[wid]
-        if queued and queued[0] == position:
-            queued.popleft()
-            self._stragglers.finished(wid, now)
-        elif position in queued:
-            queued.remove(position)
+        if book.answered(wid, position):
+            self._moves.watch.finished(wid, now)
         self._last_reply_at = now
         self._stall_warned = False
-        if position in self._moved and self._settle_moved(wid, reply):
-            if self._sampler_done:
+        if position in book.moved and self._settle_moved(wid, reply):
+            if book.sampler_done:
                 self._let_idle_workers_go()
             return
-        self._task_worker.pop(position, None)
         if isinstance(reply, msg.Exhausted):
-            # Its iterable is spent: the tasks it still holds yield nothing either (torch
-            # skips them too). Unless forgotten, in_order=False would wait for them forever.
-            self._active[wid] = False
-            for spent in (position, *queued):
-                self._task_worker.pop(spent, None)
-                self._task_indices.pop(spent, None)
+            book.exhausted(wid, position)
             self._try_put_index()
             self._let_idle_workers_go()
             return
         if done is not None:
-            report = done.report
-            self._gives_back[wid] = report.concurrency == 1 and report.gives_back
-            if report.init_fn_seeded:
+            self._gives_back[wid] = done.report.concurrency == 1 and done.report.gives_back
+            if done.report.init_fn_seeded:
                 self._warn_init_fn_seeds()
-        if self._sampler_done:
+        if book.sampler_done:
             self._let_idle_workers_go()
-        self._ready[position] = (wid, reply)
-        if not self._in_order:
-            self._arrivals.append(position)
+        book.file(wid, position, reply)
         if done is not None and not self._torch_depth:
-            self._follow_concurrency(wid, done.report.concurrency, done.used)
+            depth = depth_for(self._prefetch, self._step_samples, done.report.concurrency,
+                              done.used)
+            if depth != book.depth[wid]:
+                book.depth[wid] = depth
+                self._fill()
+
+    def _settle_moved(self, wid: int, reply: msg.Reply) -> bool:
+        """A reply for a moved task: True if it is not the batch (a withdrawal, or the copy
+        that came second; its slab goes back)."""
+        withdrawn = isinstance(reply, msg.Cancelled)
+        if not self._book.settle_moved(wid, reply.task_id, withdrawn):
+            return False  # the first copy
+        if not withdrawn:
+            self._stats.tasks_loaded_twice += 1
+            if isinstance(reply, msg.Done):
+                self._group.reader.release_now(wid, reply.segment_id)
+        return True
 
     def _warn_init_fn_seeds(self) -> None:
         """NOTE [ Seeds set in worker_init_fn stay ] in ``workers.main_loop``; once per
@@ -527,23 +375,15 @@ class ProcessIterator(BaseIterator):
             stacklevel=2,
         )
 
-    def _follow_concurrency(self, wid: int, concurrency: int, batch_bytes: int) -> None:
-        """Raise a worker's task depth to keep its concurrent fetches busy, and for small
-        batches (NOTE [ Deeper prefetch for small batches ])."""
-        depth = max(self._prefetch, -(-concurrency // self._step_samples) + 1)
-        if batch_bytes * _SMALL_BATCH_DEPTH <= _SMALL_BATCH_BUDGET:
-            depth = max(depth, _SMALL_BATCH_DEPTH)
-        if depth != self._depth[wid]:
-            self._depth[wid] = depth
-            self._fill()
-
     def _deliver(self, wid: int, reply: msg.Done | msg.Failed) -> Any:
         position = reply.task_id
-        self._task_indices.pop(position, None)
+        self._book.indices.pop(position, None)
         self._delivered(position)
         if isinstance(reply, msg.Failed):
             raise rebuild(reply.error)
         self._stats.worker_batch(wid, reply.report)
+        # NOTE [ One switch for the fast paths ]
+        tell_not_per_sample(self._dataset, reply.report.batched)
         if reply.report.batched == "source" and not self._vector_trusted:
             self._vector_trusted = True
             self._engine.vector_trusted = self._dataset
@@ -563,7 +403,7 @@ class ProcessIterator(BaseIterator):
 
     def _raise_timeout(self) -> None:
         # Like torch, the iterator stays usable: the caller may retry.
-        where = describe_stall(self, with_stacks=True)
+        where = describe_stall(self._group, self._book, with_stacks=True)
         err = LoaderTimeoutError(f"DataLoader timed out after {self._timeout} seconds")
         if where:
             add_note(err, f"stoker: {where}")

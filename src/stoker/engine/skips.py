@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from typing import Any
 
 from stoker.errors import SkipBudgetExceeded
@@ -29,6 +30,26 @@ class SkipLedger:
         self.limit = skip_limit(budget, epoch_samples)
         self.skipped: list[Skipped] = []
         self._logged = logged  # the loader's: a sample bad every epoch is logged once
+        self._told_empty = False
+
+    def empty_step(self, position: int, index_sampler: Any) -> None:
+        """Every sample of the step at ``position`` was skipped: it is not yielded, so the
+        epoch is shorter than ``len(loader)``; said once per epoch, counted in the stats."""
+        self._stats.empty_batches += 1
+        if self._told_empty:
+            return
+        self._told_empty = True
+        try:
+            total = f" = {len(index_sampler)}"
+        except TypeError:
+            total = ""
+        warnings.warn(
+            f"on_error='skip' skipped every sample of batch {position}, so it is not yielded: "
+            f"this epoch has fewer batches than len(loader){total}. loader.stats().empty_batches "
+            "counts such batches; a training loop that relies on len(loader) steps per epoch "
+            "(a learning-rate schedule, DDP) should not rely on it with on_error='skip'.",
+            RuntimeWarning, stacklevel=4,
+        )
 
     def record(self, skipped: list[Skipped]) -> None:
         for s in skipped:

@@ -19,6 +19,7 @@ class StatsAccumulator:
         self.batches = 0
         self.samples = 0
         self.skipped = 0
+        self.empty_batches = 0
         self.wait_s = 0.0
         self.loop_s = 0.0
         self.fetch_wall_s = 0.0
@@ -93,6 +94,7 @@ class StatsAccumulator:
 
         stats = LoaderStats(
             batches=self.batches, samples=self.samples, skipped=self.skipped,
+            empty_batches=self.empty_batches,
             num_workers=self.num_workers, wait_s=self.wait_s, loop_s=self.loop_s,
             fetch_wall_s=self.fetch_wall_s, fetch_cpu_s=self.fetch_cpu_s,
             collate_s=self.collate_s, pack_s=self.pack_s, unpack_s=self.unpack_s,

@@ -15,6 +15,8 @@ from /proc only while a move is being considered, never per batch.
 
 from __future__ import annotations
 
+from stoker.engine.task_book import TaskBook
+
 _MOVE_AFTER_S = 0.05
 _MOVE_AFTER_BATCHES = 4.0
 _CPU_WINDOW_S = 0.02
@@ -66,3 +68,32 @@ class StragglerWatch:
             return True  # no /proc: the wall time alone decides
         sample, self._sample[wid] = self._sample[wid], (now, cpu)
         return sample is not None and cpu - sample[1] >= _BUSY_SHARE * (now - sample[0])
+
+
+class MovePolicy:
+    """Which queued task may move to which idle worker, and when (NOTE [ Only stragglers
+    move ]); it decides, the iterator sends. Reads the epoch's ``TaskBook``."""
+
+    def __init__(self, book: TaskBook, watch: StragglerWatch, may_move: bool) -> None:
+        self.book = book
+        self.watch = watch
+        self.may_move = may_move
+
+    def queued_elsewhere(self) -> bool:
+        """Does some worker hold a task it could give back?"""
+        book = self.book
+        return self.may_move and any(map(book.holds_movable, range(book.num_workers)))
+
+    def due(self, idle: list[int]) -> float | None:
+        """The earliest time a queued task may move to an idle worker; None if none can."""
+        if not idle or not self.queued_elsewhere():
+            return None
+        book = self.book
+        return min(self.watch.due(w) for w in range(book.num_workers) if book.holds_movable(w))
+
+    def victim(self, pids: tuple[int | None, ...], now: float) -> int | None:
+        """The straggling worker with the longest queue to take a task from; None if none."""
+        book = self.book
+        victims = [w for w in range(book.num_workers) if book.holds_movable(w)
+                   and self.watch.straggling(w, pids[w], now)]
+        return max(victims, key=lambda w: len(book.queued[w])) if victims else None

@@ -31,9 +31,11 @@ class ThreadIterator(BaseIterator):
         super().__init__(loader, resume)
         self._fetcher: Any = make_fetcher(self._fetch_spec)  # map-style: checked by the loader
         self._fetcher.sample_context = (self._base_seed, self._epoch)
+        # worker_type="thread" is the user's promise of thread-safety (NOTE [ Automatic
+        # concurrency ]).
         self._tuner = ConcurrencyTuner(
             loader.worker_concurrency, declared_thread_safe(self._dataset),
-            can_split=self._fetcher.splittable,
+            can_split=self._fetcher.splittable, threads_promised=True,
         )
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._pipeline = SamplePipeline(self._fetcher, self._events, self._base_seed)  # type: ignore[arg-type]
@@ -69,12 +71,13 @@ class ThreadIterator(BaseIterator):
             data = self._finish(job)
             if data is not EMPTY:
                 return self._pinned(data)
+            self._skips.empty_step(job.task_id, self._index_sampler)
 
     def _next_alone(self) -> Job | None:
         position, index = self._next_index()  # StopIteration ends the epoch
         job = Job(self._epoch, position, list(index) if self._fetcher.splittable else [index])
         saved = save_states(self._dataset_rngs)
-        with GlobalRngGuard():
+        with GlobalRngGuard(raw=self._fetch_spec.fast_paths):
             if self._seeding == "per_batch":
                 seed = batch_seed(self._base_seed, self._epoch, position)
                 seed_global_rngs(seed)

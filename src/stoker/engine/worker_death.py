@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import signal
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
+from stoker.engine.task_book import TaskBook
+from stoker.engine.worker_group import WorkerGroup
 from stoker.errors import WorkerDiedError
 from stoker.transport import segments
 from stoker.workers.remote_errors import describe_indices
@@ -44,8 +47,8 @@ def _describe_exit(w: Any) -> str:
 _FATAL_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT, signal.SIGILL}
 
 
-def _crash_stacks(it: Any, w: Any) -> str:
-    fd = it._group.stack_logs.get(w.worker_id)
+def _crash_stacks(group: WorkerGroup, w: Any) -> str:
+    fd = group.stack_logs.get(w.worker_id)
     if fd is None or w.process.exitcode >= 0 or -w.process.exitcode not in _FATAL_SIGNALS:
         return ""
     text = segments.read_log(fd).strip()
@@ -59,16 +62,41 @@ def _shm_note(exitcode: int) -> str:
     return f" /dev/shm has {free / 2**20:.0f} MiB free now." if free is not None else ""
 
 
-def check_workers_alive(it: Any) -> None:
-    """Raise ``WorkerDiedError`` if any worker of iterator ``it`` has exited."""
-    dead = [w for w in it._group.workers if w.process.exitcode is not None and not w.stop_sent]
+class DeathWatch:
+    """Reports a dead worker of ``group``: what it held (``book``), its signal and the likely
+    cause. ``file_reply`` keeps the replies it sent before dying; ``stop`` ends the epoch."""
+
+    def __init__(self, group: WorkerGroup, file_reply: Callable[[Any, Any], None],
+                 stop: Callable[[], None]) -> None:
+        self.group = group
+        self.file_reply = file_reply
+        self.stop = stop
+
+    def check(self, book: TaskBook) -> None:
+        """Raise ``WorkerDiedError`` if any worker has exited unasked."""
+        check_workers_alive(self, book)
+
+    def lost(self, book: TaskBook, w: Any) -> NoReturn:
+        """A worker's socket broke: it died mid-reply. Wait for its exit status, report it."""
+        w.process.join(1.0)
+        check_workers_alive(self, book)
+        self.stop()
+        raise WorkerDiedError(
+            f"DataLoader worker {w.worker_id} (pid {w.pid}) closed its connection without "
+            "exiting."
+        )
+
+
+def check_workers_alive(watch: DeathWatch, book: TaskBook) -> None:
+    group = watch.group
+    dead = [w for w in group.workers if w.process.exitcode is not None and not w.stop_sent]
     if not dead:
         return
     lines = []
     for w in dead:
-        for reply in it._group.drain(w):  # it may have replied before dying; keep those
-            it._file_reply(w, reply)
-        held = [i for t, i in it._task_indices.items() if it._task_worker.get(t) == w.worker_id]
+        for reply in group.drain(w):  # it may have replied before dying; keep those
+            watch.file_reply(w, reply)
+        held = book.held_by_worker().get(w.worker_id, [])
         what = describe_indices([j for i in held for j in (i if isinstance(i, list) else [i])])
         line = _describe_exit(w) + (f", loading {what}." if held else ".")
         cause = _LIKELY_CAUSE.get(-w.process.exitcode) if w.process.exitcode < 0 else (
@@ -76,18 +104,9 @@ def check_workers_alive(it: Any) -> None:
         )
         if cause:
             line += " " + cause
-        line += _shm_note(w.process.exitcode) + _crash_stacks(it, w)
+        line += _shm_note(w.process.exitcode) + _crash_stacks(group, w)
         lines.append(line)
-    it._shutdown()
+    watch.stop()
     lines.append("The epoch stops here instead of silently ending short.")
     raise WorkerDiedError(" ".join(lines))
 
-
-def lost_worker(it: Any, w: Any) -> None:
-    """A worker's socket broke: it died mid-reply. Wait for its exit status and report it."""
-    w.process.join(1.0)
-    check_workers_alive(it)
-    it._shutdown()
-    raise WorkerDiedError(
-        f"DataLoader worker {w.worker_id} (pid {w.pid}) closed its connection without exiting."
-    )

@@ -2,23 +2,25 @@
 
 NOTE [ Vectorised fetch ]
 Many in-memory datasets are thin wrappers over tensors or arrays (``{"x": self.x[i], "y":
-self.y[i]}``, ``TensorDataset``, a bare tensor or ndarray). Called with a LongTensor of a
-batch's indices, such a ``__getitem__`` returns the whole batch at once, with no per-sample
-Python at all. Whether a dataset is like that is measured: once the concurrency tuner has
-found the fetches CPU-bound (never for I/O-bound datasets: the call runs the user's code), on
-two batches (collated with the default collate, auto-batching on, no ``__getitems__``, no
-error policy) the worker computes the batch both ways and compares them
-leaf by leaf (type, dtype, shape, every value), after shaping the vectorised result as
-``default_collate`` would (plain tuples become lists, numeric arrays tensors). Any difference,
-any exception, any warning, or any draw from a global RNG means the dataset is fetched
-sample by sample forever after; identical results mean the rest of the epoch is fetched in
-one call per batch. Results are the same either way; what changes is how many times
-``__getitem__`` is called.
+self.y[i]}``). Called with a LongTensor of a batch's indices, such a ``__getitem__`` returns the
+whole batch at once, with no per-sample Python at all. Whether a ``__getitem__`` does that
+exactly cannot be measured: one that normalises by ``x / x.abs().max()`` reduces over the whole
+batch, and agrees with the per-sample result only on batches that happen to be normalised
+already. So ``dataset[index_tensor]`` is only tried for a dataset whose class promises it:
+``stoker_tensor_index = True`` says that ``dataset[torch.tensor(indices)]`` returns what
+``default_collate([dataset[i] for i in indices])`` returns. Even then it is checked: once the
+concurrency tuner has found the fetches CPU-bound, on two batches (default collate,
+auto-batching on, no ``__getitems__``, no error policy) the worker computes the batch both ways
+and compares them leaf by leaf (type, dtype, shape, every value), after shaping the vectorised
+result as ``default_collate`` would (plain tuples become lists, numeric arrays tensors). Any
+difference, exception, warning, or draw from a global RNG means sample by sample forever after.
 
-A ``__getitem__`` that does not take a tensor of indices (``int(self.y[i])``) may still have a
-batched form read from its source (NOTE [ Batched getitem from source ]). That form runs no
+A ``__getitem__`` that is one expression over array attributes may instead have a batched form
+read from its source (NOTE [ Batched getitem from source ]): exact by construction (it runs only
+operations known to act per sample, and declines the rest), so it needs no promise. It runs no
 user code, so it is tried first and from the first batch, in workers and with num_workers=0
-alike, and compared with the plain path the same way.
+alike, and compared with the plain path the same way. Both are fast paths behind NOTE [ One
+switch for the fast paths ].
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ def same_batch(a: Any, b: Any) -> bool:
     return False  # custom types: not known to be equal
 
 
+def declared_tensor_index(dataset: Any) -> bool:
+    """The dataset's class promises ``dataset[tensor_of_indices]`` is its collated batch."""
+    return getattr(dataset, "stoker_tensor_index", False) is True
+
+
 class VectorProbe:
     """Decides, from the first batches, whether a batch can be had in one call.
 
@@ -94,7 +101,7 @@ class VectorProbe:
             compiled = compile_batched(dataset)
             if compiled is not None:
                 self._candidates.append(("source", compiled))
-            if direct:
+            if direct and declared_tensor_index(dataset):
                 self._candidates.append(("call", self._call))
         self._left = _PROBES
         self.adopted = trusted and self.kind == "source"

@@ -1,21 +1,29 @@
-"""How many samples a worker fetches at once: measured, raised while it helps, never unsafe.
+"""How many samples a worker fetches at once: one, as torch, unless the user promised more.
 
 NOTE [ Automatic concurrency ]
-A worker starts fetching one sample at a time and measures, per window of batches, the wall
-time of its fetches, the CPU time its fetching threads used (``time.thread_time``: Python and
-C code alike, GIL held or not), and its throughput. A fetch that spends most of its wall time
-not on a CPU is waiting (network, disk, sleeps): more fetches at once will help. The tuner
-then runs samples on a thread pool, doubling the number in flight while throughput rises by
-at least 15%, and settles on the best level when it stops rising; CPU-bound datasets stay at
-one. The level is capped by ``_MAX_CONCURRENCY`` and by a memory budget (in-flight samples ×
-their measured size).
+torch's worker fetches one sample at a time, and so does stoker's unless the user promises that
+``__getitem__`` may run on several threads at once: ``worker_concurrency=<int>`` (that many),
+``stoker_thread_safe = True`` on the dataset class (then ``"auto"`` tunes the number), or
+``worker_type="thread"``. Thread-safety cannot be detected by probing (a shared file handle read
+with seek + read, an ``sqlite3`` connection, ``signal.alarm`` all work on one thread and break
+on several), and neither can a draw from a global RNG that comes late in an epoch, so without
+the promise nothing is guessed.
 
-It never changes results. Concurrent fetches in one process share the global RNGs, so a
-dataset whose ``__getitem__`` draws from ``random``, numpy's global RNG or torch's default
-generator (seen by comparing their states around a fetch) would get augmentations that depend
-on thread timing: it stays at one unless it declares ``stoker_thread_safe = True`` (e.g.
-because it draws only from ``stoker.sample_rng()``). Every decision is recorded with its
-reason and shown by ``loader.stats()``.
+Either way a worker measures, over its first samples fetched one by one, the wall time of a
+fetch, the CPU time its thread used (``time.thread_time``: Python and C code alike, GIL held or
+not) and the time it sat runnable waiting for a CPU. A fetch that spends most of its wall time
+not on a CPU is waiting (network, disk, sleeps). With the promise, the tuner then runs samples
+on a thread pool, doubling the number in flight while throughput rises by at least 15%, and
+settles on the best level when it stops rising; CPU-bound datasets stay at one. The level is
+capped by ``_MAX_CONCURRENCY`` and by a memory budget (in-flight samples x their measured
+size). Without the promise it stays at one and records what the promise would give (an
+estimate from the wait/CPU ratio), which ``loader.stats()`` shows.
+
+Under ``"auto"`` with the promise, a dataset seen drawing from ``random``, numpy's global RNG or
+torch's default generator during those first samples still stays at one (its augmentations
+would depend on thread timing); the promise itself says it draws only from
+``stoker.sample_rng()``/``sample_generator()``, so later draws are the user's to avoid.
+Every decision is recorded with its reason and shown by ``loader.stats()``.
 """
 
 from __future__ import annotations
@@ -101,10 +109,18 @@ class SampleClock:
 class ConcurrencyTuner:
     """Per worker: explore sample by sample at one, then climb by windows of batches."""
 
-    def __init__(self, setting: int | str, thread_safe: bool, can_split: bool) -> None:
+    def __init__(
+        self, setting: int | str, thread_safe: bool, can_split: bool, threads_promised: bool
+    ) -> None:
+        """``thread_safe``: the dataset declares ``stoker_thread_safe`` (no RNG probe needed);
+        ``threads_promised``: fetches may run on several threads (NOTE [ Automatic
+        concurrency ]); without it ``"auto"`` stays at one and only measures."""
         self._start = time.perf_counter()
         self.decisions: list[Decision] = []
         self._thread_safe = thread_safe
+        self._threads = threads_promised
+        # Without the promise: what it would give, measured while exploring (an estimate).
+        self.unused_gain: float | None = None
         fixed = setting if isinstance(setting, int) else None
         self.concurrency = fixed if fixed is not None else 1
         self._settled = fixed is not None or not can_split
@@ -134,7 +150,7 @@ class ConcurrencyTuner:
     @property
     def probing(self) -> bool:
         """Whether the next sample should be checked for global-RNG use."""
-        return self.exploring and not self._thread_safe
+        return self.exploring and self._threads and not self._thread_safe
 
     def observe_sample(
         self, wall_s: float, cpu_s: float, touched_rng: bool, queued_s: float = 0.0
@@ -172,6 +188,13 @@ class ConcurrencyTuner:
         # the CPU is the limit: start there (within the caps); the climb checks it pays.
         # Fetches that almost only wait start at the cap: an epoch is often too short to climb.
         overlap = per_sample / max(cpu, 1e-9)
+        if not self._threads:
+            self._settled = True
+            self.unused_gain = min(float(_MAX_CONCURRENCY), per_sample / max(
+                statistics.median(c + q for _, c, q in self._probes), 1e-9))
+            self._decide(1, f"fetches wait {wait:.0%} of their time ({per_sample * 1e3:.1f} ms "
+                            "each), one at a time as in torch: " + opt_in_hint(self.unused_gain))
+            return
         start = self._cap() if wait >= _MOSTLY_WAITING else max(2, min(self._cap(), int(overlap)))
         self._best = (1, 1.0 / per_sample)
         self._decide(start,
@@ -215,4 +238,14 @@ class ConcurrencyTuner:
 
 
 def declared_thread_safe(dataset: Any) -> bool:
-    return bool(getattr(dataset, "stoker_thread_safe", False))
+    return getattr(dataset, "stoker_thread_safe", False) is True
+
+
+def opt_in_hint(gain: float) -> str:
+    """What promising thread-safety would give, from a measured wait/CPU ratio (an estimate)."""
+    level = max(2, min(_MAX_CONCURRENCY, round(gain)))
+    speedup = min(gain, level)
+    return (f"if __getitem__ is thread-safe (and draws randomness only from "
+            f"stoker.sample_rng()), worker_concurrency={level} would fetch ~{speedup:.0f}x "
+            "faster per worker (estimate from the fetches' wait/CPU time); "
+            "stoker_thread_safe = True on the dataset class lets stoker tune it")

@@ -7,10 +7,13 @@ map-style ``__getitem__`` is an error here, where torch silently ends the epoch.
 
 With ``on_error="skip"`` a map fetcher loads samples one by one when the batch fails, leaves
 out the ones that raise, and reports them as ``Skipped`` (index, error text) next to the batch.
+An error that says the process ran out of a resource (``MemoryError``, ``OSError`` ENOMEM,
+EMFILE, ENFILE, ENOSPC) is not a bad sample: it is raised, never skipped (``skippable``).
 """
 
 from __future__ import annotations
 
+import errno
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +27,17 @@ from stoker.sampling.sample_rng import SAMPLE_CONTEXT
 class Skipped:
     index: Any
     error: str  # "TypeName: message"
+
+
+_RESOURCE_ERRNOS = frozenset({errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.ENOSPC})
+
+
+def skippable(exc: BaseException) -> bool:
+    """Whether ``on_error="skip"`` may leave out a sample that raised ``exc``: an ``Exception``
+    that is not the process running out of memory, file descriptors or disk."""
+    if not isinstance(exc, Exception) or isinstance(exc, MemoryError):
+        return False
+    return not (isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS)
 
 
 class EmptyBatch:
@@ -107,15 +121,15 @@ class MapFetcher:
                 return self._dataset[index]
             try:
                 return self.samples(index)
-            except Exception:
-                if not self._skip:
+            except Exception as exc:
+                if not self._skip or not skippable(exc):
                     raise
                 kept = self._samples_skipping(index)
                 return kept if kept else EMPTY
         except StopIteration as exc:
             raise _stop_iteration_error(exc) from exc
         except Exception as exc:
-            if self._skip and not self._auto:
+            if self._skip and not self._auto and skippable(exc):
                 self.skipped = [Skipped(index, error_text(exc))]
                 return EMPTY
             raise
@@ -144,6 +158,8 @@ class MapFetcher:
             except StopIteration as exc:
                 raise _stop_iteration_error(exc) from exc
             except Exception as exc:
+                if not skippable(exc):
+                    raise
                 self.skipped.append(Skipped(i, error_text(exc)))
         return kept
 
@@ -195,8 +211,8 @@ def vectorisable(spec: FetchSpec) -> bool:
     collate_fn = spec.collate_fn
     default = collate_fn is default_collate or getattr(collate_fn, "func", None) is collate
     return (
-        spec.kind == "map" and spec.auto_collation and default and not spec.skip_errors
-        and not getattr(dataset, "__getitems__", None)
+        spec.fast_paths and spec.kind == "map" and spec.auto_collation and default
+        and not spec.skip_errors and not getattr(dataset, "__getitems__", None)
     )
 
 

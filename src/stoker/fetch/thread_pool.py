@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stoker.fetch.concurrency import ConcurrencyTuner, SampleClock
-from stoker.fetch.fetchers import MapFetcher, Skipped, error_text
+from stoker.fetch.fetchers import MapFetcher, Skipped, error_text, skippable
 from stoker.sampling import global_rngs
 from stoker.sampling.sample_rng import clear_sample_context, set_sample_context
 
@@ -123,8 +123,9 @@ def settle(job: Job, skip_errors: bool) -> tuple[list[Any], list[Skipped], BaseE
     """The batch's kept samples, the skipped ones, or the error to report (lowest index first)."""
     if not job.errors:
         return job.results, [], None
-    if not skip_errors:
-        return [], [], job.errors[min(job.errors)]
+    fatal = [k for k, e in job.errors.items() if not skippable(e)]
+    if not skip_errors or fatal:
+        return [], [], job.errors[min(fatal or job.errors)]
     kept = [r for k, r in enumerate(job.results) if k not in job.errors]
     skipped = [Skipped(job.indices[k], error_text(e)) for k, e in sorted(job.errors.items())]
     return kept, skipped, None
@@ -152,7 +153,7 @@ def explore(
         try:
             job.results[k] = fetcher.get_one_checked(index)
         except Exception as exc:
-            if not skip_errors:
+            if not skip_errors or not skippable(exc):
                 raise
             job.errors[k] = exc
         job.wall_s += time.perf_counter() - t0

@@ -73,6 +73,20 @@ class EventRecorder:
     def main_stage(self, name: str, start: float, end: float) -> None:
         self._main.append((name, start, end))
 
+    def raw(self) -> dict[str, list]:
+        """The records as plain lists (JSON), for ``from_raw`` in another process."""
+        return {"started": [self.started], "workers": [list(x) for x in self._workers],
+                "steps": [list(x) for x in self._steps], "main": [list(x) for x in self._main]}
+
+    @classmethod
+    def from_raw(cls, raw: dict[str, list]) -> EventRecorder:
+        rec = cls(max(1, len(raw["workers"]), len(raw["steps"]), len(raw["main"])))
+        rec.started = raw["started"][0]
+        rec._workers.extend(tuple(x) for x in raw["workers"])
+        rec._steps.extend(tuple(x) for x in raw["steps"])
+        rec._main.extend(tuple(x) for x in raw["main"])
+        return rec
+
     def worker_batches(self) -> list[WorkerBatch]:
         out = []
         for wid, fetch_wall, collate, pack, sent, received in list(self._workers):

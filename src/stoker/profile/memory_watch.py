@@ -48,6 +48,7 @@ from itertools import islice
 from typing import Any, Literal
 
 from stoker._core.walk import attributes
+from stoker.errors import CopyOnReadWarning
 
 MIB = 2**20
 ENV_SWITCH = "STOKER_MEMORY_WATCH"
@@ -61,12 +62,6 @@ _SIZE_SAMPLES = 16
 _STOKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-class CopyOnReadWarning(UserWarning):
-    """A DataLoader worker's private memory grows steadily (most often copy-on-read).
-
-    A ``UserWarning`` rather than a ``ResourceWarning``: Python's default filters hide every
-    ``ResourceWarning``, and this one is meant to be seen.
-    """
 
 
 # -- reading USS ---------------------------------------------------------------------------------

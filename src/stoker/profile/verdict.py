@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from stoker._core.stats import LoaderStats
+from stoker.fetch.concurrency import opt_in_hint
 
 _INPUT_BOUND = 0.10  # the loop waits for data more than this share of its time
 
@@ -35,6 +36,11 @@ def _why(s: LoaderStats, total: float) -> str:
     work = s.fetch_cpu_s + s.collate_s + s.pack_s
     waiting, queued = _fetch_waiting(s)
     conc = max(s.concurrency) if s.concurrency else 1
+    if waiting > 0.5 and conc == 1:
+        # One fetch at a time (torch's way): threads need the user's promise of thread-safety.
+        gain = 1.0 / max(1e-9, 1.0 - waiting)
+        return (f"fetches wait {waiting:.0%} of their time (I/O or remote storage), one at a "
+                f"time per worker as in torch; raise num_workers, or {opt_in_hint(gain)}")
     if waiting > 0.5:
         return (f"fetches wait {waiting:.0%} of their time (I/O or remote storage) at up to "
                 f"{conc} concurrent fetches per worker; raise num_workers or "

@@ -30,103 +30,18 @@ from typing import Any
 import numpy as np
 import torch
 
-_MT_WORDS = 624
-_MT19937_STATE_BYTES = _MT_WORDS * 4 + 4  # uint32 key[624]; int pos
+from stoker.fastpaths.raw_rng_states import (
+    MT_WORDS,
+    NUMPY_GAUSS_OFFSET,
+    RANDOM_OFFSET,
+    numpy_raw,
+    numpy_restore,
+)
 
-
-def _memory(obj: object, nbytes: int) -> bytes:
-    return ctypes.string_at(id(obj), nbytes)
-
-
-def _find(obj: object, nbytes: int, needle: bytes) -> int | None:
-    """The one offset of ``needle`` in the first ``nbytes`` of ``obj``'s memory, else None."""
-    haystack = _memory(obj, nbytes)
-    at = haystack.find(needle)
-    return at if at >= 0 and haystack.find(needle, at + 1) < 0 else None
-
-
-# -- random ------------------------------------------------------------------------------------
-
-
-def _random_offset() -> int | None:
-    """Offset of ``int index; uint32_t state[624]`` in a ``random.Random`` object, checked."""
-    import _random
-
-    size = _random.Random.__basicsize__
-    probe = random.Random(0x5EED)
-    probe.random()
-    words = probe.getstate()[1]
-    at = _find(probe, size, struct.pack(f"={_MT_WORDS}I", *words[:_MT_WORDS]))
-    if at is None or at < 4:
-        return None
-    offset = at - 4
-    if struct.unpack_from("=i", _memory(probe, size), offset)[0] != words[_MT_WORDS]:
-        return None
-    # Round trip on a second object: copy out, draw, copy back, draw the same again.
-    other = random.Random(0xD1CE)
-    saved = ctypes.string_at(id(other) + offset, 4 + 4 * _MT_WORDS)
-    first = [other.random() for _ in range(700)]  # past a regeneration of the 624 words
-    ctypes.memmove(id(other) + offset, saved, len(saved))
-    if [other.random() for _ in range(700)] != first:
-        return None
-    return offset
-
-
-# -- numpy -------------------------------------------------------------------------------------
-
-
-def _numpy_gauss_offset() -> int | None:
-    """Offset of ``int has_gauss; double gauss`` (16 bytes with padding) in a RandomState."""
-    size = type(np.random.mtrand._rand).__basicsize__
-    probe = np.random.RandomState(0x5EED)
-    state: Any = probe.get_state(legacy=True)
-    key, pos = state[1], state[2]
-    sentinel = 0.7315926535897932
-    probe.set_state(("MT19937", key, pos, 1, sentinel))
-    at = _find(probe, size, struct.pack("=d", sentinel))
-    if at is None or at < 8:
-        return None
-    offset = at - 8
-    if struct.unpack_from("=i", _memory(probe, size), offset)[0] != 1:
-        return None
-    probe.set_state(("MT19937", key, pos, 0, 0.0))
-    if struct.unpack_from("=i", _memory(probe, size), offset)[0] != 0:
-        return None
-    # Round trip with a Gaussian cached: raw copies must give the same draws again.
-    probe.standard_normal()  # leaves the pair's second value cached
-    raw = _numpy_raw(probe, offset)
-    first = probe.standard_normal(5).tolist() + probe.random_sample(700).tolist()
-    _numpy_restore(probe, offset, raw)
-    if probe.standard_normal(5).tolist() + probe.random_sample(700).tolist() != first:
-        return None
-    return offset
-
-
-def _numpy_raw(rs: Any, gauss_offset: int) -> tuple[bytes, bytes]:
-    address = rs._bit_generator.ctypes.state_address
-    with rs._bit_generator.lock:  # the lock RandomState itself takes
-        return (
-            ctypes.string_at(address, _MT19937_STATE_BYTES),
-            ctypes.string_at(id(rs) + gauss_offset, 16),
-        )
-
-
-def _numpy_restore(rs: Any, gauss_offset: int, raw: tuple[bytes, bytes]) -> None:
-    address = rs._bit_generator.ctypes.state_address
-    with rs._bit_generator.lock:  # the lock RandomState itself takes
-        ctypes.memmove(address, raw[0], _MT19937_STATE_BYTES)
-        ctypes.memmove(id(rs) + gauss_offset, raw[1], 16)
-
-
-def _calibrated(find: Any) -> int | None:
-    try:
-        return find()
-    except Exception:  # an unexpected layout or API: the public path is used instead
-        return None
-
-
-_RANDOM_OFFSET = _calibrated(_random_offset)
-_NUMPY_GAUSS_OFFSET = _calibrated(_numpy_gauss_offset)
+_MT_WORDS = MT_WORDS
+# Module globals, so a test can take the public path: None there.
+_RANDOM_OFFSET = RANDOM_OFFSET
+_NUMPY_GAUSS_OFFSET = NUMPY_GAUSS_OFFSET
 
 
 # -- snapshots ---------------------------------------------------------------------------------
@@ -141,8 +56,8 @@ def _module_random() -> tuple[Any, int] | None:
     return inst, id(inst) + _RANDOM_OFFSET
 
 
-def _random_state() -> Any:
-    found = _module_random()
+def _random_state(raw: bool = True) -> Any:
+    found = _module_random() if raw else None
     if found is None:
         return random.getstate()
     inst, address = found
@@ -168,14 +83,15 @@ def _numpy_global() -> Any:
     return np.random.mtrand._rand
 
 
-def _numpy_state() -> Any:
+def _numpy_state(raw: bool = True) -> Any:
     rs = _numpy_global()
     if (
-        _NUMPY_GAUSS_OFFSET is not None
+        raw
+        and _NUMPY_GAUSS_OFFSET is not None
         and type(rs) is np.random.RandomState
         and type(rs._bit_generator) is np.random.MT19937
     ):
-        return _numpy_raw(rs, _NUMPY_GAUSS_OFFSET)
+        return numpy_raw(rs, _NUMPY_GAUSS_OFFSET)
     return rs.get_state()
 
 
@@ -183,14 +99,15 @@ def _set_numpy_state(state: Any) -> None:
     rs = _numpy_global()
     if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], bytes):
         assert _NUMPY_GAUSS_OFFSET is not None
-        _numpy_restore(rs, _NUMPY_GAUSS_OFFSET, state)
+        numpy_restore(rs, _NUMPY_GAUSS_OFFSET, state)
     else:
         rs.set_state(state)
 
 
-def snapshot() -> tuple[Any, Any, torch.Tensor]:
-    """The states of ``random``, numpy's global RNG and torch's default CPU generator."""
-    return _random_state(), _numpy_state(), torch.get_rng_state()
+def snapshot(raw: bool = True) -> tuple[Any, Any, torch.Tensor]:
+    """The states of ``random``, numpy's global RNG and torch's default CPU generator;
+    ``raw=False``: through the public APIs only (NOTE [ One switch for the fast paths ])."""
+    return _random_state(raw), _numpy_state(raw), torch.get_rng_state()
 
 
 def restore(state: tuple[Any, Any, torch.Tensor]) -> None:

@@ -125,10 +125,14 @@ def reseeded_since(before: tuple[int, tuple, tuple]) -> bool:
 
 class GlobalRngGuard:
     """Saves and restores the global RNGs around a fetch in the caller's own process
-    (NOTE [ Raw RNG snapshots ]: a few microseconds each way)."""
+    (NOTE [ Raw RNG snapshots ]: a few microseconds each way; ``raw=False``: the public APIs,
+    NOTE [ One switch for the fast paths ])."""
+
+    def __init__(self, raw: bool = True) -> None:
+        self._raw = raw
 
     def __enter__(self) -> None:
-        self._states = global_rngs.snapshot()
+        self._states = global_rngs.snapshot(self._raw)
 
     def __exit__(self, *exc: object) -> None:
         global_rngs.restore(self._states)

@@ -21,19 +21,23 @@ fresh object per read and writes nothing shared. Two stand-ins, best first:
   copied once into shared memory. Used when the list is also held elsewhere, or where this
   interpreter's object layout is not one ``InheritedList`` reads. Kept across epochs and
   rebuilt only when the list changes, detected exactly with a shallow copy taken at build
-  time: ``snapshot == current`` compares item pointers first, so an unchanged 2M list is
-  checked in milliseconds, and any replaced, added or removed item triggers a rebuild.
+  time: every item must be the very object it was (``is``, not ``==``: an item changed from
+  ``1`` to ``1.0`` equals it, and workers would go on seeing ints). The snapshot holds the old
+  items, so none can be freed and another take its address; an unchanged 2M list is checked
+  in milliseconds, and any replaced, added or removed item triggers a rebuild.
 
-The main process keeps its plain list: nothing changes there. What the worker sees: an
-equal, read-only sequence (indexing, slicing, ``len``, iteration, ``in``, ``index``,
-``count``, ``==`` with a list). Assigning into it raises an error that names this note. A
-dataset that needs the plain list in its workers (``isinstance(x, list)``, mutation) sets
-``stoker_share_lists = False``. Only under ``fork``: with ``spawn``/``forkserver`` the
-dataset is pickled into each worker anyway.
+The main process keeps its plain list: nothing changes there. What the worker sees is a
+``ListStandIn`` over either: the list in every way a program can observe but its type
+(``==``, ``repr``, ``copy()``, ``+``, ``*``, comparisons, and changes, which go to the worker's
+own copy from then on, as under torch). A dataset that needs ``type(x) is list`` in its
+workers (or C code that takes only an exact list, e.g. ``json.dumps`` of the whole list) sets
+``stoker_share_lists = False``. Only under ``fork``: with ``spawn``/``forkserver`` the dataset
+is pickled into each worker anyway.
 """
 
 from __future__ import annotations
 
+import operator
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,6 +47,7 @@ from stoker._core.walk import iter_attributes
 from stoker.sharing import inherited_list
 from stoker.sharing.inherited_list import InheritedList
 from stoker.sharing.shared_list import SharedBytesList, SharedList, SharedStrList
+from stoker.sharing.stand_in import ListStandIn
 
 MIN_ITEMS = 65_536
 _PLAIN_SCALARS = (int, float, bool, type(None), str, bytes)
@@ -136,12 +141,15 @@ class ListSharing:
     """Per loader: how each large list of its dataset goes to forked workers, kept across
     epochs (a shared container is rebuilt only when its list changes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        """``enabled=False``: lists reach workers as under torch (NOTE [ One switch for the
+        fast paths ] in stoker.fastpaths.switch)."""
         self._entries: dict[int, _Entry] = {}  # id(list) -> entry (entry.source keeps it alive)
+        self._enabled = enabled
 
     def plan(self, dataset: Any) -> tuple[tuple[Any, str, Any], ...]:
         """``(owner, attribute name, READ_IN_PLACE or a shared container)`` per large list."""
-        if getattr(dataset, "stoker_share_lists", True) is False:
+        if not self._enabled or getattr(dataset, "stoker_share_lists", True) is False:
             self._entries = {}
             return ()
         found, slots = _large_lists(dataset)
@@ -159,7 +167,7 @@ class ListSharing:
                 plan += [(owner, name, READ_IN_PLACE) for owner, name in owned]
                 continue
             value = found[key]
-            if old is None or old.source is not value or old.snapshot != value:
+            if old is None or old.source is not value or not _unchanged(old.snapshot, value):
                 cls = container_class(value)
                 old = _Entry(value, value.copy(), cls(value) if cls is not None else None)
             kept[key] = old
@@ -169,14 +177,19 @@ class ListSharing:
         return tuple(plan)
 
 
+def _unchanged(snapshot: list[Any], current: list[Any]) -> bool:
+    """Every item is the object it was (identity: ``1 == 1.0``, yet workers must see 1.0)."""
+    return len(snapshot) == len(current) and all(map(operator.is_, snapshot, current))
+
+
 def apply_in_worker(plan: tuple[tuple[Any, str, Any], ...]) -> None:
     """Point each planned attribute at its stand-in (in a forked worker only)."""
-    views: dict[int, InheritedList] = {}
+    views: dict[int, ListStandIn] = {}
     for owner, name, shared in plan:
-        if shared is READ_IN_PLACE:
-            source = vars(owner)[name]
-            if id(source) not in views:
-                views[id(source)] = InheritedList(source)
-            shared = views[id(source)]
-            del source  # the view holds the list's only reference from now on
-        vars(owner)[name] = shared
+        source = vars(owner)[name]
+        if id(source) not in views:  # one stand-in per list, however many attributes hold it
+            views[id(source)] = ListStandIn(
+                InheritedList(source) if shared is READ_IN_PLACE else shared
+            )
+        vars(owner)[name] = views[id(source)]
+        del source  # the view holds the list's only reference from now on

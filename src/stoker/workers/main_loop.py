@@ -7,7 +7,7 @@ the concurrency (NOTE [ Automatic concurrency ]); then ``SamplePipeline`` fetche
 several batches at once, and a reader thread turns socket messages into events on one queue
 next to the fetch threads' "sample done" events, so the main thread handles both in order and
 stays the only one that sends. See ``workers.protocol`` for the messages and NOTE [ Loader
-shutdown ] in ``engine.shutdown``.
+shutdown ] in ``engine.worker_group``.
 """
 
 from __future__ import annotations
@@ -182,9 +182,10 @@ class _Worker:
             self.vector = VectorProbe(self.spec.fetch.dataset, vectorisable(self.spec.fetch),
                                       trusted=self.spec.vector_trusted)
         if self.tuner is None:
+            safe = declared_thread_safe(self.spec.fetch.dataset)
             self.tuner = ConcurrencyTuner(
-                self.spec.concurrency, declared_thread_safe(self.spec.fetch.dataset),
-                can_split=self.fetcher.splittable,
+                self.spec.concurrency, safe, can_split=self.fetcher.splittable,
+                threads_promised=safe,  # NOTE [ Automatic concurrency ]
             )
         if self.pipeline is not None:
             self.pipeline.set_fetcher(self.fetcher)
@@ -518,7 +519,8 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     process_pool.close_inherited_parent_ends()
     threading.Thread(target=_watch_parent, args=(spec.parent_pid,), daemon=True).start()
     cap_worker_threads(1, forked=spec.forked)
-    collate_into_slabs_in_this_worker()  # NOTE [ torch's collate in stoker workers ]
+    if spec.fetch.fast_paths:
+        collate_into_slabs_in_this_worker()  # NOTE [ torch's collate in stoker workers ]
     apply_in_worker(spec.shared_lists)  # before any user code runs here
     worker = _Worker(spec, conn)
     try:

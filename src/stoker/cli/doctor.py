@@ -1,0 +1,139 @@
+"""`stoker doctor`: why is my training slow? Measured on the user's own loader.
+
+    stoker doctor [options] MODULE:FACTORY     the factory returns a DataLoader or
+                                              (dataset, loader_kwargs)
+    stoker doctor [options] -- python train.py ARGS...   the script, unchanged
+
+The first run of the user's setting is measured in detail (the verdict, where the time goes,
+the timeline for --trace / --report); then the candidates, each for --seconds, between repeats
+of the user's setting. Progress goes to stderr, the report to stdout. Ctrl-C stops the
+measuring and prints what was measured so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="stoker doctor",
+        description="Measure your loader on your data: is training input-bound, where does "
+        "the time go, and which setting is faster (tried for a few seconds each).",
+    )
+    p.add_argument("target", nargs="?", metavar="MODULE:FACTORY",
+                   help="a function returning your DataLoader or (dataset, loader_kwargs); "
+                   "or give the script after --")
+    p.add_argument("--seconds", type=_positive_float, default=3.0,
+                   help="measured seconds per run, after a short warm-up (default 3)")
+    p.add_argument("--batches", type=_positive_int, default=100_000,
+                   help="at most this many batches per run (default 100000)")
+    p.add_argument("--step-ms", type=_non_negative_float, default=0.0,
+                   help="simulate a training step of this many ms per batch (sleeping, as "
+                   "a GPU step leaves the CPU free); script mode uses the real step")
+    p.add_argument("--no-sweep", action="store_true", help="diagnose only; try no settings")
+    p.add_argument("--max-candidates", type=_positive_int, default=7,
+                   help="settings to try at most (default 7)")
+    p.add_argument("--report", metavar="PATH", help="write a picture: .html (self-contained) "
+                   "or .png; needs matplotlib (pip install 'stoker[doctor]')")
+    p.add_argument("--json", metavar="PATH", help="write the report as JSON (verdict, rates, "
+                   "the sweep, the recommended arguments)")
+    p.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace (.json) of "
+                   "the detailed run: per-worker fetch/collate/pack, main-loop waits")
+    return p
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def main(argv: Sequence[str]) -> int:
+    argv = list(argv)
+    command: list[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, command = argv[:at], argv[at + 1:]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if bool(command) == bool(args.target):
+        parser.error("give either MODULE:FACTORY or a command after --, e.g. "
+                     "stoker doctor train:make_loader  or  stoker doctor -- python train.py")
+    if args.report:
+        from stoker.doctor.picture import check_report_path
+
+        problem = check_report_path(args.report)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
+    if command:
+        if args.step_ms:
+            parser.error("--step-ms simulates a step for MODULE:FACTORY; with a script the "
+                         "script's own training step is measured. Drop --step-ms.")
+        from stoker.doctor.script import run_script
+
+        return run_script(command, args)
+    return run_factory(args)
+
+
+def run_factory(args: argparse.Namespace) -> int:
+    from stoker.doctor.session import Session
+    from stoker.doctor.target import TargetError, load_recipe
+
+    try:
+        recipe = load_recipe(args.target)
+    except TargetError as exc:
+        print(f"stoker doctor: {exc}", file=sys.stderr)
+        return 2
+    session = Session(recipe, args, Progress())
+    return session.run()
+
+
+class Progress:
+    """One line per run on stderr, rewritten in place on a terminal."""
+
+    def __init__(self) -> None:
+        self._tty = sys.stderr.isatty()
+        self._label = ""
+        self._shown_at = 0.0
+
+    def announce(self, text: str) -> None:
+        self._label = text
+        self._end_line()
+        print(f"stoker doctor: {text} ...", file=sys.stderr, end="" if self._tty else "\n",
+              flush=True)
+
+    def update(self, label: str, batches: int, seconds: float) -> None:
+        now = time.monotonic()
+        if self._tty and now - self._shown_at > 0.25:
+            self._shown_at = now
+            print(f"\rstoker doctor: {self._label} ... {seconds:4.1f} s, {batches} batches",
+                  file=sys.stderr, end="", flush=True)
+
+    def _end_line(self) -> None:
+        if self._tty and self._shown_at:
+            print(file=sys.stderr)
+            self._shown_at = 0.0
+
+    def done(self) -> None:
+        self._end_line()
+

@@ -1,0 +1,147 @@
+"""Inside the user's script under ``stoker doctor -- python train.py``.
+
+``stoker.DataLoader.__init__`` calls ``attach`` when ``STOKER_DOCTOR`` is set (the path this
+process writes its measurement to). The doctor's settings arrive in ``STOKER_DOCTOR_CONFIG``
+(JSON: bounds, the arguments to override, whether to record the timeline). The first loader
+to deliver a batch is measured, with the script's own training step between batches; once
+the bounds are reached the measurement is written and the script is ended with
+``SystemExit`` (its ``finally`` blocks and the loaders' shutdown run as usual). A script that
+ends sooner writes what it measured at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import time
+from typing import Any
+
+from stoker.doctor.measure import _queued_s
+from stoker.engine.stats import StatsAccumulator
+
+OUT_ENV = "STOKER_DOCTOR"
+CONFIG_ENV = "STOKER_DOCTOR_CONFIG"
+_ADJUSTABLE = ("num_workers", "prefetch_factor", "pin_memory", "worker_type",
+               "worker_concurrency")
+
+
+class _Agent:
+    def __init__(self, out_path: str, config: dict[str, Any]) -> None:
+        from stoker.doctor.measure import Bounds, Run
+
+        self.out_path = out_path
+        self.overrides: dict[str, Any] = config.get("overrides", {})
+        self.detailed = bool(config.get("detailed"))
+        self.bounds = Bounds(batches=int(config["batches"]), seconds=float(config["seconds"]))
+        self.run = Run(str(config.get("label", "your setting")), dict(self.overrides))
+        self.measured: Any = None  # the loader being measured (the first to deliver)
+        self.kwargs: dict[str, Any] = {}
+        self.warm_stats: Any = None
+        self.watcher: Any = None
+        self.written = False
+        self.queued_at = 0.0
+        atexit.register(self.write)
+
+    def attach(self, loader: Any) -> None:
+        for key, value in self.overrides.items():
+            if key in _ADJUSTABLE:
+                setattr(loader, key, value)
+        if loader.num_workers > 0 and loader.prefetch_factor is None:
+            loader.prefetch_factor = 2  # what torch's constructor sets with workers
+        loader._engine.num_workers = loader.num_workers
+        loader._engine.stats = _AgentStats(loader.num_workers, self, loader)
+        if self.detailed:
+            from stoker.profile.events import EventRecorder
+
+            loader._engine.stats.events = EventRecorder()
+
+    def delivered(self, loader: Any, stats: StatsAccumulator, samples: int) -> None:
+        now = time.perf_counter()
+        if self.measured is None:
+            self._start(loader, stats)
+        if loader is not self.measured:
+            return
+        run = self.run
+        run.batch_times.append((now, samples))
+        if not run.first_batch_s:
+            run.first_batch_s = now - run.started
+        if self.warm_stats is None:
+            if len(run.batch_times) >= self.bounds.warmup_batches and (
+                now - run.started >= self.bounds.warmup_s
+            ):
+                self.warm_stats, run.warm_at = stats.snapshot(), now
+                self.queued_at = _queued_s()
+            return
+        run.batches += 1
+        run.samples += samples
+        run.seconds = now - run.warm_at
+        if run.batches >= self.bounds.batches or run.seconds >= self.bounds.seconds:
+            self.write()
+            raise SystemExit(0)
+
+    def _start(self, loader: Any, stats: StatsAccumulator) -> None:
+        from stoker.doctor.measure import _MemoryWatcher
+        from stoker.doctor.records import plain_kwargs
+        from stoker.doctor.target import kwargs_of
+
+        self.measured = loader
+        self.kwargs = plain_kwargs(kwargs_of(loader))
+        self.run.started = getattr(stats, "created", time.perf_counter())
+        if self.detailed:
+            self.run.events = stats.events
+            self.watcher = _MemoryWatcher()
+
+    def write(self) -> None:
+        if self.written:
+            return
+        self.written = True
+        from stoker.doctor.measure import stats_between, with_main_queue
+        from stoker.doctor.records import run_to_dict
+
+        run = self.run
+        if self.watcher is not None:
+            run.memory = self.watcher.stop()
+        if self.measured is not None:
+            now_stats = self.measured.stats()
+            run.stats = now_stats
+            if self.warm_stats is not None:
+                run.stats = with_main_queue(stats_between(self.warm_stats, now_stats),
+                                            _queued_s() - self.queued_at)
+            run.samples_per_s = run.samples / run.seconds if run.seconds > 0 else 0.0
+        doc = {"run": run_to_dict(run), "kwargs": self.kwargs,
+               "measured": self.measured is not None}
+        tmp = self.out_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, self.out_path)
+
+
+class _AgentStats(StatsAccumulator):
+    """The loader's accumulator, telling the agent of every delivered batch."""
+
+    def __init__(self, num_workers: int, agent: _Agent, loader: Any) -> None:
+        super().__init__(num_workers)
+        self.created = time.perf_counter()
+        self._agent = agent
+        import weakref
+
+        self._loader = weakref.ref(loader)
+
+    def left_next(self, entered_at: float, data: Any) -> None:
+        before = self.samples
+        super().left_next(entered_at, data)
+        loader = self._loader()
+        if loader is not None:
+            self._agent.delivered(loader, self, self.samples - before)
+
+
+_agent: _Agent | None = None
+
+
+def attach(loader: Any) -> None:
+    global _agent
+    if _agent is None:
+        _agent = _Agent(os.environ[OUT_ENV], json.loads(os.environ.get(CONFIG_ENV, "{}")
+                                                         or "{}"))
+    _agent.attach(loader)

@@ -1,0 +1,93 @@
+"""The settings worth trying on the user's dataset, for a verdict.
+
+Every candidate is a small set of constructor arguments changed from the user's own. Ones
+that rest on a promise about the user's code (threads inside a worker need a thread-safe
+``__getitem__``) are marked opt-in, and the report says what the promise is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stoker.doctor.diagnose import Kind
+
+THREAD_SAFE_PROMISE = "opt-in: only if your __getitem__ is thread-safe"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    overrides: Mapping[str, Any]
+    opt_in: str = ""  # the promise this setting needs from the user's code, if any
+    label: str = field(default="")
+
+    def name(self) -> str:
+        return self.label or ", ".join(f"{k}={v!r}" for k, v in self.overrides.items())
+
+
+def candidates(kwargs: Mapping[str, Any], kind: Kind, cores: int, cuda: bool,
+               limit: int = 7) -> list[Candidate]:
+    """Distinct settings, the likeliest for ``kind`` first, at most ``limit``."""
+    base_n = int(kwargs.get("num_workers", 0))
+    threads = kwargs.get("worker_type", "auto") == "thread"
+    proc = {"worker_type": "process"} if threads else {}
+    io_n = max(cores, 4) * 2
+    out: list[Candidate] = []
+    if kind in ("storage", "consumer"):
+        out += [Candidate({"num_workers": max(base_n, cores), "worker_concurrency": 8, **proc},
+                          THREAD_SAFE_PROMISE),
+                Candidate({"worker_type": "thread", "worker_concurrency": 16},
+                          THREAD_SAFE_PROMISE),
+                Candidate({"num_workers": io_n, "worker_concurrency": 1, **proc})]
+    if kind == "gil":
+        out.append(Candidate({"worker_type": "process", "num_workers": cores,
+                              "worker_concurrency": 1}))
+    out += [Candidate({"num_workers": n, **proc}) for n in range(cores, 0, -1) if n != base_n]
+    if base_n > 0 and not threads:
+        out.append(Candidate({"prefetch_factor": 2 * int(kwargs.get("prefetch_factor") or 2)}))
+    if cuda and not kwargs.get("pin_memory"):
+        out.append(Candidate({"pin_memory": True}))
+    # Threads inside a worker only add fetches that wait; for CPU work in Python they add
+    # nothing on a quiet machine (one GIL per process), so they are not offered for it. (On
+    # a busy machine more threads win a larger share of the CPUs from other processes: not a
+    # gain the user would keep.)
+    return _distinct(out, kwargs)[:limit]
+
+
+def _distinct(found: list[Candidate], kwargs: Mapping[str, Any]) -> list[Candidate]:
+    seen: list[dict[str, Any]] = [dict(kwargs)]
+    out = []
+    for c in found:
+        merged = {**kwargs, **c.overrides}
+        if merged not in seen:
+            seen.append(merged)
+            out.append(c)
+    return out
+
+
+def code_line(kwargs: Mapping[str, Any], overrides: Mapping[str, Any]) -> str:
+    """``stoker.DataLoader(dataset, ...)`` with the user's plain arguments and the change."""
+    defaults = {"batch_size": 1, "num_workers": 0, "pin_memory": False, "drop_last": False,
+                "timeout": 0, "persistent_workers": False, "in_order": True,
+                "worker_type": "auto", "worker_concurrency": "auto", "seeding": "per_batch",
+                "on_error": "raise", "skip_budget": 0.01, "prefetch_factor": None,
+                "multiprocessing_context": None, "generator": None, "worker_init_fn": None,
+                "sampler": None, "batch_sampler": None, "collate_fn": None, "shuffle": None}
+    merged = {**kwargs, **overrides}
+    if merged.get("num_workers", 0) == 0:
+        merged.pop("prefetch_factor", None)
+    parts, hidden = ["dataset"], False
+    for key, value in merged.items():
+        if key == "...":  # arguments that were objects (a sampler, a collate_fn)
+            hidden = True
+            continue
+        if key in defaults and value == defaults[key] and key not in overrides:
+            continue
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            parts.append(f"{key}={value!r}".replace("'", '"'))
+        else:
+            hidden = True
+    if hidden:
+        parts.insert(1, "...")
+    return f"stoker.DataLoader({', '.join(parts)})"

@@ -1,0 +1,141 @@
+"""The doctor's picture: timeline per worker and the main loop, throughput and memory over
+time, the sweep as bars. matplotlib (the ``doctor`` extra) draws it, without pyplot, so no
+global backend is touched; ``.png`` writes the image, ``.html`` one self-contained page (the
+image inlined, the text report beside it)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+from collections import defaultdict
+from typing import Any
+
+from stoker.doctor.measure import Run
+from stoker.doctor.sweep import Sweep
+from stoker.doctor.timeline import lanes, spans, throughput
+
+INSTALL_HINT = ("the --report picture needs matplotlib, which is not installed. Install the "
+                "doctor extra: pip install 'stoker[doctor]'  (or drop --report; --trace needs "
+                "nothing)")
+COLORS = {"wait": "#d62728", "step": "#2ca02c", "unpack": "#9467bd", "pin": "#8c564b",
+          "fetch": "#1f77b4", "fetch (straggler)": "#ff7f0e", "collate": "#17becf",
+          "pack": "#bcbd22"}
+
+
+class MissingPlotting(RuntimeError):
+    pass
+
+
+def check_report_path(path: str) -> str:
+    """An error message for a path the doctor cannot write a report to, else ''."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in (".html", ".png"):
+        return (f"stoker doctor: --report {path!r}: expected a file name ending in .html or "
+                ".png (the format follows the extension).")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return f"stoker doctor: {INSTALL_HINT}"
+    return ""
+
+
+def write_report(path: str, run: Run, sweep: Sweep | None, text: str = "") -> None:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise MissingPlotting(INSTALL_HINT) from exc
+    fig = Figure(figsize=(12, 11), layout="constrained")
+    axes = fig.subplots(4, 1, height_ratios=[3, 1.4, 1.4, 1.6])
+    axes[1].sharex(axes[0])
+    axes[2].sharex(axes[0])
+    _timeline(axes[0], run)
+    _throughput(axes[1], run)
+    _memory(axes[2], run)
+    _sweep(axes[3], sweep)
+    buf = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buf)
+    png = buf.getvalue()
+    if path.lower().endswith(".png"):
+        with open(path, "wb") as f:
+            f.write(png)
+        return
+    with open(path, "w") as f:
+        f.write(_page(png, text))
+
+
+def _page(png: bytes, text: str) -> str:
+    image = base64.b64encode(png).decode("ascii")
+    return ("<!doctype html>\n<html><head><meta charset='utf-8'><title>stoker doctor</title>"
+            "</head><body style='font-family:sans-serif'>\n<h1>stoker doctor</h1>\n"
+            f"<pre>{html.escape(text)}</pre>\n"
+            f"<img alt='stoker doctor report' src='data:image/png;base64,{image}'>\n"
+            "</body></html>\n")
+
+
+def _timeline(ax: Any, run: Run) -> None:
+    found = spans(run)
+    order = lanes(found)
+    bars: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    for s in found:
+        bars[(s.lane, s.name)].append((s.start, max(s.end - s.start, 1e-4)))
+    for (lane, name), xs in bars.items():
+        y = len(order) - 1 - order.index(lane)
+        ax.broken_barh(xs, (y - 0.4, 0.8), facecolors=COLORS.get(name, "grey"), label=name)
+    ax.set_yticks(range(len(order)), list(reversed(order)))
+    ax.set_xlabel("seconds since the loader was built")
+    if run.warm_at:
+        ax.axvline(run.warm_at - run.started, color="black", linestyle=":", linewidth=1)
+        ax.text(run.warm_at - run.started, len(order) - 0.45, " measured from here",
+                fontsize=8, va="bottom")
+    ax.set_title(f"timeline of {run.label!r}: where each batch's time went")
+    handles: dict[str, Any] = {}
+    for h, lbl in zip(*ax.get_legend_handles_labels(), strict=True):
+        handles.setdefault(lbl, h)
+    if handles:
+        ax.legend(handles.values(), handles.keys(), loc="upper right", ncols=4, fontsize=8)
+    if not found:
+        ax.text(0.5, 0.5, "no timeline recorded", ha="center", transform=ax.transAxes)
+
+
+def _throughput(ax: Any, run: Run) -> None:
+    points = throughput(run)
+    if points:
+        ax.plot([p[0] for p in points], [p[1] for p in points], color="#1f77b4")
+    ax.set_ylabel("samples/s")
+    ax.set_title("throughput over time (0.25 s windows)")
+
+
+def _memory(ax: Any, run: Run) -> None:
+    by_pid: dict[tuple[int, str], list[Any]] = defaultdict(list)
+    for m in run.memory:
+        by_pid[(m.pid, m.role)].append(m)
+    for (pid, role), ms in sorted(by_pid.items()):
+        xs = [m.at - run.started for m in ms]
+        line = ax.plot(xs, [m.pss_mib for m in ms], label=f"{role} {pid} PSS")[0]
+        ax.plot(xs, [m.uss_mib for m in ms], linestyle="--", color=line.get_color(),
+                label=f"{role} {pid} USS")
+    ax.set_ylabel("MiB")
+    ax.set_title("memory per process (PSS solid, USS dashed)")
+    if by_pid:
+        ax.legend(fontsize=7, ncols=4, loc="lower right")
+    else:
+        ax.text(0.5, 0.5, "memory not sampled (needs psutil)", ha="center",
+                transform=ax.transAxes)
+
+
+def _sweep(ax: Any, sweep: Sweep | None) -> None:
+    ax.set_title("settings tried on your dataset (samples/s)")
+    if sweep is None:
+        ax.text(0.5, 0.5, "no sweep (--no-sweep)", ha="center", transform=ax.transAxes)
+        return
+    rows = [(c.name(), r.samples_per_s) for c, r in sweep.ranked()]
+    rows.append(("your setting (median)", sweep.baseline_rate))
+    rows.sort(key=lambda r: r[1])
+    colors = ["#7f7f7f" if name.startswith("your setting") else "#1f77b4" for name, _ in rows]
+    bars = ax.barh(range(len(rows)), [r[1] for r in rows], color=colors)
+    ax.bar_label(bars, labels=[f"{r[1]:,.0f}" for r in rows], fontsize=8, padding=3)
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+    ax.set_xlabel("samples/s")

@@ -1,0 +1,144 @@
+"""The doctor's text report: verdict, where the time goes, what to change (measured)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stoker.doctor.candidates import code_line
+from stoker.doctor.diagnose import Diagnosis, Setup
+from stoker.doctor.measure import Run
+from stoker.doctor.sweep import Sweep
+
+
+@dataclass(frozen=True)
+class Context:
+    source: str  # what was examined (module:factory, or the script)
+    kwargs: Mapping[str, Any]
+    setup: Setup
+    step_ms: float | None  # simulated step; None: the script's real step
+
+
+def render(ctx: Context, first: Run, diagnosis: Diagnosis, sweep: Sweep | None) -> str:
+    lines = _header(ctx, first)
+    lines += ["", "VERDICT  " + diagnosis.headline, "  what to change: " + diagnosis.advice]
+    lines += ["", *where_time_goes(first, diagnosis, ctx.setup)]
+    if sweep is not None:
+        lines += ["", *_sweep_lines(ctx, sweep)]
+    return "\n".join(lines) + "\n"
+
+
+def _header(ctx: Context, run: Run) -> list[str]:
+    kw = ctx.kwargs
+    step = ("the script's own training step" if ctx.step_ms is None
+            else f"a simulated {ctx.step_ms:g} ms training step" if ctx.step_ms
+            else "no training step (the loader alone)")
+    out = [
+        f"stoker doctor: {ctx.source}",
+        f"  your setting: {code_line(kw, {})}",
+        f"  machine: {ctx.setup.cores} cores; against {step}",
+        f"  measured {run.seconds:.1f} s after a warm-up: {run.batches} batches, "
+        f"{run.samples_per_s:,.0f} samples/s (first batch after {run.first_batch_s:.2f} s)",
+    ]
+    if run.error:
+        out.append(f"  the run failed: {run.error}")
+    if run.interrupted:
+        out.append("  interrupted (Ctrl-C): partial figures")
+    return out
+
+
+def where_time_goes(run: Run, d: Diagnosis, setup: Setup) -> list[str]:
+    s = run.stats
+    loop_wall = s.wait_s + s.loop_s
+    work = sum(x.seconds for x in d.shares if x.of == "work")
+    who = ("the training thread" if s.num_workers == 0 or s.inline
+           else f"{s.num_workers} threads of the main process" if setup.worker_type == "thread"
+           else f"{s.num_workers} worker processes")
+    out = [f"Where the time goes (training loop: {loop_wall:.2f} s of wall time)"]
+    for x in d.shares:
+        if x.of == "loop":
+            out.append(_row(x.name, x.seconds, loop_wall))
+    out.append(f"  {'host-to-device copy':<44}" + (
+        "in the step" if setup.device_copy else "not measured: no accelerator copy here"))
+    out.append(f"Loader work ({work:.2f} s summed over {who}; concurrent fetches each "
+               "count)")
+    for x in d.shares:
+        if x.of == "work":
+            out.append(_row(x.name, x.seconds, work))
+    return out
+
+
+def _row(name: str, seconds: float, total: float) -> str:
+    share = seconds / total if total > 0 else 0.0
+    return f"  {name:<44}{seconds:8.2f} s {share:5.0%}  {_bar(share)}"
+
+
+def _bar(share: float, width: int = 24) -> str:
+    return "#" * round(max(0.0, min(1.0, share)) * width)
+
+
+def _sweep_lines(ctx: Context, sweep: Sweep) -> list[str]:
+    seconds = max((r.seconds for r in sweep.baselines), default=0.0)
+    out = [f"What to change, measured on your dataset (~{seconds:.0f} s each, best first)",
+           f"  {'samples/s':>10}  {'vs yours':>8}   setting"]
+    base = sweep.baseline_rate
+    rows = [(c.name(), r, c.opt_in) for c, r in sweep.ranked()]
+    placed = False
+    for name, run, opt_in in rows:
+        if not placed and run.samples_per_s < base:
+            out.append(_baseline_row(sweep))
+            placed = True
+        gain = sweep.gain(run)
+        mark = "  better" if gain > sweep.margin else "  (within noise)" if abs(
+            gain) <= sweep.margin else ""
+        out.append(f"  {run.samples_per_s:>10,.0f}  {gain:>+8.0%}   {name}{mark}")
+        if opt_in:
+            out.append(f"  {'':>10}  {'':>8}     {opt_in}")
+    if not placed:
+        out.append(_baseline_row(sweep))
+    for cand, run in sweep.tried:
+        if run.error:
+            out.append(f"  {'failed':>10}  {'':>8}   {cand.name()}: {run.error}")
+    out += _trust_lines(ctx, sweep)
+    out += ["", *recommendation(ctx, sweep)]
+    return out
+
+
+def _baseline_row(sweep: Sweep) -> str:
+    rates = " ".join(f"{r.samples_per_s:,.0f}" for r in sweep.baselines)
+    return (f"  {sweep.baseline_rate:>10,.0f}  {'':>8}   your setting (median of "
+            f"{len(sweep.baselines)} runs: {rates})")
+
+
+def _trust_lines(ctx: Context, sweep: Sweep) -> list[str]:
+    out = [f"  noise: ±{sweep.noise:.0%} between your setting's runs; a difference counts "
+           f"above {sweep.margin:.0%}."]
+    loads = sweep.loads()
+    if loads:
+        worst = max(loads, key=lambda x: x.others_cores)
+        steal = max(x.steal_share for x in loads)
+        text = (f"  machine: other processes kept up to {worst.others_cores:.1f} of "
+                f"{ctx.setup.cores} cores busy, hypervisor steal up to {steal:.0%}")
+        busy = any(x.busy(ctx.setup.cores) for x in loads)
+        out.append(text + (": TOO BUSY for small differences to be real; run again on a "
+                           "quiet machine." if busy else ": quiet enough."))
+    if sweep.interrupted:
+        out.append("  interrupted (Ctrl-C): the settings not listed were not tried.")
+    return out
+
+
+def recommendation(ctx: Context, sweep: Sweep) -> list[str]:
+    best = sweep.best()
+    if best is None:
+        return ["RECOMMENDATION  keep your setting: no setting tried was faster beyond the "
+                "noise."]
+    cand, run = best
+    line = code_line(ctx.kwargs, cand.overrides)
+    out = [f"RECOMMENDATION  {cand.name()}: {run.samples_per_s:,.0f} samples/s, "
+           f"{sweep.gain(run):+.0%} over yours ({sweep.baseline_rate:,.0f})",
+           f"  {line}"]
+    if cand.opt_in:
+        out.append(f"  ({cand.opt_in}: it runs several samples of a worker at once)")
+    return out
+

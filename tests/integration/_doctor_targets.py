@@ -1,0 +1,98 @@
+"""Datasets built to have one bottleneck each, and the factories `stoker doctor` runs on them
+(tests/integration/test_doctor_cli.py). The differences are made large on purpose: this
+machine has 2 cores and is shared, so a doctor test must not hinge on a few percent.
+
+- storage: every sample waits 10 ms off the CPU (a real blocking wait, as a remote read);
+  2 workers fetching one at a time get 200 samples/s, concurrent fetches many times that.
+- cpu: every sample is ~1.5 ms of CPU in Python; one worker against a 2-core machine.
+- gil: the same CPU work on 4 threads of the main process (worker_type="thread"): the GIL
+  lets one run at a time; processes use both cores.
+- collate: samples are plain Python lists of 2048 floats, so collate (a Python list to
+  tensor conversion of the whole batch) costs ~10x the fetch; one worker.
+- consumer: cheap samples against a 100 ms training step: the loop (almost) never waits.
+- main_thread: the cpu dataset loaded in the training thread (num_workers=0) against a
+  training step about as long as loading a batch: a worker overlaps the two, which gains
+  ~2x even with a single free core (the step sleeps, as a GPU step leaves the CPU idle).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+_ROW = [float(k) for k in range(2048)]
+
+
+class Waits(Dataset):
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.010)
+        return torch.full((16,), float(i))
+
+
+def _spin(n: int) -> float:
+    acc = 0.0
+    for k in range(n):
+        acc += (k * 7919) % 13
+    return acc
+
+
+class Burns(Dataset):
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((16,), _spin(20_000) + i)
+
+
+class Rows(Dataset):
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, i: int) -> list[float]:
+        return list(_ROW)
+
+
+def rows_to_tensor(batch: list[list[float]]) -> torch.Tensor:
+    return torch.tensor(batch)
+
+
+class Cheap(Dataset):
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((16,), float(i))
+
+
+def storage() -> tuple[Any, dict[str, Any]]:
+    return Waits(), {"batch_size": 8, "num_workers": 2, "worker_concurrency": 1,
+                     "timeout": 60}
+
+
+def cpu() -> tuple[Any, dict[str, Any]]:
+    return Burns(), {"batch_size": 8, "num_workers": 1, "timeout": 60}
+
+
+def gil() -> tuple[Any, dict[str, Any]]:
+    return Burns(), {"batch_size": 8, "worker_type": "thread", "worker_concurrency": 4}
+
+
+def collate() -> tuple[Any, dict[str, Any]]:
+    return Rows(), {"batch_size": 64, "num_workers": 1, "collate_fn": rows_to_tensor,
+                    "timeout": 60}
+
+
+def consumer() -> Any:
+    from stoker import DataLoader
+
+    return DataLoader(Cheap(), batch_size=8, num_workers=2, timeout=60)
+
+
+def main_thread() -> tuple[Any, dict[str, Any]]:
+    return Burns(), {"batch_size": 8, "num_workers": 0}

@@ -1,0 +1,148 @@
+"""`stoker doctor`'s diagnosis from recorded figures: each bottleneck kind gives its verdict
+and its advice, and the candidate settings tried for it."""
+
+from __future__ import annotations
+
+import pytest
+
+from stoker._core.stats import LoaderStats
+from stoker.doctor.candidates import THREAD_SAFE_PROMISE, candidates, code_line
+from stoker.doctor.diagnose import Setup, diagnose
+
+PROCESSES = Setup(num_workers=2, worker_type="process", cores=2)
+
+
+def _stats(**kw) -> LoaderStats:
+    base = dict(batches=100, samples=800, num_workers=2, wait_s=9.0, loop_s=1.0,
+                concurrency=(1, 1))
+    base.update(kw)
+    return LoaderStats(**base)
+
+
+def test_a_loop_that_rarely_waits_is_consumer_bound() -> None:
+    d = diagnose(_stats(wait_s=0.5, loop_s=9.5, fetch_wall_s=1.0, fetch_cpu_s=1.0), PROCESSES)
+    assert d.kind == "consumer" and not d.input_bound
+    assert d.headline == ("Not input-bound: the training loop waited for data 5% of the time; "
+                          "the training step is the bottleneck.")
+    assert "Nothing in the loader will make training faster" in d.advice
+
+
+def test_fetches_waiting_off_cpu_are_storage_bound() -> None:
+    d = diagnose(_stats(fetch_wall_s=20.0, fetch_cpu_s=1.0), PROCESSES)
+    assert d.kind == "storage" and d.input_bound
+    assert "Fetches wait 95% of their time off the CPU" in d.headline
+    assert "worker_concurrency, if __getitem__ is thread-safe" in d.advice
+    wait = next(x for x in d.shares if x.name == "storage / other waits in __getitem__")
+    assert wait.seconds == pytest.approx(19.0)
+
+
+def test_threads_waiting_while_their_process_burns_a_core_are_gil_bound() -> None:
+    threads = Setup(num_workers=0, worker_type="thread", cores=2)
+    # 4 fetch threads, 8 CPU-seconds in 10 s of loop: one core busy, the rest waiting.
+    d = diagnose(_stats(num_workers=0, concurrency=(4,), fetch_wall_s=20.0, fetch_cpu_s=8.0),
+                 threads)
+    assert d.kind == "gil"
+    assert "they wait for the GIL, not storage" in d.headline
+    assert d.advice == 'Use processes: worker_type="process", num_workers=2.'
+    assert d.shares[4].name == "GIL: fetch threads waiting for each other"
+
+
+def test_gil_bound_threads_on_a_busy_machine_queue_instead_of_running() -> None:
+    threads = Setup(num_workers=0, worker_type="thread", cores=2)
+    # Other processes hold the cores: the threads ran 3 s and were runnable-but-queued 6 s.
+    d = diagnose(_stats(num_workers=0, concurrency=(4,), fetch_wall_s=20.0, fetch_cpu_s=3.0,
+                        fetch_queued_s=6.0), threads)
+    assert d.kind == "gil"
+
+
+def test_threads_waiting_with_an_idle_process_are_storage_not_gil() -> None:
+    threads = Setup(num_workers=0, worker_type="thread", cores=2)
+    d = diagnose(_stats(num_workers=0, concurrency=(4,), fetch_wall_s=20.0, fetch_cpu_s=1.0),
+                 threads)
+    assert d.kind == "storage"
+
+
+def test_one_fetch_at_a_time_is_never_gil() -> None:
+    d = diagnose(_stats(concurrency=(1, 1), fetch_wall_s=20.0, fetch_cpu_s=15.0), PROCESSES)
+    assert d.kind != "gil"
+
+
+def test_loading_in_the_training_thread() -> None:
+    inline = Setup(num_workers=0, worker_type="auto", cores=2)
+    d = diagnose(_stats(num_workers=0, concurrency=(), fetch_wall_s=8.5, fetch_cpu_s=8.4),
+                 inline)
+    assert d.kind == "main_thread"
+    assert d.advice == "Load in worker processes: num_workers=2 (this machine has 2 cores)."
+
+
+def test_receiving_batches_is_transfer_bound() -> None:
+    d = diagnose(_stats(fetch_wall_s=4.0, fetch_cpu_s=4.0, unpack_s=4.0), PROCESSES)
+    assert d.kind == "transfer"
+    assert "Moving batches from the workers to the main process is the cost" in d.headline
+    assert "larger batches" in d.advice
+
+
+def test_collate_heavier_than_fetch_is_collate_bound() -> None:
+    d = diagnose(_stats(fetch_wall_s=2.0, fetch_cpu_s=2.0, collate_s=6.0), PROCESSES)
+    assert d.kind == "collate"
+    assert "collating (6.00 s) than fetching (2.00 s)" in d.headline
+    assert "__getitems__" in d.advice
+
+
+def test_cpu_bound_workers() -> None:
+    d = diagnose(_stats(fetch_wall_s=9.5, fetch_cpu_s=9.2, collate_s=0.3), PROCESSES)
+    assert d.kind == "cpu"
+    assert d.advice == "Use all 2 cores (num_workers=2), then make __getitem__ cheaper."
+
+
+def test_queued_for_a_cpu_with_more_threads_than_cores_is_oversubscribed() -> None:
+    four = Setup(num_workers=4, worker_type="process", cores=2)
+    stats = _stats(num_workers=4, concurrency=(1, 1, 1, 1), fetch_wall_s=10.0,
+                   fetch_cpu_s=5.0, fetch_queued_s=4.8)
+    d = diagnose(stats, four)
+    assert d.kind == "oversubscribed" and "Use num_workers <= 2" in d.advice
+
+
+def test_queued_for_a_cpu_within_the_cores_is_a_busy_machine_not_oversubscription() -> None:
+    one = Setup(num_workers=1, worker_type="process", cores=2)
+    stats = _stats(num_workers=1, concurrency=(1,), fetch_wall_s=10.0, fetch_cpu_s=5.0,
+                   fetch_queued_s=4.8)
+    assert diagnose(stats, one).kind == "cpu"
+
+
+def test_candidates_for_storage_start_with_concurrency_marked_opt_in() -> None:
+    found = candidates({"batch_size": 8, "num_workers": 2, "worker_concurrency": 1},
+                       "storage", cores=2, cuda=False)
+    assert dict(found[0].overrides) == {"num_workers": 2, "worker_concurrency": 8}
+    assert found[0].opt_in == THREAD_SAFE_PROMISE
+    assert dict(found[1].overrides) == {"worker_type": "thread", "worker_concurrency": 16}
+    assert dict(found[2].overrides) == {"num_workers": 8, "worker_concurrency": 1}
+    assert not found[2].opt_in
+    assert all("pin_memory" not in c.overrides for c in found)
+
+
+def test_candidates_for_gil_start_with_processes() -> None:
+    found = candidates({"worker_type": "thread", "worker_concurrency": 4}, "gil", cores=2,
+                       cuda=False)
+    assert dict(found[0].overrides) == {"worker_type": "process", "num_workers": 2,
+                                        "worker_concurrency": 1}
+    assert all(c.overrides.get("worker_type") == "process" for c in found
+               if "num_workers" in c.overrides)
+
+
+def test_candidates_for_cpu_never_repeat_the_users_setting() -> None:
+    kwargs = {"batch_size": 8, "num_workers": 2, "prefetch_factor": 2}
+    found = candidates(kwargs, "cpu", cores=2, cuda=True, limit=3)
+    assert len(found) == 3
+    assert {"num_workers": 2} not in [dict(c.overrides) for c in found]
+    assert dict(found[0].overrides) == {"num_workers": 1}
+    assert dict(found[1].overrides) == {"prefetch_factor": 4}
+    assert dict(found[2].overrides) == {"pin_memory": True}
+
+
+def test_code_line_shows_plain_arguments_and_the_change() -> None:
+    kwargs = {"batch_size": 64, "sampler": object(), "num_workers": 1, "timeout": 0}
+    assert code_line(kwargs, {"num_workers": 2, "worker_type": "process"}) == (
+        'stoker.DataLoader(dataset, ..., batch_size=64, num_workers=2, worker_type="process")'
+    )
+    assert code_line({"batch_size": 8}, {}) == "stoker.DataLoader(dataset, batch_size=8)"

@@ -1,0 +1,142 @@
+"""`stoker doctor`'s parts on synthetic runs: noise and ranking of the sweep, the machine's
+load, the trace-event JSON, a run through JSON and back, the text report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stoker._core.stats import LoaderStats, TunerEvent
+from stoker.doctor.candidates import THREAD_SAFE_PROMISE, Candidate
+from stoker.doctor.diagnose import Setup, diagnose
+from stoker.doctor.machine import Load, LoadMark, between
+from stoker.doctor.measure import MemorySample, Run
+from stoker.doctor.records import plain_kwargs, run_from_dict, run_to_dict
+from stoker.doctor.report import Context, render
+from stoker.doctor.sweep import Sweep
+from stoker.doctor.trace import trace_events
+from stoker.profile.events import EventRecorder
+from stoker.workers.protocol import BatchReport
+
+
+def _run(rate: float, label: str = "your setting", **overrides) -> Run:
+    return Run(label, dict(overrides), samples_per_s=rate, batches=10, seconds=1.0)
+
+
+def _sweep() -> Sweep:
+    sweep = Sweep(baselines=[_run(100), _run(104), _run(96)])
+    sweep.tried = [
+        (Candidate({"num_workers": 2}), _run(150, num_workers=2)),
+        (Candidate({"prefetch_factor": 4}), _run(105, prefetch_factor=4)),
+        (Candidate({"worker_concurrency": 8}, THREAD_SAFE_PROMISE),
+         Run("c", {}, error="ValueError: no")),
+    ]
+    return sweep
+
+
+def test_noise_is_half_the_baselines_spread_and_sets_the_margin() -> None:
+    sweep = _sweep()
+    assert sweep.baseline_rate == 100
+    assert sweep.noise == pytest.approx(0.04) and sweep.margin == pytest.approx(0.08)
+    assert [r.samples_per_s for _, r in sweep.ranked()] == [150, 105]  # failed one left out
+    best = sweep.best()
+    assert best is not None and dict(best[0].overrides) == {"num_workers": 2}
+
+
+def test_no_recommendation_within_the_noise() -> None:
+    sweep = _sweep()
+    sweep.tried = sweep.tried[1:]
+    assert sweep.best() is None  # +5% with a margin of 8%
+
+
+def test_a_small_noise_still_needs_five_percent() -> None:
+    sweep = Sweep(baselines=[_run(100), _run(100)], tried=[(Candidate({"x": 1}), _run(104))])
+    assert sweep.margin == 0.05 and sweep.best() is None
+
+
+def test_load_counts_other_processes_and_steal() -> None:
+    a = LoadMark(busy_s=100.0, steal_s=1.0, total_s=1000.0, own_s=10.0, ok=True)
+    # 10 s of wall on 2 cores: 20 CPU-s passed, 16 busy of which 6 were ours, 4 stolen.
+    b = LoadMark(busy_s=116.0, steal_s=5.0, total_s=1020.0, own_s=16.0, ok=True)
+    load = between(a, b, 10.0)
+    assert load.others_cores == pytest.approx(1.0) and load.steal_share == pytest.approx(0.2)
+    assert load.busy(2)
+    assert not Load(0.1, 0.0, True).busy(2) and not Load(5.0, 0.5, False).busy(2)
+
+
+def _report(fetch_wall_s: float, packed_at: float) -> BatchReport:
+    return BatchReport(concurrency=1, fetch_wall_s=fetch_wall_s, fetch_cpu_s=fetch_wall_s,
+                       collate_s=0.01, pack_s=0.002, decisions=(), batched="", queued_s=0.0,
+                       gives_back=False, init_fn_seeded=False, packed_at=packed_at)
+
+
+def _recorded_run() -> Run:
+    rec = EventRecorder()
+    rec.started = 10.0
+    for k in range(4):
+        t = 10.1 + 0.1 * k
+        rec.worker_batch(k % 2, _report(0.05, t), t + 0.001)
+        rec.step(t - 0.02, t + 0.002, 8)
+        rec.main_stage("unpack", t + 0.001, t + 0.002)
+    rec.worker_batch(0, _report(1.0, 11.5), 11.501)  # a straggler: 1 s of fetching
+    memory = [MemorySample(10.2, 123, "main", 100.0, 50.0)]
+    return Run("your setting", {}, samples_per_s=80.0, batches=4, samples=32, seconds=0.4,
+               events=rec, memory=memory, started=10.0, warm_at=10.2,
+               batch_times=[(10.102 + 0.1 * k, 8) for k in range(4)],
+               stats=LoaderStats(batches=4, concurrency=(1, 2),
+                                 tuner=(TunerEvent(0, 0.1, 2, "why"),)))
+
+
+def test_trace_has_every_stage_as_complete_events_on_valid_lanes() -> None:
+    events = json.loads(json.dumps(trace_events(_recorded_run())))
+    complete = [e for e in events if e["ph"] == "X"]
+    names = [e["name"] for e in complete]
+    assert names.count("fetch") == 4 and names.count("fetch (straggler)") == 1
+    assert names.count("collate") == 5 and names.count("pack") == 5
+    assert names.count("wait") == 4 and names.count("step") == 3
+    assert names.count("unpack") == 4
+    for e in complete:
+        assert {"name", "ph", "pid", "tid", "ts", "dur"} <= set(e) and e["dur"] >= 0
+    lanes = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert {"training process", "main loop", "main: receive", "worker 0", "worker 1"} <= lanes
+    counters = [e for e in events if e["ph"] == "C"]
+    assert any(e["name"] == "samples/s" for e in counters)
+    assert any(e["name"] == "memory main 123 (MiB)" and e["args"]["PSS"] == 100.0
+               for e in counters)
+    first_fetch = next(e for e in complete if e["name"] == "fetch" and e["pid"] == 100)
+    assert first_fetch["ts"] == pytest.approx((10.1 - 0.002 - 0.01 - 0.05 - 10.0) * 1e6)
+
+
+def test_a_run_survives_json() -> None:
+    run = _recorded_run()
+    back = run_from_dict(json.loads(json.dumps(run_to_dict(run))))
+    assert back.stats == run.stats and back.memory == run.memory
+    assert back.batch_times == run.batch_times and back.warm_at == run.warm_at
+    assert back.events is not None and run.events is not None
+    assert back.events.worker_batches() == run.events.worker_batches()
+    assert back.events.steps() == run.events.steps()
+
+
+def test_plain_kwargs_marks_dropped_objects() -> None:
+    assert plain_kwargs({"batch_size": 8, "sampler": object(), "timeout": 0.5}) == {
+        "batch_size": 8, "timeout": 0.5, "...": True}
+
+
+def test_report_names_verdict_table_and_the_line_to_write() -> None:
+    run = _recorded_run()
+    run.stats = LoaderStats(batches=100, samples=800, num_workers=1, wait_s=9.0, loop_s=1.0,
+                            fetch_wall_s=9.0, fetch_cpu_s=9.0, concurrency=(1,))
+    setup = Setup(num_workers=1, worker_type="process", cores=2)
+    ctx = Context("mod:make", {"batch_size": 8, "num_workers": 1}, setup, 0.0)
+    text = render(ctx, run, diagnose(run.stats, setup), _sweep())
+    assert "VERDICT  Input-bound: the training loop waited for data 90% of the time." in text
+    assert "your setting: stoker.DataLoader(dataset, batch_size=8, num_workers=1)" in text
+    lines = text.splitlines()
+    table = lines.index(next(x for x in lines if x.startswith("What to change")))
+    assert "+50%   num_workers=2  better" in lines[table + 2]
+    assert "your setting (median of 3 runs: 100 104 96)" in lines[table + 4]
+    assert "failed" in text and "ValueError: no" in text
+    assert "noise: ±4% between your setting's runs; a difference counts above 8%." in text
+    assert lines[-2] == ("RECOMMENDATION  num_workers=2: 150 samples/s, +50% over yours (100)")
+    assert lines[-1] == "  stoker.DataLoader(dataset, batch_size=8, num_workers=2)"
