@@ -9,7 +9,11 @@
      │         ├── SkipBudgetExceeded   on_error="skip" skipped more samples than allowed
      │         ├── MixedDeviceError     a batch's samples are on different devices
      │         ├── CudaInWorkersError   the loader would carry CUDA into worker processes
-     │         └── ShardError           a shard or record file is not what its index says
+     │         ├── RemoteReadError      an object-store read failed for good (an OSError too)
+     │         ├── ShardError           a shard or record file is not what its index says
+     │         ├── DeviceUnavailableError  device= names a device this process cannot use
+     │         └── BatchDeviceError     device=: a batch holds a tensor on another accelerator
+     │    (the last two are ValueErrors too)
      ├── RemoteTraceback                the worker-side traceback, chained as ``__cause__``
      └── Warning
           └── UserWarning
@@ -90,8 +94,27 @@ class ShardError(StokerError):
     changed after the index was built. The message names the file and the sample."""
 
 
+class RemoteReadError(OSError, StokerError):
+    """A read from an object store failed for good (after its retries, or at once for a
+    permanent error). ``url``, ``offset``, ``length``, ``attempts`` say which read; the last
+    error is chained as ``__cause__``."""
+
+    url: str = ""
+    offset: int | None = None
+    length: int | None = None
+    attempts: int = 0
+
+
 class CudaInWorkersError(StokerError):
     """The loader would carry CUDA into worker processes, where it cannot work."""
+
+
+class DeviceUnavailableError(StokerError, ValueError):
+    """``DataLoader(device=...)`` names a device this process cannot use."""
+
+
+class BatchDeviceError(StokerError, ValueError):
+    """With ``device=``, a batch holds a tensor on another accelerator than that device."""
 
 
 class StallWarning(UserWarning):

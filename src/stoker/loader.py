@@ -8,13 +8,16 @@ Iteration is stoker's (``engine``), and so are ``state_dict``/``load_state_dict`
 
 from __future__ import annotations
 
+import functools
 import os
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
 import torch.utils.data
 
 from stoker._core.stats import LoaderStats
+from stoker.device.attach import feed_spec
 from stoker.distributed import begin_epoch, next_epoch
 from stoker.distributed.context import DistContext, detect, rank_and_world
 from stoker.engine.base_iter import BaseIterator, fetch_spec_of, stateful_sampler_of
@@ -80,6 +83,15 @@ def _check_error_policy(dataset: Any, on_error: str, skip_budget: int | float) -
 _SHARD_EVENS = ("pad", "drop", "exact")
 
 
+def _check_snapshot_steps(steps: Any) -> None:
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(
+            f"snapshot_every_n_steps={steps!r}: expected a number of steps (int >= 1) or None, "
+            "as torchdata's StatefulDataLoader takes; stoker's state is exact after every step "
+            "whatever the value."
+        )
+
+
 def _constant_sampler_keys(state: dict[str, Any], index_sampler: Any) -> None:
     """NOTE [ Constant state keys ]: checkpointers that match keys (DCP's ``dcp.load``
     descends into nested dicts) need a fresh loader's state to have the keys of a mid-epoch
@@ -92,6 +104,16 @@ def _constant_sampler_keys(state: dict[str, Any], index_sampler: Any) -> None:
         return
     state["sampler_state"] = stateful.state_dict()
     state["sampler_state_applies"] = False
+
+
+def _restore_iterator_state(inline: Any, resume: dict[str, Any] | None) -> None:
+    """torchdata's order: the dataset's state was loaded, ``iter(dataset)`` made; now its
+    iterator's own state, so the stream continues where it was instead of being re-read."""
+    saved = None if resume is None else resume.get("dataset_iter_state")
+    load = getattr(inline._fetcher._iter, "load_state_dict", None)
+    if saved is not None and callable(load):
+        load(saved)
+        inline._fetcher._ended = bool(resume and resume.get("dataset_iter_ended"))
 
 
 def _injected_distributed(sampler: Any, batch_sampler: Any) -> bool:
@@ -139,9 +161,23 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         skipped samples in an epoch raise ``SkipBudgetExceeded``. Map-style datasets only.
     skip_budget: an int is a number of samples per epoch; a float in [0, 1) a fraction of the
         epoch's samples. Default 0.01 (1%).
+    snapshot_every_n_steps: accepted for torchdata ``StatefulDataLoader`` compatibility and
+        checked (``None`` or an int >= 1); it changes nothing: ``state_dict()`` is always the
+        state after the last delivered batch, kept by the main process at no cost per step
+        (torchdata ships state from its workers every n steps and replays the steps since).
     collect_stats: ``True`` (default): measure where time goes, per batch, for
         ``loader.stats()`` (a few microseconds a batch); ``False`` measures nothing in the
         main process and ``stats()`` says so.
+    device: hand out every tensor of each batch on this CUDA device (``"cuda"``,
+        ``"cuda:1"``, a ``torch.device``); ``None`` (default) keeps batches on the CPU, as torch
+        does. Copies run on a side stream of stoker's, ``device_prefetch`` batches ahead; your
+        current stream waits for them on an event (no synchronize), and slabs are page-locked
+        in place, so nothing is copied on the host (NOTE [ Batches on the device ]).
+    device_prefetch: batches whose copies are queued ahead of the one handed out (default 1).
+    device_transform: a function run on the device right after each batch's copy, on the copy
+        stream (``uint8`` -> ``float``, normalize, ``channels_last``, GPU image decoding with
+        ``stoker.image.DecodeImages``); it receives the batch on the device and returns the
+        batch to hand out.
     shard_even: how ranks get the same number of steps, so DDP never hangs at the end of an
         epoch: ``"pad"`` repeats samples from the start (DistributedSampler's default),
         ``"drop"`` drops the tail, ``"exact"`` reads every sample once and gives a short rank
@@ -173,6 +209,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
+        snapshot_every_n_steps: int | None = 1,
         seeding: Seeding = "per_batch",
         stall_warning_s: float | None = 300.0,
         shard: bool = False,
@@ -183,9 +220,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         worker_concurrency: int | Literal["auto"] = "auto",
         fast_paths: bool = True,
         collect_stats: bool = True,
+        device: str | torch.device | None = None,
+        device_prefetch: int = 1,
+        device_transform: Callable[[Any], Any] | None = None,
     ) -> None:
         if seeding not in _SEEDINGS:
             raise ValueError(f"seeding={seeding!r}: expected one of {_SEEDINGS}.")
+        _check_snapshot_steps(snapshot_every_n_steps)
+        self.snapshot_every_n_steps = snapshot_every_n_steps
         if stall_warning_s is not None and not stall_warning_s > 0:
             raise ValueError(
                 f"stall_warning_s={stall_warning_s!r}: expected a positive number of seconds, "
@@ -195,6 +237,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             raise ValueError(f"shard_even={shard_even!r}: expected one of {_SHARD_EVENS}.")
         _check_error_policy(dataset, on_error, skip_budget)
         _check_executor(dataset, worker_type, worker_concurrency)
+        # NOTE [ Batches on the device ]
+        feed = feed_spec(device, device_prefetch, device_transform)
         self.worker_type = worker_type
         self.worker_concurrency = worker_concurrency
         self.fast_paths = fast_paths
@@ -221,18 +265,25 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
         # After torch's own validation of num_workers (a bad value fails there, like torch).
+        self._stoker_feed_spec = feed  # NOTE [ Batches on the device ]
+        self.device = feed.device if feed is not None else None
+        self.device_prefetch = device_prefetch
+        self.device_transform = device_transform
         self.collect_stats = collect_stats
         self._engine = EngineState(  # NOTE [ Engine state ]
             dataset, num_workers, collect_stats, self._stoker_fast_paths
         )
+        self._stoker_inline_iter: weakref.ref[Any] | None = None  # an iterable's, num_workers=0
         if _DOCTOR_ENV in os.environ:  # `stoker doctor -- python train.py`: measure this loader
             from stoker.doctor.agent import attach
 
             attach(self)
         remember_for_accelerate(self)  # NOTE [ Accelerate keeps stoker ]
         if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):
-            bs, dl = self.batch_size or 1, self.drop_last
-            self._stoker_pad_steps = lambda: sampler.num_batches(bs, dl)
+            # A partial, not a lambda: the loader pickles (NOTE [ Loader pickling ]).
+            self._stoker_pad_steps = functools.partial(
+                sampler.num_batches, self.batch_size or 1, self.drop_last
+            )
 
     def _sharded_sampler(
         self, dataset: Any, sampler: Any, batch_sampler: Any, shuffle: Any,
@@ -275,11 +326,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         (the epoch's live progress, the slab bank with shared memory and a lock: NOTE [ Engine
         state ]); the copy rebuilds them when it first iterates. A state loaded with
         ``load_state_dict`` and not applied yet travels with it."""
-        return {k: v for k, v in self.__dict__.items() if k != "_iterator"}
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("_iterator", "_stoker_inline_iter")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)  # not setattr: torch freezes some attributes after __init__
         self._iterator = None
+        self._stoker_inline_iter = None
 
     # -- iteration ---------------------------------------------------------------------------
 
@@ -307,9 +360,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def _make_iterator(self, resume: dict[str, Any] | None) -> Any:
         if self.worker_type == "thread":
+            self._engine.stats.threads = True
             return ThreadIterator(self, resume)
         if self.num_workers == 0 or self._runs_inline():
-            return InlineIterator(self, resume)
+            inline = InlineIterator(self, resume)
+            if self._dataset_kind:  # an IterableDataset
+                _restore_iterator_state(inline, resume)
+                self._stoker_inline_iter = weakref.ref(inline)
+            return inline
         self.check_worker_number_rationality()
         return ProcessIterator(self, resume)
 
@@ -354,6 +412,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         else:
             state = progress.state_dict()
         _constant_sampler_keys(state, self._index_sampler)
+        if self._dataset_kind and "dataset_iter_state" not in state:
+            state["dataset_iter_state"], state["dataset_iter_ended"] = self._live_iterator_state()
         state["loader"] = describe_fit(self)  # NOTE [ A state must fit its loader ]
         if callable(getattr(self.dataset, "state_dict", None)):
             state["dataset_state"] = self.dataset.state_dict()  # type: ignore[attr-defined]
@@ -363,6 +423,23 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 self._dataset_kind and self.num_workers == 0
             )
         return state
+
+    def _live_iterator_state(self) -> tuple[Any, bool]:
+        """The state of ``iter(dataset)`` after the last batch delivered, when that iterator
+        has ``state_dict`` (torchdata's ``dataset_iter_state``). Only with num_workers=0: in
+        workers the iterators are the workers' own (see README, StatefulDataLoader)."""
+        ref = self._stoker_inline_iter
+        inline = ref() if ref is not None else None
+        progress = self._engine.progress
+        if inline is None or progress is None or progress.finished:
+            return None, False
+        if inline._progress is not progress:
+            return None, False
+        fetcher = inline._fetcher
+        state = getattr(fetcher._iter, "state_dict", None)
+        # Ended: the iterator raised StopIteration filling the last (short) batch; the epoch
+        # ends at the next step without asking it again (torchdata's fetcher "ended").
+        return (state() if callable(state) else None), fetcher._ended
 
     def _fresh_state(self, finished: Any) -> dict[str, Any]:
         """The state of an epoch not begun yet: generators as they are now."""

@@ -49,8 +49,9 @@ def test_storage_bound(tmp_path: Any) -> None:
     chosen = next(c for c in doc["sweep"]["candidates"] if c["overrides"] == best)
     assert chosen["samples_per_s"] > 2 * doc["sweep"]["baseline_samples_per_s"], text
     if best.get("worker_concurrency", 1) > 1:
-        assert chosen["opt_in"] == "opt-in: only if your __getitem__ is thread-safe"
-        assert "opt-in: only if your __getitem__ is thread-safe" in text
+        promise = ("opt-in: only if your __getitem__ is thread-safe and draws randomness only "
+                   "from stoker.sample_rng()")
+        assert chosen["opt_in"] == promise and promise in text
     assert "RECOMMENDATION  " in text and "stoker.DataLoader(dataset, batch_size=8" in text
     _check_trace(json.loads(trace.read_text()), doc)
     _check_page(page.read_text(), text)

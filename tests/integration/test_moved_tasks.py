@@ -9,7 +9,7 @@ from _worker_harness import PlayedMain, tag_and_task
 
 import stoker
 from stoker.workers import protocol as msg
-from stoker.workers.main_loop import _Worker
+from stoker.workers.inbox import Inbox
 
 N, BS = 24, 4
 EXPECTED = [list(range(b * BS, (b + 1) * BS)) for b in range(N // BS)]
@@ -90,7 +90,7 @@ def test_a_cancel_too_late_loads_the_batch_twice_and_delivers_it_once(monkeypatc
     # A worker that reads CANCEL only after it started the task (a race in real life; here
     # every worker ignores it, and forked workers inherit the patch) loads the batch too. The
     # first copy is delivered, the second's slab is recycled, and later epochs are unaffected.
-    monkeypatch.setattr(_Worker, "_read_waiting", lambda self, task_id: False)
+    monkeypatch.setattr(Inbox, "read_waiting", lambda self, epoch, task_id: False)
     ds = QueuedBehindSlow(N, BS)
     loader = _loader(ds, persistent_workers=True)
     first = list(loader)

@@ -140,3 +140,27 @@ def test_report_names_verdict_table_and_the_line_to_write() -> None:
     assert "noise: ±4% between your setting's runs; a difference counts above 8%." in text
     assert lines[-2] == ("RECOMMENDATION  num_workers=2: 150 samples/s, +50% over yours (100)")
     assert lines[-1] == "  stoker.DataLoader(dataset, batch_size=8, num_workers=2)"
+
+
+def test_png_report_draws_the_run_and_the_sweep(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    from stoker.doctor.picture import write_report
+
+    path = tmp_path / "report.png"
+    write_report(str(path), _recorded_run(), _sweep())
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    from matplotlib.image import imread
+
+    pixels = imread(str(path))
+    assert pixels.shape[0] > 500 and pixels.shape[1] > 500
+    assert (pixels[..., :3].std(axis=(0, 1)) > 0.05).all()  # drawn, not a blank canvas
+
+
+def test_report_path_must_say_html_or_png() -> None:
+    from stoker.doctor.picture import check_report_path
+
+    assert check_report_path("out.pdf") == (
+        "stoker doctor: --report 'out.pdf': expected a file name ending in .html or .png "
+        "(the format follows the extension).")
+    assert check_report_path("out.HTML") == ""

@@ -57,3 +57,25 @@ def test_without_steal_or_queueing_the_same_fetches_read_as_waiting():
 )
 def test_other_causes(kw, expected):
     assert expected in summarize(_stats(**kw))
+
+
+def test_fetch_threads_are_not_called_cpu_bound_workers():
+    # worker_type="thread" used to read "the 2 workers are CPU-bound (busy 0%)": the threads'
+    # time was divided among num_workers cores they cannot use (one GIL).
+    text = summarize(_stats(threads=True, fetch_wall_s=2.5, fetch_cpu_s=2.5))
+    assert text == (
+        "stoker: 100 batches, 640 samples/s; the loop waited for data 90% of the time. "
+        "Input-bound: batches are loaded on 2 threads of the training process "
+        "(worker_type='thread'), which fetched on a CPU 25% of the loop's time and collate in "
+        "the loop's own thread; their Python code shares one GIL with the loop, so they cannot "
+        "use more than one core: use worker_type='process' for CPU-bound datasets "
+        "(decode/augment)."
+    )
+    assert "CPU-bound (busy" not in summarize(_stats(threads=True))
+    # A thread waiting for the GIL is not doing I/O: at one fetch at a time the tuner found
+    # nothing to overlap, so the wait is not read as I/O ...
+    gil = summarize(_stats(threads=True, fetch_wall_s=10.0, fetch_cpu_s=1.0, concurrency=(1,)))
+    assert "worker_type='thread'" in gil and "I/O" not in gil
+    # ... while fetches the tuner overlapped (they truly wait) are I/O-bound.
+    io = summarize(_stats(threads=True, fetch_wall_s=10.0, fetch_cpu_s=1.0, concurrency=(8,)))
+    assert "fetches wait 90% of their time (I/O" in io

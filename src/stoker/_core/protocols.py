@@ -20,3 +20,22 @@ class Allocator(Protocol):
     def empty(self, shape: tuple[int, ...], dtype: Any) -> Any | None:
         """A contiguous ``torch.Tensor`` of ``shape``/``dtype``, or ``None`` if it cannot."""
         ...
+
+
+@runtime_checkable
+class HostPinner(Protocol):
+    """Page-locks the slabs a transport maps (NOTE [ Slabs pinned in place ] in
+    ``stoker.device.host_pins``), and says when a released slab may be written again."""
+
+    def pin(self, address: int, nbytes: int) -> None:
+        """Register a mapping; a refusal is remembered (and told once), not raised."""
+        ...
+
+    def unpin(self, address: int) -> None:
+        """Undo ``pin`` before the mapping goes away, once no copy reads from it."""
+        ...
+
+    def gate(self, keys: list[Any]) -> list[Any]:
+        """Of the slabs released so far (``keys``, plus any held back before), those no
+        device copy can still be reading; the others are held back."""
+        ...

@@ -38,6 +38,16 @@ class LoaderStats:
     pack_s: float = 0.0
     unpack_s: float = 0.0
     pin_s: float = 0.0
+    # device= (NOTE [ Batches on the device ]): ``to_device_s`` is the part of ``wait_s`` spent
+    # queuing copies and the device_transform (the rest of ``wait_s`` is waiting for workers);
+    # ``device_copy_s`` the device time of the copies (and transform) on the copy stream;
+    # ``device_wait_s`` the device time the training stream waited for a copy (CUDA events,
+    # not part of ``wait_s``); ``device_bytes`` / ``device_batches`` what was copied.
+    to_device_s: float = 0.0
+    device_copy_s: float = 0.0
+    device_wait_s: float = 0.0
+    device_bytes: int = 0
+    device_batches: int = 0
     # Worker time runnable but waiting for a CPU (more threads than cores), and the share of
     # the machine's CPU time a hypervisor gave to other guests (steal) meanwhile: neither is
     # I/O, though both make fetches take longer than their CPU time.
@@ -46,6 +56,8 @@ class LoaderStats:
     batched: int = 0  # batches fetched whole, not sample by sample (NOTE [ Vectorised fetch ])
     # num_workers > 0, yet loaded in the calling thread (NOTE [ Gathers need no workers ])
     inline: bool = False
+    # worker_type="thread": fetches ran on threads of the training process, not in workers
+    threads: bool = False
     # Batches a worker left without tasks took from another's queue (NOTE [ Idle workers take
     # queued tasks ]), and how many of those the first worker had already started (loaded twice).
     tasks_moved: int = 0

@@ -175,35 +175,19 @@ def place(result: Any, allocator: Any) -> Any:
     return out.copy_(result)
 
 
-def collate_numpy_array_fn(
-    batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None
-) -> Any:
-    """Numeric ndarrays -> one tensor; str/bytes/object arrays are an error, as in torch."""
-    elem = batch[0]
-    if is_str_or_object(elem.dtype):
-        raise TypeError(ERR_MSG_FORMAT.format(elem.dtype))
-    if _stacks_as_tensors(collate_fn_map):
-        out = _stack_arrays(batch, elem)
-        if out is not None:
-            return out
-    from stoker.collate.default import collate  # cycle: default imports this module
-
-    return collate([torch.as_tensor(b) for b in batch], collate_fn_map=collate_fn_map)
-
-
 def is_str_or_object(dtype: np.dtype[Any]) -> bool:
     """torch's test for arrays it will not convert: bytes, str or object items."""
     return not _STR_OBJ_KINDS.isdisjoint(dtype.str)
 
 
-def _stacks_as_tensors(collate_fn_map: CollateFnMap | None) -> bool:
+def stacks_as_tensors(collate_fn_map: CollateFnMap | None) -> bool:
     # torch collates the converted tensors through the map: only when that reaches a stock
     # tensor function may the arrays be copied straight into the output.
     fn = None if collate_fn_map is None else collate_fn_map.get(torch.Tensor)
     return fn is not None and id(fn) in STOCK_TENSOR_FN_IDS
 
 
-def _stack_arrays(batch: Sequence[Any], elem: np.ndarray[Any, Any]) -> Any | None:
+def stack_arrays(batch: Sequence[Any], elem: np.ndarray[Any, Any]) -> Any | None:
     """All same-type/dtype/shape arrays torch.as_tensor takes as-is -> one tensor, else None."""
     dtype = _NP_TO_TORCH.get(elem.dtype)
     if (

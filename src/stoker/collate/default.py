@@ -41,11 +41,26 @@ __all__ = [
 
 default_collate_err_msg_format = ERR_MSG_FORMAT
 
+
+def collate_numpy_array_fn(
+    batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None
+) -> Any:
+    """Numeric ndarrays -> one tensor; str/bytes/object arrays are an error, as in torch."""
+    elem = batch[0]
+    if _leaves.is_str_or_object(elem.dtype):
+        raise TypeError(ERR_MSG_FORMAT.format(elem.dtype))
+    if _leaves.stacks_as_tensors(collate_fn_map):
+        out = _leaves.stack_arrays(batch, elem)
+        if out is not None:
+            return out
+    return collate([torch.as_tensor(b) for b in batch], collate_fn_map=collate_fn_map)
+
+
 # Same keys, in the same order, as torch's map: the isinstance scan's order is part of the
 # semantics (np.float64 is a float, but is collated as a numpy scalar).
 default_collate_fn_map: dict[type | tuple[type, ...], Callable[..., Any]] = {
     torch.Tensor: _leaves.collate_tensor_fn,
-    np.ndarray: _leaves.collate_numpy_array_fn,
+    np.ndarray: collate_numpy_array_fn,
     (np.bool_, np.number, np.object_): _leaves.collate_numpy_scalar_fn,
     float: _leaves.collate_float_fn,
     int: _leaves.collate_int_fn,
@@ -58,7 +73,7 @@ _OURS_FOR_TORCH: dict[int, Callable[..., Any]] = {
     id(getattr(_torch_collate, fn.__name__, fn)): fn
     for fn in (
         _leaves.collate_tensor_fn,
-        _leaves.collate_numpy_array_fn,
+        collate_numpy_array_fn,
         _leaves.collate_numpy_scalar_fn,
         _leaves.collate_float_fn,
         _leaves.collate_int_fn,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import collections.abc
-import copy
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from stoker.device.tree import map_batch
 
 
 def pin_target(pin_memory: bool, pin_memory_device: str) -> str | None:
@@ -40,36 +41,20 @@ def pin_target(pin_memory: bool, pin_memory_device: str) -> str | None:
     return acc.type
 
 
-def pin_batch(data: Any) -> Any:
-    if isinstance(data, torch.Tensor) or (
+def _pinnable(data: Any) -> bool:
+    return isinstance(data, torch.Tensor) or (
         hasattr(data, "pin_memory") and not isinstance(data, (str, bytes))
-    ):
-        return data.pin_memory()
-    if isinstance(data, (str, bytes)):
-        return data
-    if isinstance(data, collections.abc.Mapping):
-        pinned = {k: pin_batch(v) for k, v in data.items()}
-        try:
-            if isinstance(data, collections.abc.MutableMapping):
-                clone = copy.copy(data)
-                clone.update(pinned)
-                return clone
-            return type(data)(pinned)  # type: ignore[call-arg]
-        except TypeError:
-            return pinned
-    if isinstance(data, tuple):
-        if hasattr(data, "_fields"):
-            return type(data)(*(pin_batch(v) for v in data))
-        return type(data)(pin_batch(v) for v in data)
-    if isinstance(data, collections.abc.Sequence):
-        items = [pin_batch(v) for v in data]
-        try:
-            if isinstance(data, collections.abc.MutableSequence):
-                clone_seq = copy.copy(data)
-                for i, item in enumerate(items):
-                    clone_seq[i] = item
-                return clone_seq
-            return type(data)(items)  # type: ignore[call-arg]
-        except TypeError:
-            return items
-    return data
+    )
+
+
+def pin_batch(data: Any, keep: Callable[[torch.Tensor], bool] | None = None) -> Any:
+    """``data`` with its tensors pinned (copied into page-locked memory) as torch's pin
+    thread does; tensors ``keep`` accepts are pinned already (NOTE [ Slabs pinned in place ])
+    and stay as they are."""
+
+    def pin(item: Any) -> Any:
+        if keep is not None and isinstance(item, torch.Tensor) and keep(item):
+            return item
+        return item.pin_memory()
+
+    return map_batch(data, pin, _pinnable)

@@ -88,8 +88,8 @@ def _timeline(ax: Any, run: Run) -> None:
     ax.set_xlabel("seconds since the loader was built")
     if run.warm_at:
         ax.axvline(run.warm_at - run.started, color="black", linestyle=":", linewidth=1)
-        ax.text(run.warm_at - run.started, len(order) - 0.45, " measured from here",
-                fontsize=8, va="bottom")
+        ax.text(run.warm_at - run.started, -0.45, " measured from here", fontsize=8,
+                va="bottom")
     ax.set_title(f"timeline of {run.label!r}: where each batch's time went")
     handles: dict[str, Any] = {}
     for h, lbl in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -105,7 +105,7 @@ def _throughput(ax: Any, run: Run) -> None:
     if points:
         ax.plot([p[0] for p in points], [p[1] for p in points], color="#1f77b4")
     ax.set_ylabel("samples/s")
-    ax.set_title("throughput over time (0.25 s windows)")
+    ax.set_title("throughput over time")
 
 
 def _memory(ax: Any, run: Run) -> None:
@@ -120,7 +120,7 @@ def _memory(ax: Any, run: Run) -> None:
     ax.set_ylabel("MiB")
     ax.set_title("memory per process (PSS solid, USS dashed)")
     if by_pid:
-        ax.legend(fontsize=7, ncols=4, loc="lower right")
+        ax.legend(fontsize=7, ncols=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     else:
         ax.text(0.5, 0.5, "memory not sampled (needs psutil)", ha="center",
                 transform=ax.transAxes)

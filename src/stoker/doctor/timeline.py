@@ -44,10 +44,15 @@ def spans(run: Run) -> list[Span]:
     return out
 
 
-def throughput(run: Run, window_s: float = 0.25) -> list[tuple[float, float]]:
-    """(seconds since start, samples/s over the window ending there)."""
+def throughput(run: Run, window_s: float | None = None) -> list[tuple[float, float]]:
+    """(seconds since start, samples/s over the window ending there). The window is 0.25 s,
+    or three typical gaps between batches when batches come slower than that."""
     if not run.batch_times:
         return []
+    if window_s is None:
+        times = [t for t, _ in run.batch_times]
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        window_s = max(0.25, 3 * statistics.median(gaps)) if gaps else 0.25
     out: list[tuple[float, float]] = []
     edge = run.started + window_s
     count = 0

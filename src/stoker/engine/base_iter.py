@@ -19,15 +19,16 @@ from torch.utils.data import IterableDataset
 
 from stoker._core.specs import FetchSpec
 from stoker.collate import collate, default_convert
+from stoker.device.attach import host_pins_for, make_feed
 from stoker.device.pin import pin_batch, pin_target
 from stoker.engine.progress import EpochProgress
 from stoker.engine.skips import SkipLedger
-from stoker.profile.ranges import PIN, WAIT, stage_range
+from stoker.profile.ranges import PIN, WAIT, profiling, stage_range
 from stoker.sampling.datapipes import draw_shared_seed, is_iter_datapipe, seed_group
 from stoker.sampling.dataset_rngs import find_dataset_rngs, warn_shared_rngs
 from stoker.sampling.fast_batches import fast_iter
 from stoker.sampling.rng_state import RngSnapshot
-from stoker.sampling.seeds import draw_base_seed
+from stoker.sampling.seeds import batch_seed, draw_base_seed
 
 
 def resolve_collate(collate_fn: Any) -> Any:
@@ -117,7 +118,13 @@ class BaseIterator:
         self._num_workers = loader.num_workers
         self._timeout = loader.timeout
         self._seeding = loader.seeding
-        self._pin = pin_target(loader.pin_memory, loader.pin_memory_device) is not None
+        self._pin_type = pin_target(loader.pin_memory, loader.pin_memory_device)
+        self._pin = self._pin_type is not None
+        # NOTE [ Batches on the device ]: delivery records held back while batches are ahead.
+        self._feed: Any = None
+        self._held: list[tuple[int, Any]] | None = None
+        self._pins: Any = None  # NOTE [ Slabs pinned in place ]; set by iterators with slabs
+        self._feed_spec = loader._stoker_feed_spec
         self._rng = RngSnapshot(loader.generator, self._index_sampler)
         self._stateful = stateful_sampler_of(self._index_sampler)
         self._tracked = self._stateful if is_delivery_tracked(self._stateful) else None
@@ -137,6 +144,7 @@ class BaseIterator:
         self._seed_group = seed_group() if self._iter_datapipe else None
         self._datapipe_seed: int | None = None
         self._open_epoch(loader, resume, first=True)
+        self._feed = make_feed(loader, self)
 
     def __iter__(self) -> BaseIterator:
         return self
@@ -150,6 +158,9 @@ class BaseIterator:
     # -- opening an epoch --------------------------------------------------------------------
 
     def _open_epoch(self, loader: Any, resume: dict[str, Any] | None, first: bool) -> None:
+        if self._feed is not None:
+            self._feed.reset()
+        self._held = None
         self._num_yielded = 0
         self._len_reported = loader._IterableDataset_len_called
         self._drop_below = 0  # iterable resume: positions fetched and dropped, not delivered
@@ -208,8 +219,14 @@ class BaseIterator:
         prefix = resume["batches"]
         self._skip = set(resume["extra_batches"])
         if self._fetch_spec.kind == "iterable":
-            if resume.get("dataset_state_covers_position") and self._num_workers == 0:
-                return  # the dataset's own load_state_dict already moved it past them
+            covered = resume.get("dataset_state_covers_position") or (
+                resume.get("dataset_iter_state") is not None
+            )
+            if covered and self._num_workers == 0:
+                # Its own load_state_dict (dataset's or iterator's) moved it past them; the
+                # positions (and so the per-batch seeds) continue where they were.
+                self._position = prefix
+                return
             # An iterable cannot seek: read the delivered batches again and drop them.
             self._drop_below, self._drop_set, self._skip = prefix, self._skip, set()
             if prefix or self._drop_set:
@@ -244,9 +261,46 @@ class BaseIterator:
         return position < self._drop_below or position in self._drop_set
 
     def _delivered(self, position: int) -> None:
-        self._progress.delivered(position, self._sampler_snaps.pop(position, None))
+        record = (position, self._sampler_snaps.pop(position, None))
+        if self._held is not None:  # copied ahead: counts once handed out
+            self._held.append(record)
+            return
+        self._apply_delivery(record)
+
+    def _apply_delivery(self, record: tuple[int, Any]) -> None:
+        self._progress.delivered(*record)
         if self._tracked is not None:
             self._tracked.advance(self._step_slots)
+
+    # -- the device feed's view of this iterator (NOTE [ Batches on the device ]) -----------
+
+    def hold_deliveries(self) -> None:
+        self._held = []
+
+    def release_deliveries(self) -> list[tuple[int, Any]]:
+        held, self._held = self._held or [], None
+        return held
+
+    def apply_deliveries(self, deliveries: list[tuple[int, Any]]) -> None:
+        for record in deliveries:
+            self._apply_delivery(record)
+
+    def seed_of(self, deliveries: list[tuple[int, Any]]) -> int | None:
+        """The per-batch seed of the batch these deliveries end with (its position)."""
+        if not deliveries:
+            return None
+        return batch_seed(self._base_seed, self._epoch, deliveries[-1][0])
+
+    def _host_pins(self) -> Any:
+        """Registers the slabs this iterator maps, or None (NOTE [ Slabs pinned in place ])."""
+        self._pins = host_pins_for(self._feed_device(), self._pin_type)
+        if self._feed is not None:
+            self._feed.pins = self._pins
+        return self._pins
+
+    def _feed_device(self) -> Any:
+        spec = self._feed_spec
+        return spec.device if spec is not None else None
 
     def _finish_epoch(self) -> None:
         self._progress.finished = True
@@ -256,11 +310,17 @@ class BaseIterator:
     def _next_data(self) -> Any:
         raise NotImplementedError
 
+    def _next_batch(self) -> Any:
+        return self.next_host() if self._feed is None else self._feed.next()
+
     def __next__(self) -> Any:
         entered = self._stats.entered_next()
         try:
-            with stage_range(WAIT):  # a torch.profiler range only while one records
-                data = self._next_data()
+            if profiling():  # a torch.profiler range only while one records
+                with stage_range(WAIT):
+                    data = self._next_batch()
+            else:
+                data = self._next_batch()
         except StopIteration:
             if self._steps_target is not None and self._num_yielded < self._steps_target:
                 return self._end_of_data()
@@ -268,6 +328,11 @@ class BaseIterator:
             self._stats.epoch_ended()
             raise
         self._stats.left_next(entered, data)
+        return data
+
+    def next_host(self) -> Any:
+        """The next batch as the engine delivers it, on the host (the device feed's source)."""
+        data = self._next_data()
         self._num_yielded += 1
         if (
             self._fetch_spec.kind == "iterable"
@@ -281,8 +346,9 @@ class BaseIterator:
         if not self._pin:
             return data
         t0 = time.perf_counter()
+        pins = self._pins  # NOTE [ Slabs pinned in place ]: slab tensors are pinned already
         with stage_range(PIN):
-            data = pin_batch(data)
+            data = pin_batch(data, pins.covers if pins is not None and not pins.refused else None)
         self._stats.pinned(t0)
         return data
 

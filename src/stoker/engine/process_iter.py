@@ -70,6 +70,7 @@ class ProcessIterator(BaseIterator):
         refuse_device_tensors(self._dataset, self._num_workers)
         ctx = safe_context(loader.multiprocessing_context, default_context(), loader)
         self._group = WorkerGroup(self._num_workers)
+        self._group.reader.pins = self._host_pins()  # NOTE [ Slabs pinned in place ]
         self._finalizer = weakref.finalize(self, self._group.stop)
         self._deaths = DeathWatch(self._group, self._file_reply, self._shutdown)
         # A worker that adopts the batched form read from the source vouches for it: the next

@@ -6,6 +6,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from torch import Tensor
+
 from stoker._core.stats import LoaderStats, TunerEvent
 from stoker.profile.events import EventRecorder
 from stoker.workers.protocol import BatchReport
@@ -13,6 +15,8 @@ from stoker.workers.protocol import BatchReport
 
 class StatsAccumulator:
     """One per loader; iterators add to it. Worker figures arrive with each batch."""
+
+    measures = True
 
     def __init__(self, num_workers: int) -> None:
         self.num_workers = num_workers
@@ -28,9 +32,17 @@ class StatsAccumulator:
         self.pack_s = 0.0
         self.unpack_s = 0.0
         self.pin_s = 0.0
+        # device= (NOTE [ Batches on the device ]): CPU time queuing copies, device time of
+        # the copies and of the consumer's stream waiting for them, bytes and batches copied.
+        self.to_device_s = 0.0
+        self.device_copy_s = 0.0
+        self.device_wait_s = 0.0
+        self.device_bytes = 0
+        self.device_batches = 0
         self.fetch_queued_s = 0.0
         self.batched = 0
         self.inline = False
+        self.threads = False
         self.tasks_moved = 0
         self.tasks_loaded_twice = 0
         self.concurrency: dict[int, int] = {}
@@ -98,8 +110,11 @@ class StatsAccumulator:
             num_workers=self.num_workers, wait_s=self.wait_s, loop_s=self.loop_s,
             fetch_wall_s=self.fetch_wall_s, fetch_cpu_s=self.fetch_cpu_s,
             collate_s=self.collate_s, pack_s=self.pack_s, unpack_s=self.unpack_s,
-            pin_s=self.pin_s, fetch_queued_s=self.fetch_queued_s,
+            pin_s=self.pin_s, to_device_s=self.to_device_s, device_copy_s=self.device_copy_s,
+            device_wait_s=self.device_wait_s, device_bytes=self.device_bytes,
+            device_batches=self.device_batches, fetch_queued_s=self.fetch_queued_s,
             cpu_steal_share=self._steal_share(), batched=self.batched, inline=self.inline,
+            threads=self.threads,
             tasks_moved=self.tasks_moved, tasks_loaded_twice=self.tasks_loaded_twice,
             concurrency=tuple(self.concurrency[w] for w in sorted(self.concurrency)),
             tuner=tuple(self.tuner),
@@ -116,6 +131,8 @@ class StatsAccumulator:
 class NoStats(StatsAccumulator):
     """``collect_stats=False``: the main process measures nothing per batch (the workers
     still time their fetches: their concurrency tuner needs it)."""
+
+    measures = False
 
     def entered_next(self) -> float:
         return 0.0
@@ -149,18 +166,26 @@ def machine_steal() -> tuple[int, int] | None:
 
 
 def batch_samples(data: Any) -> int:
-    """Samples in a delivered batch: the first dimension of its first tensor, else 1."""
-    import torch
+    """Samples in a delivered batch: the first dimension of its first tensor (depth first, in
+    order), the length of its first list of plain values, else 1. Per batch, so it returns
+    at the first leaf it can size instead of walking the batch."""
+    n = _first_size(data)
+    return 1 if n is None else n
 
-    stack = [data]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            return int(item.size(0)) if item.dim() else 1  # size(0): nested tensors too
-        if isinstance(item, dict):
-            stack.extend(reversed(list(item.values())))
-        elif isinstance(item, (list, tuple)) and item:
-            if isinstance(item[0], (str, bytes, int, float)):
-                return len(item)
-            stack.extend(reversed(item))
-    return 1
+
+def _first_size(item: Any) -> int | None:
+    if isinstance(item, Tensor):
+        return int(item.size(0)) if item.dim() else 1  # size(0): nested tensors too
+    if isinstance(item, dict):
+        values: Any = item.values()
+    elif isinstance(item, (list, tuple)) and item:
+        if isinstance(item[0], (str, bytes, int, float)):
+            return len(item)
+        values = item
+    else:
+        return None
+    for value in values:
+        n = _first_size(value)
+        if n is not None:
+            return n
+    return None

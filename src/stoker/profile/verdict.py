@@ -27,15 +27,54 @@ def summarize(s: LoaderStats) -> str:
             f"{share:.0%} of the time")
     if s.skipped:
         head += f"; {s.skipped} samples skipped"
+    device = _why_device(s, total)
     if share < _INPUT_BOUND:
+        if device is not None:
+            return head + ". Input-bound on the copy to the device: " + device + "."
         return head + ". Not input-bound: the training step is the bottleneck."
-    return head + ". Input-bound: " + _why(s, total) + "."
+    if s.to_device_s > 0.5 * s.wait_s:
+        return head + ". Input-bound: " + _why_queuing(s) + "."
+    return head + ". Input-bound: " + _why(s, total) + "." + (
+        f" Also: {device}." if device is not None else "")
+
+
+def _why_device(s: LoaderStats, total: float) -> str | None:
+    """With device=: the training stream waited for copies (NOTE [ Batches on the device ])."""
+    waited = s.device_wait_s / total if total > 0 else 0.0
+    if waited < _INPUT_BOUND or s.device_copy_s <= 0:
+        return None
+    rate = s.device_bytes / s.device_copy_s / 1e9
+    busy = min(1.0, s.device_copy_s / total)
+    per_batch = s.device_bytes / max(1, s.device_batches) / 2**20
+    where = (f"the training stream waited {waited:.0%} of the time for host-to-device copies "
+             f"({per_batch:,.1f} MiB a batch at {rate:,.1f} GB/s; the copy stream was busy "
+             f"{busy:.0%} of the time)")
+    if busy >= _BANDWIDTH_BOUND:
+        return (where + ": host-to-device bandwidth is the bottleneck; send fewer bytes "
+                "(uint8 images, converted to float in device_transform; decode JPEGs on the "
+                "GPU with stoker.image.DecodeImages)")
+    return (where + ": the copies do not overlap the step; raise device_prefetch so more are "
+            "queued ahead")
+
+
+def _why_queuing(s: LoaderStats) -> str:
+    return (f"queuing the copies to the device takes {s.to_device_s / s.wait_s:.0%} of the "
+            "time next() blocks: tensors outside stoker's page-locked slabs are copied from "
+            "pageable memory, synchronously (num_workers=0, worker_type='thread', or the slabs "
+            "could not be registered); use num_workers > 0, or make device_transform cheaper")
+
+
+_BANDWIDTH_BOUND = 0.8  # copy stream busy this share of the loop's time: bandwidth-bound
 
 
 def _why(s: LoaderStats, total: float) -> str:
     work = s.fetch_cpu_s + s.collate_s + s.pack_s
     waiting, queued = _fetch_waiting(s)
     conc = max(s.concurrency) if s.concurrency else 1
+    if s.threads and conc == 1:
+        # Threads wait for the GIL (held by the loop collating, or each other): that is not
+        # I/O. The tuner, which raised concurrency for fetches that truly wait, already knows.
+        return _why_threads(s, total)
     if waiting > 0.5 and conc == 1:
         # One fetch at a time (torch's way): threads need the user's promise of thread-safety.
         gain = 1.0 / max(1e-9, 1.0 - waiting)
@@ -49,6 +88,8 @@ def _why(s: LoaderStats, total: float) -> str:
         return ("batches are array gathers done in the training process (worker_type='auto': "
                 "cheaper than receiving them from workers); the gathers themselves are the "
                 "cost: use larger batches, or worker_type='process' to move them off this thread")
+    if s.threads:
+        return _why_threads(s, total)
     if s.num_workers == 0:
         return ("batches are loaded in the training process (num_workers=0); "
                 f"set num_workers to use the machine's {_cores()} cores")
@@ -71,6 +112,17 @@ def _why(s: LoaderStats, total: float) -> str:
     return (f"the {s.num_workers} workers are CPU-bound (busy {busy:.0%}) and the machine has "
             f"{_cores()} cores; make __getitem__ cheaper (faster decoding, smaller images)"
             + steal)
+
+
+def _why_threads(s: LoaderStats, total: float) -> str:
+    """worker_type="thread": the fetch threads live in the training process. Their Python
+    work holds its one GIL, so they are measured against one core, not ``num_workers``."""
+    busy = s.fetch_cpu_s / total if total > 0 else 0.0
+    return (f"batches are loaded on {s.num_workers} threads of the training process "
+            f"(worker_type='thread'), which fetched on a CPU {busy:.0%} of the loop's time and "
+            "collate in the loop's own thread; their Python code shares one GIL with the loop, "
+            "so they cannot use more than one core: use worker_type='process' for CPU-bound "
+            "datasets (decode/augment)")
 
 
 _OVERSUBSCRIBED = 0.25  # fetches queued for a CPU more than this share of their wall time

@@ -19,6 +19,9 @@ NOTE [ Slab lifecycle ]
 6. Under fork, shutdown gives the slabs to the loader's bank instead (mapping kept, fd
    closed; a leased one once its lease ends), for the next iterator's workers (NOTE [ Slabs
    outlive workers ]).
+7. With a ``pins`` (pin_memory=True or device=), a mapping is page-locked when its first batch
+   is read, unpinned before it is unmapped or banked, and released slabs reach the worker only
+   through ``pins.gate`` (NOTE [ Slabs pinned in place ] in ``stoker.device.host_pins``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stoker._core.protocols import HostPinner
 from stoker.transport import segments
 from stoker.transport.segments import SegmentRef
 from stoker.transport.slab_bank import BankedSlab, SlabBank
@@ -101,7 +105,7 @@ class _Slab:
     """One worker slab as the main process sees it. At most one lease at a time: the worker
     writes into a slab again only after its lease was released."""
 
-    __slots__ = ("fd", "nbytes", "address", "leased", "retired", "bank")
+    __slots__ = ("fd", "nbytes", "address", "leased", "retired", "bank", "pins")
 
     def __init__(self, fd: int | None, nbytes: int) -> None:
         self.fd = fd  # None for a banked slab: only its mapping is left
@@ -110,9 +114,16 @@ class _Slab:
         self.leased = False
         self.retired = False
         self.bank: tuple[SlabBank, int] | None = None  # (bank, worker id) once its lease ends
+        self.pins: HostPinner | None = None  # who page-locked the mapping, if anyone
+
+    def unpin(self) -> None:
+        if self.pins is not None and self.address is not None:
+            pins, self.pins = self.pins, None
+            pins.unpin(self.address)
 
     def unmap(self) -> None:
         if self.address is not None:
+            self.unpin()
             address, self.address = self.address, None
             segments.unmap_address(address, self.nbytes)
 
@@ -127,6 +138,7 @@ class SlabReader:
         # Finalizers run on any thread, or re-entrantly inside these methods when a collection
         # happens there; the lock is re-entrant and each check-and-set in it allocates nothing.
         self._lock = threading.RLock()
+        self.pins: HostPinner | None = None  # NOTE [ Slabs pinned in place ]
 
     def adopt(self, worker_id: int, ref: SegmentRef, fd: int | None) -> None:
         fd = segments.open_received(ref, fd)
@@ -163,6 +175,7 @@ class SlabReader:
             if slab.bank is not None and slab.address is not None:
                 # The workers stopped while the user held this batch: bank it now.
                 (bank, wid), slab.bank = slab.bank, None
+                slab.unpin()
                 address, slab.address = slab.address, None
                 bank.deposit(wid, BankedSlab(address, slab.nbytes))
             elif slab.retired:
@@ -179,6 +192,9 @@ class SlabReader:
             assert slab.fd is not None, "a banked slab keeps its mapping"
             slab.address = segments.map_address(slab.fd, slab.nbytes)
             self._close_fd(slab)  # the mapping keeps the memory: no fd per batch held
+        if self.pins is not None and slab.pins is None:
+            self.pins.pin(slab.address, slab.nbytes)
+            slab.pins = self.pins
         slab.leased = True
         lease = segments.lease_at(slab.address, used, functools.partial(self._released, key, slab))
         return _LeaseUnpickler(payload, lease, used).load()
@@ -193,9 +209,13 @@ class SlabReader:
         return slab.nbytes if slab is not None else 0
 
     def take_released(self) -> dict[int, list[int]]:
-        by_worker: dict[int, list[int]] = {}
+        keys = []
         while self.released:
-            wid, sid = self.released.popleft()
+            keys.append(self.released.popleft())
+        if self.pins is not None:
+            keys = self.pins.gate(keys)
+        by_worker: dict[int, list[int]] = {}
+        for wid, sid in keys:
             by_worker.setdefault(wid, []).append(sid)
         return by_worker
 
@@ -218,6 +238,7 @@ class SlabReader:
             if slab.leased:
                 slab.bank = (bank, worker_id)
                 return True
+            slab.unpin()
             address, slab.address = slab.address, None
         bank.deposit(worker_id, BankedSlab(address, slab.nbytes))
         return True

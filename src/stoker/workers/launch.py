@@ -7,7 +7,6 @@ import gc
 import multiprocessing
 import multiprocessing.connection
 import time
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -16,10 +15,7 @@ from typing import Any
 
 from stoker._core.specs import WorkerSpec
 from stoker.workers import protocol as msg
-
-# Main-process ends of every worker socket; a forked worker closes its copies so that the
-# death of the main process reaches every worker as end-of-file.
-_parent_ends: weakref.WeakSet[Connection] = weakref.WeakSet()
+from stoker.workers.entry import parent_ends, worker_main, worker_main_once
 
 _JOIN_TIMEOUT_S = 5.0
 
@@ -83,14 +79,6 @@ class WorkerProcess:
     kill = terminate
 
 
-def close_inherited_parent_ends() -> None:
-    for conn in list(_parent_ends):
-        try:
-            conn.close()
-        except OSError:
-            pass
-
-
 @contextlib.contextmanager
 def gc_frozen_for_fork(start_method: str | None) -> Iterator[None]:
     """Move the parent's objects out of the collector's reach while workers are forked.
@@ -120,8 +108,6 @@ def default_context() -> BaseContext:
 def start_worker(ctx: BaseContext, spec: WorkerSpec, once: Any = None) -> WorkerHandle:
     """Start one worker; ``once`` (a ``spec_once.PickledSpec``) carries the spec instead of
     pickling it for this worker alone."""
-    from stoker.workers.main_loop import worker_main, worker_main_once
-
     parent_end, child_end = ctx.Pipe(duplex=True)
     target, args = (
         (worker_main, (spec, child_end))
@@ -131,7 +117,7 @@ def start_worker(ctx: BaseContext, spec: WorkerSpec, once: Any = None) -> Worker
     process = ctx.Process(  # type: ignore[attr-defined]
         target=target, args=args, daemon=True, name=f"stoker-worker-{spec.worker_id}"
     )
-    _parent_ends.add(parent_end)
+    parent_ends.add(parent_end)  # a forked worker closes its copies
     try:
         process.start()
     except BaseException:
