@@ -147,3 +147,45 @@ def test_decoded_crops_do_not_depend_on_num_workers(gpu: FakeDevice, workers: in
     first, other = run(workers), run(1)
     assert len(first) == 3
     assert all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+class Counting(torch.utils.data.IterableDataset):
+    """An iterable whose own state_dict() is its position (resumed by the dataset itself)."""
+
+    def __init__(self) -> None:
+        self.position = 0
+
+    def __iter__(self):
+        while self.position < 12:
+            self.position += 1
+            yield self.position - 1
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
+
+
+def test_an_iterable_that_keeps_its_own_position_is_not_read_ahead(gpu: FakeDevice) -> None:
+    def loader_of(ds: Counting) -> stoker.DataLoader:
+        loader = stoker.DataLoader(ds, batch_size=2)
+        loader._stoker_feed_spec = FeedSpec(torch.device("cpu"), 3, None)
+        return loader
+
+    loader = loader_of(Counting())
+    it = iter(loader)
+    got = []
+    for _ in range(2):
+        batch = next(it)
+        gpu.run()
+        got.append(batch.tolist())
+    state = loader.state_dict()
+    assert state["dataset_state"] == {"position": 4}  # what was handed out, not read ahead
+    resumed = loader_of(Counting())
+    resumed.load_state_dict(state)
+    rest = []
+    for batch in resumed:
+        gpu.run()
+        rest.append(batch.tolist())
+    assert got + rest == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
