@@ -260,7 +260,7 @@ def test_extra_is_documented(name):
 
 # Public subpackages whose own __all__ is part of the API. name -> locked __all__.
 SUBPACKAGES = {
-    "image": ["DecodeImages", "random_resized_crop_box"],
+    "image": ["DecodeImages", "decode_box_into", "decode_crop_into", "random_resized_crop_box"],
     "storage": [
         "ByteSource", "LocalSource", "RemoteReadError", "RemoteSource", "RetryPolicy",
         "ShardCache", "open_source",
