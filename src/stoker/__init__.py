@@ -1,6 +1,6 @@
 """stoker: keeps the accelerator fed. A drop-in, faster, safer torch DataLoader."""
 
-from stoker import formats, image, sharing
+from stoker import formats, image, sharing, storage
 from stoker.collate import default_collate, default_convert
 from stoker.distributed import EndOfData
 from stoker.errors import (
@@ -10,6 +10,7 @@ from stoker.errors import (
     DeviceUnavailableError,
     LoaderTimeoutError,
     MixedDeviceError,
+    RemoteReadError,
     RemoteTraceback,
     ShardError,
     SkipBudgetExceeded,
@@ -34,6 +35,7 @@ __all__ = [
     "LoaderTimeoutError",
     "Mix",
     "MixedDeviceError",
+    "RemoteReadError",
     "RemoteTraceback",
     "ShardError",
     "SkipBudgetExceeded",
@@ -51,6 +53,7 @@ __all__ = [
     "sample_rng",
     "sample_seed",
     "sharing",
+    "storage",
 ]
 
 __version__ = "0.1.0"

@@ -9,6 +9,7 @@
      │         ├── SkipBudgetExceeded   on_error="skip" skipped more samples than allowed
      │         ├── MixedDeviceError     a batch's samples are on different devices
      │         ├── CudaInWorkersError   the loader would carry CUDA into worker processes
+     │         ├── RemoteReadError      an object-store read failed for good (an OSError too)
      │         ├── ShardError           a shard or record file is not what its index says
      │         ├── DeviceUnavailableError  device= names a device this process cannot use
      │         └── BatchDeviceError     device=: a batch holds a tensor on another accelerator
@@ -91,6 +92,17 @@ class MixedDeviceError(StokerError):
 class ShardError(StokerError):
     """A shard (or record file) cannot be read as its index says: truncated, corrupted, or
     changed after the index was built. The message names the file and the sample."""
+
+
+class RemoteReadError(OSError, StokerError):
+    """A read from an object store failed for good (after its retries, or at once for a
+    permanent error). ``url``, ``offset``, ``length``, ``attempts`` say which read; the last
+    error is chained as ``__cause__``."""
+
+    url: str = ""
+    offset: int | None = None
+    length: int | None = None
+    attempts: int = 0
 
 
 class CudaInWorkersError(StokerError):

@@ -36,6 +36,7 @@ PUBLIC = {
     "LoaderTimeoutError": "exception",
     "Mix": "class",
     "MixedDeviceError": "exception",
+    "RemoteReadError": "exception",
     "RemoteTraceback": "exception",
     "ShardError": "exception",
     "SkipBudgetExceeded": "exception",
@@ -53,6 +54,7 @@ PUBLIC = {
     "sample_rng": "function",
     "sample_seed": "function",
     "sharing": "module",
+    "storage": "module",
 }
 
 # stoker.DataLoader's own keyword-only arguments (after torch's) and their defaults, in order.
@@ -149,6 +151,7 @@ def test_exceptions_keep_their_hierarchy():
 _INTERNAL_SIGNALS = {
     "stoker.fastpaths.batched_columns.Decline",  # the batched form declines a batch
     "stoker.transport.slab_writer.SlabFull",  # a batch outgrows its slab: a bigger one is made
+    "stoker.storage.retry.TruncatedRead",  # a short body: retried; the final error chains it
 }
 
 
@@ -257,7 +260,11 @@ def test_extra_is_documented(name):
 
 # Public subpackages whose own __all__ is part of the API. name -> locked __all__.
 SUBPACKAGES = {
-    "image": ["random_resized_crop_box"],
+    "image": ["DecodeImages", "decode_box_into", "decode_crop_into", "random_resized_crop_box"],
+    "storage": [
+        "ByteSource", "LocalSource", "RemoteReadError", "RemoteSource", "RetryPolicy",
+        "ShardCache", "open_source",
+    ],
 }
 
 
@@ -266,4 +273,5 @@ def test_subpackage_all_is_locked(name):
     module = getattr(stoker, name)
     assert sorted(module.__all__) == sorted(SUBPACKAGES[name])
     for attr in module.__all__:
-        assert getattr(module, attr).__module__.startswith(f"stoker.{name}")
+        # Defined in the subpackage, or an exception re-exported from stoker.errors.
+        assert getattr(module, attr).__module__.startswith((f"stoker.{name}", "stoker.errors"))

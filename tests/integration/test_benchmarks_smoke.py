@@ -45,3 +45,19 @@ def test_quick_run_prints_a_record_per_workload_and_loader(tmp_path: Path) -> No
     assert len(compared) == 2 * len({(w, v) for w, v, _ in compared})
     assert json.loads(out.read_text())["records"] == records
     assert "stoker/torch ratios" in proc.stdout
+
+
+def test_gpu_feed_benchmark_runs_or_says_why_not() -> None:
+    script = RUNNER.parent / "gpu_feed.py"
+    proc = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    import torch
+
+    if not torch.cuda.is_available():
+        assert records == [{"workload": "gpu_feed", "skipped": (
+            f"skipped: CUDA is not available (torch {torch.__version__}); these benchmarks "
+            "measure host-to-device copies and GPU decoding")}]
+    else:
+        assert {r["workload"] for r in records} == {"h2d", "train", "decode"}

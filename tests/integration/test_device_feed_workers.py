@@ -103,3 +103,89 @@ def test_two_loaders_feed_at_once(gpu: FakeDevice) -> None:
         got_a.append(batch_a["i"].tolist())
         got_b.append(batch_b["i"].tolist())
     assert got_a == got_b == _reference()
+
+
+class Encoded(torch.utils.data.Dataset):
+    """PNG bytes (lossless, so both runs decode identical pixels) and the index."""
+
+    def __init__(self) -> None:
+        import io
+
+        import numpy as np
+        from PIL import Image
+
+        self.items = []
+        for i in range(12):
+            pixels = np.random.default_rng(i).integers(0, 256, (20 + i, 30, 3), dtype=np.uint8)
+            buf = io.BytesIO()
+            Image.fromarray(pixels).save(buf, format="PNG")
+            self.items.append(buf.getvalue())
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple:
+        return self.items[i], i
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_decoded_crops_do_not_depend_on_num_workers(gpu: FakeDevice, workers: int) -> None:
+    from stoker.image import DecodeImages
+
+    def run(num_workers: int) -> list[torch.Tensor]:
+        loader = stoker.DataLoader(Encoded(), batch_size=4, shuffle=True,
+                                   num_workers=num_workers,
+                                   generator=torch.Generator().manual_seed(2))
+        loader._stoker_feed_spec = FeedSpec(torch.device("cpu"), 1, DecodeImages(size=8))
+        out = []
+        for images, _ in loader:
+            gpu.run()
+            assert images.shape == (4, 3, 8, 8) and images.dtype == torch.uint8
+            out.append(images)
+        return out
+
+    first, other = run(workers), run(1)
+    assert len(first) == 3
+    assert all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+class Counting(torch.utils.data.IterableDataset):
+    """An iterable whose own state_dict() is its position (resumed by the dataset itself)."""
+
+    def __init__(self) -> None:
+        self.position = 0
+
+    def __iter__(self):
+        while self.position < 12:
+            self.position += 1
+            yield self.position - 1
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
+
+
+def test_an_iterable_that_keeps_its_own_position_is_not_read_ahead(gpu: FakeDevice) -> None:
+    def loader_of(ds: Counting) -> stoker.DataLoader:
+        loader = stoker.DataLoader(ds, batch_size=2)
+        loader._stoker_feed_spec = FeedSpec(torch.device("cpu"), 3, None)
+        return loader
+
+    loader = loader_of(Counting())
+    it = iter(loader)
+    got = []
+    for _ in range(2):
+        batch = next(it)
+        gpu.run()
+        got.append(batch.tolist())
+    state = loader.state_dict()
+    assert state["dataset_state"] == {"position": 4}  # what was handed out, not read ahead
+    resumed = loader_of(Counting())
+    resumed.load_state_dict(state)
+    rest = []
+    for batch in resumed:
+        gpu.run()
+        rest.append(batch.tolist())
+    assert got + rest == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]

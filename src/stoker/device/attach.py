@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
+import torch.utils.data
 
 from stoker.device.backend import CudaBackend, resolve_device
 from stoker.device.feed import DeviceFeed, FeedSpec
@@ -17,6 +19,12 @@ def make_feed(loader: Any, iterator: Any) -> DeviceFeed | None:
     spec = loader._stoker_feed_spec
     if spec is None:
         return None
+    if loader.num_workers == 0 and callable(getattr(loader.dataset, "state_dict", None)) and (
+        isinstance(loader.dataset, torch.utils.data.IterableDataset)
+    ):
+        # Its state_dict() is its own position (loader.state_dict() saves it as such): batches
+        # pulled ahead would be counted in it. Copy each batch when it is asked for instead.
+        spec = dataclasses.replace(spec, ahead=0)
     return DeviceFeed(spec, CudaBackend(spec.device), iterator, loader._engine.stats,
                       pins=iterator._pins)
 

@@ -53,6 +53,11 @@ def current_batch_seed() -> int | None:
     return getattr(_BATCH, "seed", None)
 
 
+def current_batch_device() -> torch.device | None:
+    """The device the feed running a ``device_transform`` in this thread copies to."""
+    return getattr(_BATCH, "device", None)
+
+
 @dataclass(frozen=True)
 class FeedSpec:
     device: torch.device
@@ -157,10 +162,11 @@ class DeviceFeed:
                              lambda x: isinstance(x, torch.Tensor))
             if self._spec.transform is not None:
                 _BATCH.seed = self._source.seed_of(entry.deliveries)
+                _BATCH.device = self._spec.device
                 try:
                     data = self._spec.transform(data)
                 finally:
-                    _BATCH.seed = None
+                    _BATCH.seed = _BATCH.device = None
             entry.done = backend.new_event()
             entry.done.record(stream)
         entry.data = data

@@ -47,8 +47,10 @@ def candidates(kwargs: Mapping[str, Any], kind: Kind, cores: int, cuda: bool,
     out += [Candidate({"num_workers": n, **proc}) for n in range(cores, 0, -1) if n != base_n]
     if base_n > 0 and not threads:
         out.append(Candidate({"prefetch_factor": 2 * int(kwargs.get("prefetch_factor") or 2)}))
-    if cuda and not kwargs.get("pin_memory"):
+    if cuda and not kwargs.get("pin_memory") and not kwargs.get("device"):
         out.append(Candidate({"pin_memory": True}))
+    if cuda and not kwargs.get("device"):
+        out.append(Candidate({"device": "cuda"}))  # copies overlap the step (side stream)
     # Threads inside a worker only add fetches that wait; for CPU work in Python they add
     # nothing on a quiet machine (one GIL per process), so they are not offered for it. (On
     # a busy machine more threads win a larger share of the CPUs from other processes: not a
@@ -73,6 +75,7 @@ def code_line(kwargs: Mapping[str, Any], overrides: Mapping[str, Any]) -> str:
                 "timeout": 0, "persistent_workers": False, "in_order": True,
                 "worker_type": "auto", "worker_concurrency": "auto", "seeding": "per_batch",
                 "on_error": "raise", "skip_budget": 0.01, "prefetch_factor": None,
+                "device": None, "device_prefetch": 1, "device_transform": None,
                 "multiprocessing_context": None, "generator": None, "worker_init_fn": None,
                 "sampler": None, "batch_sampler": None, "collate_fn": None, "shuffle": None}
     merged = {**kwargs, **overrides}

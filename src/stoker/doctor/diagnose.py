@@ -99,12 +99,13 @@ def _gil_bound(s: LoaderStats, setup: Setup, loop_wall: float) -> bool:
 def _shares(s: LoaderStats, gil: bool) -> tuple[Share, ...]:
     off_cpu = max(0.0, s.fetch_wall_s * (1 - s.cpu_steal_share) - s.fetch_cpu_s
                   - s.fetch_queued_s)
-    receive = s.unpack_s + s.pin_s
+    receive = s.unpack_s + s.pin_s + s.to_device_s
     rows = [
         Share("training step (the consumer)", s.loop_s, "loop"),
         Share("waiting in next() for a batch", max(0.0, s.wait_s - receive), "loop"),
         Share("receiving batches from workers", s.unpack_s, "loop"),
         Share("pin_memory", s.pin_s, "loop"),
+        Share("queuing host-to-device copies (device=)", s.to_device_s, "loop"),
         Share("GIL: fetch threads waiting for each other" if gil
               else "storage / other waits in __getitem__", off_cpu, "work"),
         Share("waiting for a free CPU", s.fetch_queued_s, "work"),

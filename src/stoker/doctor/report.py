@@ -59,8 +59,13 @@ def where_time_goes(run: Run, d: Diagnosis, setup: Setup) -> list[str]:
     for x in d.shares:
         if x.of == "loop":
             out.append(_row(x.name, x.seconds, loop_wall))
-    out.append(f"  {'host-to-device copy':<44}" + (
-        "in the step" if setup.device_copy else "not measured: no accelerator copy here"))
+    if s.device_batches:
+        out.append(f"  {'host-to-device copies (GPU time, side stream)':<44}"
+                   f"{s.device_copy_s:8.2f} s; the training stream waited "
+                   f"{s.device_wait_s:.2f} s for them")
+    else:
+        out.append(f"  {'host-to-device copy':<44}" + (
+            "in the step" if setup.device_copy else "not the loader's here (no device=)"))
     out.append(f"Loader work ({work:.2f} s summed over {who}; concurrent fetches each "
                "count)")
     for x in d.shares:

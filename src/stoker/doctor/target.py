@@ -17,7 +17,8 @@ from typing import Any
 import torch.utils.data
 
 # stoker's own keyword arguments, read back from a stoker loader's attributes.
-_STOKER_ATTRS = ("worker_type", "worker_concurrency", "seeding", "on_error", "skip_budget")
+_STOKER_ATTRS = ("worker_type", "worker_concurrency", "seeding", "on_error", "skip_budget",
+                 "device", "device_prefetch", "device_transform")
 
 
 class TargetError(ValueError):
@@ -103,6 +104,9 @@ def kwargs_of(loader: Any) -> dict[str, Any]:
     for name in _STOKER_ATTRS:
         if hasattr(loader, name):
             kwargs[name] = getattr(loader, name)
+    if kwargs.get("device") is None:  # no device feed: leave its arguments out
+        for name in ("device", "device_prefetch", "device_transform"):
+            kwargs.pop(name, None)
     return kwargs
 
 

@@ -27,9 +27,44 @@ def summarize(s: LoaderStats) -> str:
             f"{share:.0%} of the time")
     if s.skipped:
         head += f"; {s.skipped} samples skipped"
+    device = _why_device(s, total)
     if share < _INPUT_BOUND:
+        if device is not None:
+            return head + ". Input-bound on the copy to the device: " + device + "."
         return head + ". Not input-bound: the training step is the bottleneck."
-    return head + ". Input-bound: " + _why(s, total) + "."
+    if s.to_device_s > 0.5 * s.wait_s:
+        return head + ". Input-bound: " + _why_queuing(s) + "."
+    return head + ". Input-bound: " + _why(s, total) + "." + (
+        f" Also: {device}." if device is not None else "")
+
+
+def _why_device(s: LoaderStats, total: float) -> str | None:
+    """With device=: the training stream waited for copies (NOTE [ Batches on the device ])."""
+    waited = s.device_wait_s / total if total > 0 else 0.0
+    if waited < _INPUT_BOUND or s.device_copy_s <= 0:
+        return None
+    rate = s.device_bytes / s.device_copy_s / 1e9
+    busy = min(1.0, s.device_copy_s / total)
+    per_batch = s.device_bytes / max(1, s.device_batches) / 2**20
+    where = (f"the training stream waited {waited:.0%} of the time for host-to-device copies "
+             f"({per_batch:,.1f} MiB a batch at {rate:,.1f} GB/s; the copy stream was busy "
+             f"{busy:.0%} of the time)")
+    if busy >= _BANDWIDTH_BOUND:
+        return (where + ": host-to-device bandwidth is the bottleneck; send fewer bytes "
+                "(uint8 images, converted to float in device_transform; decode JPEGs on the "
+                "GPU with stoker.image.DecodeImages)")
+    return (where + ": the copies do not overlap the step; raise device_prefetch so more are "
+            "queued ahead")
+
+
+def _why_queuing(s: LoaderStats) -> str:
+    return (f"queuing the copies to the device takes {s.to_device_s / s.wait_s:.0%} of the "
+            "time next() blocks: tensors outside stoker's page-locked slabs are copied from "
+            "pageable memory, synchronously (num_workers=0, worker_type='thread', or the slabs "
+            "could not be registered); use num_workers > 0, or make device_transform cheaper")
+
+
+_BANDWIDTH_BOUND = 0.8  # copy stream busy this share of the loop's time: bandwidth-bound
 
 
 def _why(s: LoaderStats, total: float) -> str:

@@ -1,0 +1,152 @@
+"""Reading a dataset from an S3-compatible server with 10 ms added per request: packed tar
+shards through stoker against one object per sample through torch's DataLoader, same
+``num_workers``, same shuffled order of samples, cold local cache.
+
+The server is moto in server mode behind the tests' fault-injecting proxy
+(``tests/integration/_s3_server.py``), which adds the latency; everything runs on this machine,
+so the network is loopback and the proxy shares the CPUs with the loaders.
+
+    .venv/bin/python benchmarks/remote_shards.py [--samples 1000] [--workers 2]
+
+Each loader reads the raw JPEG bytes (no decode: this isolates the storage path) and returns
+their length. Prints one JSON record per loader and the ratio against torch's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader as TorchDataLoader
+from torch.utils.data import Dataset
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
+from _harness import machine_info  # noqa: E402
+from _s3_server import S3Server  # noqa: E402
+
+import stoker  # noqa: E402
+from stoker.formats import TarShards, pack  # noqa: E402
+from stoker.storage import open_source  # noqa: E402
+
+
+def write_folder(root: Path, n: int, classes: int = 10) -> list[str]:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    names = []
+    for i in range(n):
+        img = rng.integers(0, 256, (24, 32, 3), dtype=np.uint8).repeat(8, 0).repeat(8, 1)
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, "JPEG", quality=90)
+        rel = f"c{i % classes}/{i:06d}.jpg"
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(buf.getvalue())
+        names.append(rel)
+    return names
+
+
+class PerFile(Dataset):
+    """One object per sample, one GET each (what a Dataset over a bucket of files does)."""
+
+    def __init__(self, urls: list[str], options: dict[str, Any]) -> None:
+        self.urls = urls
+        self.source = open_source(urls[0], storage_options=options, fetch="range")
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    def __getitem__(self, i: int) -> int:
+        return len(self.source.read(self.urls[i]))
+
+
+def _jpg_len(sample: dict[str, Any]) -> int:
+    return len(sample["jpg"])
+
+
+def run(name: str, make_loader) -> dict[str, Any]:
+    start = time.perf_counter()
+    loader = make_loader()
+    first = None
+    samples = total_bytes = 0
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter() - start
+        samples += len(batch)
+        total_bytes += int(batch.sum())
+    elapsed = time.perf_counter() - start
+    return {"loader": name, "samples": samples, "epoch_s": round(elapsed, 3),
+            "samples_per_s": round(samples / elapsed, 1),
+            "time_to_first_batch_s": round(first or 0.0, 3),
+            "mb_per_s": round(total_bytes / elapsed / 1e6, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--per-shard", type=int, default=100)
+    parser.add_argument("--latency-ms", type=float, default=10.0)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="stoker-remote-bench-"))
+    names = write_folder(tmp / "files", args.samples)
+    pack(str(tmp / "files"), str(tmp / "packed"), samples_per_shard=args.per_shard,
+         workers=1, progress=False)
+    with S3Server() as s3:
+        s3.upload_dir(str(tmp / "files"), "bench", "files")
+        s3.upload_dir(str(tmp / "packed"), "bench", "packed")
+        s3.faults.latency_s = args.latency_ms / 1e3
+        options = s3.storage_options
+        urls = [f"s3://bench/files/{n}" for n in names]
+        common = {"batch_size": args.batch, "shuffle": True, "num_workers": args.workers}
+        results = []
+
+        def torch_files():
+            return TorchDataLoader(PerFile(urls, options), generator=torch.Generator()
+                                   .manual_seed(0), **common)
+
+        def stoker_shards(fetch: str, cache: str):
+            def make():
+                disk = {"cache_dir": cache, "cache_bytes": 1 << 30} if fetch == "shard" else {}
+                source = open_source("s3://bench/packed/index.json", storage_options=options,
+                                     fetch=fetch, **disk)
+                ds = TarShards("s3://bench/packed/index.json", source=source, transform=_jpg_len)
+                if fetch == "shard":  # the order shards are read in: fetch ahead
+                    source.plan([s.path for s in ds.shards])  # type: ignore[attr-defined]
+                return stoker.DataLoader(ds, generator=torch.Generator().manual_seed(0),
+                                         **common)
+            return make
+
+        def stoker_files():
+            return stoker.DataLoader(PerFile(urls, options),
+                                     generator=torch.Generator().manual_seed(0), **common)
+
+        gets0 = s3.faults.gets
+        results.append(run("torch_per_file", torch_files) | {"gets": s3.faults.gets - gets0})
+        for name, make in [("stoker_packed_shards", stoker_shards("shard", str(tmp / "c1"))),
+                           ("stoker_packed_ranges", stoker_shards("range", str(tmp / "c2"))),
+                           ("stoker_per_file", stoker_files)]:
+            gets0 = s3.faults.gets
+            results.append(run(name, make) | {"gets": s3.faults.gets - gets0})
+    base = results[0]["samples_per_s"]
+    for record in results:
+        record |= {"workload": "remote_shards", "latency_ms": args.latency_ms,
+                   "num_workers": args.workers, "speedup_vs_torch_per_file":
+                   round(record["samples_per_s"] / base, 2), "machine": machine_info()}
+        print(json.dumps(record))
+    os.system(f"rm -rf {tmp}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""``DecodeImages``: a batch of encoded images decoded, cropped and resized in one call, on the
+GPU (nvJPEG through torchvision) when it can, else on the CPU (Pillow) with the same output.
+
+Use it as ``device_transform`` with a dataset that returns encoded bytes: the workers only read
+files (cheap), and the batch's JPEGs are decoded on the GPU right after the copy, on the copy
+stream. Every leaf of the batch that is a list or tuple of ``bytes`` (what ``default_collate``
+makes of them) becomes one ``uint8`` tensor ``N x 3 x size x size``; the rest passes through.
+
+Crop boxes are torchvision's ``RandomResizedCrop`` distribution
+(``stoker.image.random_resized_crop_box``), drawn from a generator seeded by the batch's
+per-batch seed (base seed, epoch, position), so they do not depend on ``num_workers`` and come
+out the same after a resume. Resizing is the same code on both paths (bilinear, antialiased, in
+float32, rounded back to uint8), so the two paths differ only by their JPEG decoders' rounding.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from stoker.device.feed import current_batch_device, current_batch_seed
+from stoker.device.tree import map_batch
+from stoker.image.crops import random_resized_crop_box
+
+Crop = Literal["random_resized", "center", "none"]
+DecodeOn = Literal["auto", "cuda", "cpu"]
+_CROPS = ("random_resized", "center", "none")
+_JPEG_MAGIC = b"\xff\xd8"
+
+
+def _gpu_decoder() -> Any:
+    """torchvision.io.decode_jpeg if torchvision is installed, else None."""
+    try:
+        from torchvision.io import decode_jpeg
+    except ImportError:
+        return None
+    return decode_jpeg
+
+
+def _is_encoded_batch(x: Any) -> bool:
+    # default_collate leaves a batch of bytes as a list, or a tuple when samples are tuples
+    return isinstance(x, (list, tuple)) and bool(x) and all(
+        isinstance(v, (bytes, bytearray, memoryview)) for v in x
+    )
+
+
+class DecodeImages:
+    """Decode + crop + resize every list of encoded images in a batch (see the module doc).
+
+    size: output side (square) in pixels. crop: ``"random_resized"`` (torchvision's
+    distribution, with ``scale`` and ``ratio``), ``"center"`` (the largest centered square) or
+    ``"none"`` (the whole image, squashed). decode_on: ``"auto"`` (GPU with torchvision and CUDA,
+    else CPU), ``"cuda"`` (fails without them) or ``"cpu"``.
+    """
+
+    def __init__(
+        self, size: int = 224, crop: Crop = "random_resized",
+        scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        decode_on: DecodeOn = "auto",
+    ) -> None:
+        if crop not in _CROPS:
+            raise ValueError(f"DecodeImages(crop={crop!r}): expected one of {_CROPS}.")
+        self.size, self.crop, self.scale, self.ratio = size, crop, scale, ratio
+        self.decode_on = decode_on
+        if decode_on == "cuda" and (_gpu_decoder() is None or not torch.cuda.is_available()):
+            raise RuntimeError(
+                "DecodeImages(decode_on='cuda') needs torchvision (pip install "
+                "'stoker[gpu-decode]', matching your torch build) and a CUDA device; use "
+                "decode_on='auto' to fall back to Pillow on the CPU."
+            )
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __call__(self, batch: Any) -> Any:
+        seed = current_batch_seed()
+        rng = np.random.default_rng(seed if seed is not None else np.random.randint(2**31))
+        return map_batch(batch, lambda items: self._decode(items, rng), _is_encoded_batch)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}
+
+    # -- one list of encoded images --------------------------------------------------------
+
+    def _decode(self, items: Sequence[bytes], rng: np.random.Generator) -> torch.Tensor:
+        device = current_batch_device()
+        if (self.decode_on != "cpu" and device is not None and device.type == "cuda"
+                and _gpu_decoder() is not None):
+            images = self._decode_gpu(items, device)
+        else:
+            images = self._decode_cpu(items)
+        out = torch.stack([self._crop_resize(img, rng) for img in images])
+        if device is not None and out.device != device:
+            out = out.to(device, non_blocking=True)
+        return out
+
+    def _decode_gpu(self, items: Sequence[bytes], device: torch.device) -> list[torch.Tensor]:
+        from torchvision.io import ImageReadMode
+
+        decode_jpeg = _gpu_decoder()
+        jpegs = [i for i, b in enumerate(items) if bytes(b[:2]) == _JPEG_MAGIC]
+        data = [torch.frombuffer(bytearray(items[i]), dtype=torch.uint8) for i in jpegs]
+        decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device) if data else []
+        images: list[Any] = [None] * len(items)
+        for i, img in zip(jpegs, decoded, strict=True):
+            images[i] = img
+        others = [i for i in range(len(items)) if images[i] is None]  # PNG & co: Pillow
+        for i, img in zip(others, self._decode_cpu([items[i] for i in others]), strict=True):
+            images[i] = img.to(device, non_blocking=True)
+        return images
+
+    def _decode_cpu(self, items: Sequence[bytes]) -> list[torch.Tensor]:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+                                            thread_name_prefix="stoker-decode")
+        return list(self._pool.map(_pillow_decode, items))
+
+    def _crop_resize(self, img: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+        _, height, width = img.shape
+        if self.crop == "random_resized":
+            top, left, h, w = random_resized_crop_box(rng, height, width, self.scale, self.ratio)
+        elif self.crop == "center":
+            side = min(height, width)
+            top, left, h, w = (height - side) // 2, (width - side) // 2, side, side
+        else:
+            top, left, h, w = 0, 0, height, width
+        patch = img[None, :, top:top + h, left:left + w].float()
+        resized = F.interpolate(patch, size=(self.size, self.size), mode="bilinear",
+                                align_corners=False, antialias=True)
+        return resized[0].round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _pillow_decode(data: bytes) -> torch.Tensor:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ImportError(
+            "DecodeImages decodes on the CPU with Pillow, which is not installed: "
+            "pip install 'stoker[image]' (or install torchvision for GPU decoding)."
+        ) from None
+    with Image.open(io.BytesIO(data)) as im:
+        rgb = np.asarray(im.convert("RGB"))
+    return torch.from_numpy(rgb.copy()).permute(2, 0, 1)

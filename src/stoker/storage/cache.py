@@ -1,0 +1,171 @@
+"""``ShardCache``: whole objects kept on local disk within a byte budget, shared by every
+process of a node that names the same directory.
+
+NOTE [ Shard cache ]
+Processes coordinate only through the directory, with ``flock`` locks (released by the kernel
+when a process dies, so a killed worker never wedges the cache):
+
+* ``<key>.lock`` (one per object): held exclusively while one process downloads the object, so
+  each object is fetched once per node however many workers or threads want it;
+* ``.dir.lock``: held while space is reserved or freed, so the budget is checked and spent
+  atomically;
+* the cached file itself: a reader holds a shared lock on it while it uses it ("pinned"), and
+  eviction only removes a file it can lock exclusively without waiting, so a shard in use is
+  never evicted.
+
+Bytes on disk never exceed the budget: a download first reserves its full size (a
+``.partial`` file truncated to that length, counted by size like every file here), evicting
+least recently used unpinned files, and is skipped (the caller reads by range instead) when no
+room can be made. A file appears under its final name only once complete (``os.replace``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import posixpath
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+_LOCK_DIR = ".locks"
+_DIR_LOCK = ".dir.lock"
+_PARTIAL = ".partial"
+
+
+class ShardCache:
+    """Whole objects on local disk under ``directory``, at most ``budget_bytes`` of them."""
+
+    def __init__(self, directory: str, budget_bytes: int) -> None:
+        if budget_bytes <= 0:
+            raise ValueError(
+                f"cache budget_bytes={budget_bytes}: must be > 0 (bytes of local disk the "
+                "cache may use); pass cache_dir=None to read by range without a cache"
+            )
+        self.directory = os.path.abspath(directory)
+        self.budget_bytes = int(budget_bytes)
+        os.makedirs(os.path.join(self.directory, _LOCK_DIR), exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"ShardCache({self.directory!r}, budget_bytes={self.budget_bytes})"
+
+    def path_for(self, url: str) -> str:
+        digest = hashlib.sha1(url.encode()).hexdigest()[:16]
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", posixpath.basename(url.rstrip("/")))[-80:]
+        return os.path.join(self.directory, f"{digest}-{name}")
+
+    def open_pinned(self, url: str) -> int | None:
+        """A read-only fd of the complete cached copy, pinned (shared lock) until closed; None
+        when the object is not cached."""
+        try:
+            fd = os.open(self.path_for(url), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if os.fstat(fd).st_nlink == 0:  # evicted between our open and our lock
+            os.close(fd)
+            return None
+        os.utime(fd)  # recently used: last in line for eviction
+        return fd
+
+    def fill(self, url: str, size_bytes: int, download: Callable[[], bytes]) -> bool:
+        """Make ``url`` cached, downloading it (``download()`` returns its ``size_bytes``
+        bytes) unless another process or thread has; False when it does not fit."""
+        if size_bytes > self.budget_bytes:
+            return False
+        final = self.path_for(url)
+        with self._locked(os.path.join(self.directory, _LOCK_DIR, os.path.basename(final))):
+            if os.path.exists(final):
+                return True
+            partial = final + _PARTIAL
+            if not self._reserve(partial, size_bytes):
+                return False
+            try:
+                data = download()
+                if len(data) != size_bytes:
+                    raise OSError(
+                        f"{url}: downloaded {len(data)} bytes, the object is {size_bytes}"
+                    )
+                with open(partial, "r+b") as f:
+                    f.write(data)
+                with self._locked(os.path.join(self.directory, _DIR_LOCK)):
+                    os.replace(partial, final)  # under the lock: a count never sees both names
+            except BaseException:
+                with self._locked(os.path.join(self.directory, _DIR_LOCK)):
+                    _unlink(partial)
+                raise
+        return True
+
+    def used_bytes(self) -> int:
+        """Bytes the cache's files take (reservations of downloads in flight included)."""
+        return sum(size for _, size, _ in self._entries(include_partial=True))
+
+    def used_bytes_locked(self) -> int:
+        """``used_bytes`` counted while no process reserves, evicts or renames."""
+        with self._locked(os.path.join(self.directory, _DIR_LOCK)):
+            return self.used_bytes()
+
+    @contextmanager
+    def _locked(self, path: str) -> Iterator[None]:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _reserve(self, partial: str, size_bytes: int) -> bool:
+        with self._locked(os.path.join(self.directory, _DIR_LOCK)):
+            _unlink(partial)  # we hold the object's lock: a partial left here is a dead one's
+            used = self.used_bytes()
+            for path, size, _ in sorted(self._entries(), key=lambda e: e[2]):
+                if used + size_bytes <= self.budget_bytes:
+                    break
+                if _evict(path):
+                    used -= size
+            if used + size_bytes > self.budget_bytes:
+                return False
+            with open(partial, "wb") as f:
+                f.truncate(size_bytes)
+        return True
+
+    def _entries(self, include_partial: bool = False) -> list[tuple[str, int, float]]:
+        out = []
+        with os.scandir(self.directory) as it:
+            for entry in it:
+                if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
+                    continue
+                if entry.name.endswith(_PARTIAL) and not include_partial:
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                out.append((entry.path, st.st_size, st.st_mtime))
+        return out
+
+
+def _evict(path: str) -> bool:
+    """Remove a cached file nobody has pinned; False if it is in use (or already gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    try:
+        os.unlink(path)
+    finally:
+        os.close(fd)
+    return True
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

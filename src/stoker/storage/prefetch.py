@@ -1,0 +1,180 @@
+"""Whole shards fetched ahead into the cache, and samples read from cached shards.
+
+NOTE [ Shard prefetch order ]
+A worker learns the upcoming shards from two places, both known before the bytes are needed:
+
+* the plan (``RemoteSource.plan(paths)``): the order the dataset's shards will be read in,
+  e.g. the dataset's own shard list for a sequential or rank-contiguous order, or a worker's
+  shard list from ``stoker.distributed.shard_list``. Reading any sample of plan entry ``k``
+  schedules entries ``k+1 .. k+lookahead_shards`` for download in the background, so the next
+  shard is on disk when the sampler reaches it;
+* the samples it is asked for: a sample whose shard is not cached fetches that whole shard
+  (one GET) before its bytes are returned; threads and processes that want the same shard
+  wait for the one download (the cache's per-object lock). Under a global shuffle every batch
+  touches many shards: they are fetched once each and then served from disk while the budget
+  holds them; with a budget smaller than the dataset, ``fetch="range"`` (one GET per sample)
+  is the better choice.
+
+``RemoteSource.prefetch(paths)`` schedules any order explicitly. A prefetch that fails is
+dropped silently: the read that needs the shard fetches it itself, with retries, and reports.
+
+A process pins the shards it read last (``lookahead_shards + 1`` of them: a shared lock on the
+cached file, NOTE [ Shard cache ]), so the shard in use is never evicted under it; when a
+download finds no room, it lets its own pins go and tries once more. A budget of
+``workers x (2 x lookahead_shards + 1)`` shards per node keeps every download cached.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stoker.storage.remote import RemoteSource
+
+_PREFETCH_THREADS = 2
+
+
+class Prefetcher:
+    """Per-process state of one ``RemoteSource``'s cache use: pins, plan, download threads."""
+
+    def __init__(self, source: RemoteSource, lookahead_shards: int) -> None:
+        self.source = source
+        self.lookahead = max(0, int(lookahead_shards))
+        self.plan: list[str] = []
+        self._plan_index: dict[str, int] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._pins: OrderedDict[str, int] = OrderedDict()
+        self._executor: ThreadPoolExecutor | None = None
+        self._scheduled: set[str] = set()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"source": self.source, "lookahead": self.lookahead, "plan": self.plan,
+                "_plan_index": self._plan_index}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: close the inherited pins (the parent keeps its own locks), drop
+        the parent's threads without touching them (NOTE [ Remote handles after fork ])."""
+        for fd in self._pins.values():
+            os.close(fd)
+        self._reset()
+
+    def set_plan(self, paths: list[str]) -> None:
+        self.plan = list(paths)
+        self._plan_index = {p: k for k, p in enumerate(self.plan)}
+
+    def read_cached(self, path: str, offset: int, length: int) -> bytes | None:
+        """The bytes from the cached shard (fetching it whole first in ``"shard"`` mode), or
+        None when the shard is not cached and cannot be (read it by range)."""
+        if self._pid != os.getpid():
+            self.forget_after_fork()
+        data = self._pread_pinned(path, offset, length)
+        if data is not None:
+            return data
+        cache = self.source.cache
+        assert cache is not None
+        fd = cache.open_pinned(path)
+        if fd is None and self.source.fetch == "shard":
+            fd = self._fill_and_pin(path)
+        self._ahead_of(path)
+        if fd is None:
+            return None
+        self._pin(path, fd)
+        return self._pread_pinned(path, offset, length)
+
+    def _fill_and_pin(self, path: str) -> int | None:
+        cache = self.source.cache
+        assert cache is not None
+        size = self.source.size(path)
+        for attempt in range(2):
+            if cache.fill(path, size, lambda: self.source.get_whole(path)):
+                return cache.open_pinned(path)
+            if attempt == 0:  # maybe our own pins fill the budget: let them go, try once more
+                self._unpin_all()
+        return None
+
+    def _unpin_all(self) -> None:
+        with self._lock:
+            for fd in self._pins.values():
+                os.close(fd)
+            self._pins.clear()
+
+    def _pread_pinned(self, path: str, offset: int, length: int) -> bytes | None:
+        with self._lock:  # a pin is closed only under this lock: the fd stays ours meanwhile
+            fd = self._pins.get(path)
+            if fd is None:
+                return None
+            self._pins.move_to_end(path)
+            data = os.pread(fd, length, offset)
+        if len(data) != length:
+            raise OSError(
+                f"{path}: the cached copy has {len(data)} bytes at offset {offset}, "
+                f"{length} were asked for: the object is shorter than its index says"
+            )
+        return data
+
+    def _pin(self, path: str, fd: int) -> None:
+        with self._lock:
+            if path in self._pins:  # another thread pinned it meanwhile
+                os.close(fd)
+                return
+            self._pins[path] = fd
+            while len(self._pins) > self.lookahead + 1:
+                _, old = self._pins.popitem(last=False)
+                os.close(old)
+
+    def _ahead_of(self, path: str) -> None:
+        k = self._plan_index.get(path)
+        if k is not None and self.lookahead:
+            self.schedule(self.plan[k + 1 : k + 1 + self.lookahead])
+
+    def schedule(self, paths: list[str]) -> None:
+        cache = self.source.cache
+        if cache is None:
+            return
+        with self._lock:
+            todo = [p for p in paths if p not in self._scheduled]
+            self._scheduled.update(todo)
+            if todo and self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    _PREFETCH_THREADS, thread_name_prefix="stoker-prefetch"
+                )
+            executor = self._executor
+        for path in todo:
+            assert executor is not None
+            executor.submit(self._fetch, path)
+
+    def _fetch(self, path: str) -> None:
+        cache = self.source.cache
+        assert cache is not None
+        try:
+            if os.path.exists(cache.path_for(path)):
+                return
+            cache.fill(path, self.source.size(path), lambda: self.source.get_whole(path))
+        except Exception:  # NOTE [ Shard prefetch order ]: the read that needs it reports
+            pass
+        finally:
+            with self._lock:
+                self._scheduled.discard(path)
+
+    def close(self) -> None:
+        """Stop the download threads (waiting for downloads in flight) and unpin."""
+        if self._pid != os.getpid():
+            self.forget_after_fork()
+            return
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+        self._unpin_all()

@@ -1,0 +1,270 @@
+"""``RemoteSource``: a ``ByteSource`` over an object store (``s3://``, ``gs://``, ``https://``,
+any ``fsspec`` protocol), and ``open_source``, which picks it or ``LocalSource`` for a path.
+
+Reads are ranged GETs (one per sample: random access) or, with a cache, whole objects kept on
+local disk (one GET per shard: see ``stoker.storage.cache`` and ``stoker.storage.prefetch``).
+Every read is retried on transient errors with backoff and its length verified
+(``stoker.storage.retry``). Credentials come from each store's standard chain: nothing is
+passed unless the caller gives ``storage_options``.
+
+NOTE [ Remote handles after fork ]
+fsspec's async filesystems run an asyncio loop on a thread; neither the loop nor the aiohttp
+connections survive ``fork`` (the child has no loop thread, and sockets shared with the parent
+would interleave bytes). A ``RemoteSource`` therefore opens its filesystem lazily, per process
+(it remembers the pid it opened in), on a loop thread of its own, and pickles without it:
+workers, forked or spawned, open their own on first use. What a forked child inherits from its
+parent's handle is left untouched (closing it there would close the parent's sockets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from stoker.storage.cache import ShardCache
+from stoker.storage.retry import ReadRequest, RetryPolicy, read_with_retries
+from stoker.storage.source import ByteSource, LocalSource
+
+FetchMode = Literal["auto", "shard", "range"]
+
+# protocol -> (package, extra) for the install hint.
+_BACKENDS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"),
+             "gcs": ("gcsfs", "gcs"), "http": ("aiohttp", "remote"),
+             "https": ("aiohttp", "remote")}
+_INHERITED: list[object] = []  # NOTE [ Remote handles after fork ]: never closed in a child
+
+
+def _protocol(url: str) -> str:
+    return url.split("://", 1)[0].lower() if "://" in url else "file"
+
+
+def _require_fsspec(protocol: str) -> Any:
+    package, extra = _BACKENDS.get(protocol, ("fsspec", "remote"))
+    try:
+        import fsspec
+
+        fsspec.get_filesystem_class(protocol)
+    except ImportError as exc:
+        raise ImportError(
+            f"reading {protocol}:// URLs needs the {package!r} package ({exc}). Install it "
+            f"with: pip install 'stoker[{extra}]'"
+        ) from exc
+    except ValueError as exc:
+        raise ValueError(f"{protocol}://: no fsspec filesystem for this protocol ({exc})") from exc
+    return fsspec
+
+
+@dataclass
+class _Handle:
+    """What one process opened: the filesystem, its loop thread, pinned cache files."""
+
+    pid: int
+    fs: Any
+    loop: asyncio.AbstractEventLoop | None = None
+    thread: threading.Thread | None = None
+    sizes: dict[str, int] = field(default_factory=dict)
+
+
+class RemoteSource:
+    """Objects of one object store, addressed by full URLs.
+
+    ``storage_options`` go to the fsspec filesystem (e.g. ``endpoint_url`` for an
+    S3-compatible server: ``client_kwargs={"endpoint_url": ...}``). ``cache_dir`` and
+    ``cache_bytes`` keep whole objects on local disk (shared by all processes naming the same
+    directory); ``fetch`` says how a sample is read: ``"shard"`` fetches its whole object into
+    the cache first, ``"range"`` GETs just its bytes, ``"auto"`` is ``"shard"`` with a cache
+    and ``"range"`` without.
+    """
+
+    def __init__(
+        self,
+        protocol: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        cache_dir: str | None = None,
+        cache_bytes: int | None = None,
+        fetch: FetchMode = "auto",
+        lookahead_shards: int = 2,
+    ) -> None:
+        _require_fsspec(protocol)
+        if fetch not in ("auto", "shard", "range"):
+            raise ValueError(f"fetch={fetch!r}: expected 'auto', 'shard' or 'range'")
+        if (cache_dir is None) != (cache_bytes is None):
+            raise ValueError(
+                f"cache_dir={cache_dir!r}, cache_bytes={cache_bytes!r}: give both (a local "
+                "directory and the bytes it may hold) or neither"
+            )
+        if fetch == "shard" and cache_dir is None:
+            raise ValueError("fetch='shard' keeps whole objects on disk: give cache_dir and "
+                             "cache_bytes, or use fetch='range'")
+        self.protocol = protocol
+        self.storage_options = dict(storage_options or {})
+        self.retry = retry or RetryPolicy()
+        self.cache = None if cache_dir is None else ShardCache(cache_dir, int(cache_bytes or 0))
+        self.fetch: FetchMode = fetch if fetch != "auto" else (
+            "range" if self.cache is None else "shard")
+        self.lookahead_shards = lookahead_shards
+        self._handle: _Handle | None = None
+        self._lock = threading.Lock()
+        from stoker.storage.prefetch import Prefetcher
+
+        self._prefetcher = Prefetcher(self, lookahead_shards)
+
+    # ------------------------------------------------------------------ pickling, per process
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_handle"] = None
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        cache = "" if self.cache is None else f", cache={self.cache!r}"
+        return f"RemoteSource({self.protocol!r}, fetch={self.fetch!r}{cache})"
+
+    def _fs(self) -> _Handle:
+        handle = self._handle
+        if handle is not None and handle.pid == os.getpid():
+            return handle
+        with self._lock:
+            if self._handle is not None and self._handle.pid != os.getpid():
+                _INHERITED.append(self._handle)  # a parent's: leave it be
+                self._handle = None
+                self._prefetcher.forget_after_fork()
+            if self._handle is None:
+                self._handle = self._open()
+            return self._handle
+
+    def _open(self) -> _Handle:
+        fsspec = _require_fsspec(self.protocol)
+        from fsspec.asyn import AsyncFileSystem
+
+        options = dict(self.storage_options)
+        cls = fsspec.get_filesystem_class(self.protocol)
+        if self.protocol in ("s3", "s3a") and "config_kwargs" not in options:
+            options["config_kwargs"] = {"retries": {"total_max_attempts": 1}}  # ours retry
+        if not issubclass(cls, AsyncFileSystem):
+            return _Handle(os.getpid(), fsspec.filesystem(self.protocol, **options))
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="stoker-remote-io", daemon=True)
+        thread.start()
+        fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, loop=loop, **options)
+        if hasattr(fs, "retries"):
+            fs.retries = 1  # s3fs/gcsfs retry on their own; one policy decides (ours)
+        return _Handle(os.getpid(), fs, loop, thread)
+
+    def close(self) -> None:
+        """Close this process's connections and loop thread (reopened on next use)."""
+        self._prefetcher.close()
+        with self._lock:
+            handle, self._handle = self._handle, None
+        if handle is None or handle.pid != os.getpid() or handle.loop is None:
+            return
+        close_session = getattr(type(handle.fs), "close_session", None)
+        session = getattr(handle.fs, "_s3", None) or getattr(handle.fs, "_session", None)
+        if close_session is not None and session is not None:
+            try:
+                close_session(handle.loop, session)
+            except Exception:  # a session that never connected; nothing to close
+                pass
+        handle.loop.call_soon_threadsafe(handle.loop.stop)
+        if handle.thread is not None:
+            handle.thread.join(timeout=10)
+        handle.loop.run_until_complete(handle.loop.shutdown_default_executor())
+        handle.loop.close()
+
+    # ------------------------------------------------------------------ ByteSource
+    def size(self, path: str) -> int:
+        handle = self._fs()
+        known = handle.sizes.get(path)
+        if known is None:
+            known = handle.sizes[path] = read_with_retries(
+                ReadRequest(path), lambda: int(handle.fs.size(path)), self.retry, None
+            )
+        return known
+
+    def read(self, path: str) -> bytes:
+        local = self.local_path(path)
+        if local is not None:
+            return LocalSource().read(local)
+        handle = self._fs()
+        return read_with_retries(
+            ReadRequest(path), lambda: handle.fs.cat_file(path), self.retry, None
+        )
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        if self.cache is not None:
+            data = self._prefetcher.read_cached(path, offset, length)
+            if data is not None:
+                return data
+        return self.get_range(path, offset, length)
+
+    def get_range(self, path: str, offset: int, length: int) -> bytes:
+        """One ranged GET (retried, length verified), bypassing the cache."""
+        handle = self._fs()
+        return read_with_retries(
+            ReadRequest(path, offset, length),
+            lambda: handle.fs.cat_file(path, start=offset, end=offset + length),
+            self.retry,
+            length,
+        )
+
+    def get_whole(self, path: str) -> bytes:
+        """The whole object in one GET (retried, its length checked against its size)."""
+        size = self.size(path)
+        handle = self._fs()
+        return read_with_retries(
+            ReadRequest(path, 0, size),
+            lambda: handle.fs.cat_file(path, start=0, end=size) if size else b"",
+            self.retry,
+            size,
+        )
+
+    def local_path(self, path: str) -> str | None:
+        if self.cache is None:
+            return None
+        local = self.cache.path_for(path)
+        return local if os.path.exists(local) else None
+
+    # ------------------------------------------------------------------ fetching ahead
+    def plan(self, paths: list[str]) -> None:
+        """The order shards will be read in: reading one fetches the next ``lookahead_shards``
+        of this list into the cache in the background (NOTE [ Shard prefetch order ])."""
+        self._prefetcher.set_plan(paths)
+
+    def prefetch(self, paths: list[str]) -> None:
+        """Fetch these whole objects into the cache in the background, in this order."""
+        self._prefetcher.schedule(paths)
+
+
+def open_source(
+    url_or_path: str,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
+    cache_dir: str | None = None,
+    cache_bytes: int | None = None,
+    fetch: FetchMode = "auto",
+    lookahead_shards: int = 2,
+) -> ByteSource:
+    """The ``ByteSource`` for a path or URL: ``LocalSource`` for a local path (or
+    ``file://``), ``RemoteSource`` for an object store. Options as ``RemoteSource``."""
+    protocol = _protocol(url_or_path)
+    if "://" not in url_or_path:
+        return LocalSource()
+    return RemoteSource(
+        protocol,
+        storage_options,
+        retry=retry,
+        cache_dir=cache_dir,
+        cache_bytes=cache_bytes,
+        fetch=fetch,
+        lookahead_shards=lookahead_shards,
+    )

@@ -1,0 +1,128 @@
+"""Retries of object-store reads: exponential backoff with full jitter, lengths verified.
+
+A read either returns exactly the bytes asked for or raises ``RemoteReadError`` naming the
+object, the byte range, the attempts and the last error. Retrying a read can neither duplicate
+nor lose a sample: a sample is read by one call that returns its bytes once, whole, or raises;
+a short body (a connection cut mid-transfer) is an error to retry, never bytes to return.
+
+What is retried: errors that say nothing about the object itself (5xx replies, connection
+resets and refusals, timeouts, truncated bodies). What is not: a missing object, a refused
+permission, a bad argument; retrying those only delays the answer.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from stoker.errors import RemoteReadError
+
+T = TypeVar("T")
+
+# Errors that describe the request or the object, not the connection: never retried.
+_PERMANENT: tuple[type[BaseException], ...] = (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    ValueError,
+    TypeError,
+    NotImplementedError,
+)
+
+
+class TruncatedRead(OSError):
+    """The store answered with fewer (or more) bytes than asked for: a retryable error."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently a read is retried.
+
+    ``attempts``: tries in all (1 = no retry). The wait before try ``k`` (k >= 2) is drawn
+    uniformly from ``[0, min(max_delay_s, base_delay_s * 2 ** (k - 2))]`` ("full jitter": ranks
+    and workers that failed together do not retry together).
+    """
+
+    attempts: int = 6
+    base_delay_s: float = 0.2
+    max_delay_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.base_delay_s < 0 or self.max_delay_s < 0:
+            raise ValueError(
+                f"RetryPolicy(attempts={self.attempts}, base_delay_s={self.base_delay_s}, "
+                f"max_delay_s={self.max_delay_s}): attempts must be >= 1 and the delays >= 0"
+            )
+
+    def delay_s(self, attempt: int, rng: random.Random) -> float:
+        """The wait before try number ``attempt`` (2, 3, ...)."""
+        ceiling = min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 2))
+        return rng.uniform(0.0, ceiling)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying the read may succeed."""
+    return isinstance(exc, Exception) and not isinstance(exc, _PERMANENT)
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """One read: ``length`` None means the whole object of ``expected_size`` bytes, if known."""
+
+    url: str
+    offset: int | None = None
+    length: int | None = None
+
+    def describe(self) -> str:
+        if self.offset is None:
+            return f"{self.url} (whole object)"
+        return f"{self.url} (bytes {self.offset}..{self.offset + (self.length or 0)})"
+
+
+def read_with_retries(
+    request: ReadRequest,
+    read: Callable[[], T],
+    policy: RetryPolicy,
+    expected: int | None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """``read()`` until it succeeds (returning ``expected`` bytes, when given), retrying
+    transient errors."""
+    rng = random.Random()
+    last: BaseException | None = None
+    for attempt in range(1, policy.attempts + 1):
+        if attempt > 1:
+            sleep(policy.delay_s(attempt, rng))
+        try:
+            data = read()
+            got = len(data) if isinstance(data, (bytes, bytearray, memoryview)) else None
+            if expected is not None and got != expected:
+                raise TruncatedRead(f"got {got} bytes, expected {expected}")
+            return data
+        except Exception as exc:  # classified below; never swallowed
+            last = exc
+            if not is_transient(exc):
+                break
+    raise _final_error(request, attempt, last)
+
+
+def _final_error(request: ReadRequest, attempts: int, last: BaseException | None) -> OSError:
+    cause = f"{type(last).__name__}: {last}" if last is not None else "no error recorded"
+    if last is not None and not is_transient(last):
+        what = "a permanent error, not retried"
+    else:
+        what = f"{attempts} attempt(s), the last error"
+    error = RemoteReadError(f"reading {request.describe()} failed after {what}: {cause}")
+    error.url, error.offset, error.length, error.attempts = (
+        request.url, request.offset, request.length, attempts
+    )
+    if isinstance(last, FileNotFoundError):  # keep the type users catch for a missing object
+        missing = FileNotFoundError(f"{request.url}: no such object ({cause})")
+        missing.__cause__ = error
+        return missing
+    error.__cause__ = last
+    return error

@@ -1,0 +1,126 @@
+"""device= and pin_memory=True on a real CUDA device: slabs registered in place report
+is_pinned(), batches arrive on the device with the right values while a worker reuses slabs
+under a slow consumer stream, the consumer's stream waits on events, resume and several loaders
+at once, the refusal fallback, and the errors."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import stoker
+
+
+class Images(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, i: int) -> tuple:
+        return torch.full((3, 64, 64), i % 251, dtype=torch.uint8), i
+
+
+def _loader(**kw) -> stoker.DataLoader:
+    args = dict(batch_size=8, shuffle=True, num_workers=2,
+                generator=torch.Generator().manual_seed(1))
+    args.update(kw)
+    return stoker.DataLoader(Images(), **args)
+
+
+def _check(x: torch.Tensor, i: torch.Tensor) -> None:
+    expect = (i % 251).to(torch.uint8)[:, None, None, None].expand_as(x)
+    assert torch.equal(x, expect)
+
+
+def test_pin_memory_batches_are_pinned_in_place_without_a_copy():
+    it = iter(_loader(pin_memory=True))
+    x, i = next(it)
+    assert x.is_pinned() and i.is_pinned()
+    pins = it._pins
+    assert pins is not None and pins.refused is None and pins.covers(x)
+    del it, x, i
+    gc.collect()
+
+
+def test_device_batches_are_right_under_a_slow_consumer_stream():
+    loader = _loader(device="cuda", device_prefetch=2)
+    for x, i in loader:
+        assert x.device.type == "cuda" and i.device.type == "cuda"
+        torch.cuda._sleep(2_000_000)  # the step: the copy stream runs ahead of it
+        _check(x, i)
+    stats = loader.stats()
+    assert stats.device_batches == 12 and stats.device_copy_s > 0
+
+
+def test_device_transform_runs_after_the_copy():
+    def to_float(batch):
+        x, i = batch
+        return x.float().div_(255).contiguous(memory_format=torch.channels_last), i
+
+    for x, i in _loader(device="cuda", device_transform=to_float):
+        assert x.dtype == torch.float32 and x.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(x * 255, (i % 251).float()[:, None, None, None].expand_as(x))
+
+
+def test_resume_and_two_loaders_at_once():
+    ref = [i.tolist() for _, i in _loader()]
+    a = _loader(device="cuda", device_prefetch=3)
+    it = iter(a)
+    got = [next(it)[1].tolist() for _ in range(4)]
+    state = a.state_dict()
+    assert state["batches"] == 4
+    b = _loader(device="cuda")
+    b.load_state_dict(state)
+    c = _loader(device="cuda", num_workers=1)
+    rest, other = [], []
+    for (_, ib), (_, ic) in zip(b, c, strict=False):  # b resumes with 8 left of 12
+        rest.append(ib.tolist())
+        other.append(ic.tolist())
+    assert got + rest == ref and len(other) == 8 and other == ref[:8]
+
+
+def test_a_batch_on_another_device_is_refused():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+
+    def on_cuda1(batch):
+        return torch.stack(batch).to("cuda:1")
+
+    loader = stoker.DataLoader([torch.ones(2)] * 4, batch_size=2, collate_fn=on_cuda1,
+                               device="cuda:0")
+    with pytest.raises(stoker.BatchDeviceError, match="got a batch holding a tensor on cuda:1"):
+        next(iter(loader))
+
+
+def test_a_bad_device_index_is_refused():
+    with pytest.raises(stoker.DeviceUnavailableError, match="this process sees"):
+        stoker.DataLoader([1], device=f"cuda:{torch.cuda.device_count()}")
+
+
+def test_gpu_decode_matches_the_cpu_path_within_decoder_rounding():
+    pytest.importorskip("torchvision", reason="GPU decoding needs torchvision")
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from stoker.device import feed
+    from stoker.image import DecodeImages
+
+    jpegs = []
+    for k in range(6):
+        pixels = np.random.default_rng(k).integers(0, 256, (200 + k, 300, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="JPEG", quality=95)
+        jpegs.append(buf.getvalue())
+    outs = []
+    for decode_on in ("cuda", "cpu"):
+        feed._BATCH.seed, feed._BATCH.device = 7, torch.device("cuda", 0)
+        try:
+            outs.append(DecodeImages(size=64, decode_on=decode_on)(jpegs))
+        finally:
+            feed._BATCH.seed = feed._BATCH.device = None
+    gpu, cpu = outs
+    assert gpu.device.type == cpu.device.type == "cuda" and gpu.shape == (6, 3, 64, 64)
+    assert (gpu.int() - cpu.int()).abs().float().mean() < 3  # same crops, decoders round apart

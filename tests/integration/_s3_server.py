@@ -1,0 +1,218 @@
+"""A real S3-compatible server over HTTP for tests and benchmarks: moto in server mode behind a
+small fault-injecting HTTP proxy, both on localhost threads of the calling process.
+
+Clients talk to the proxy (``endpoint_url``); the proxy forwards each request to moto and can
+add latency to every request and fail chosen requests: a 5xx reply, a connection reset before
+any reply, or a body cut short (the full ``Content-Length`` announced, part of it sent, the
+connection closed). It counts requests, so tests can say how many GETs a read took.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Literal
+
+Fault = Literal["status", "reset", "truncate"]
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "upgrade",
+               "proxy-connection", "trailer"}
+
+
+@dataclass
+class _Rule:
+    kind: Fault
+    match: str
+    remaining: int
+    status: int = 503
+
+
+@dataclass
+class Faults:
+    """What the proxy does to requests; safe to change from any thread while it serves."""
+
+    latency_s: float = 0.0
+    rules: list[_Rule] = field(default_factory=list)
+    gets: int = 0
+    injected: int = 0
+    gets_by_path: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fail(self, kind: Fault, match: str = "", times: int = 1, status: int = 503) -> None:
+        """The next ``times`` GETs whose path contains ``match`` fail this way (-1: all)."""
+        with self.lock:
+            self.rules.append(_Rule(kind, match, times, status))
+
+    def clear(self) -> None:
+        with self.lock:
+            self.rules.clear()
+
+    def _take(self, method: str, path: str) -> _Rule | None:
+        with self.lock:
+            if method != "GET":
+                return None
+            self.gets += 1
+            key = path.split("?", 1)[0]
+            self.gets_by_path[key] = self.gets_by_path.get(key, 0) + 1
+            for rule in self.rules:
+                if rule.match in path and rule.remaining != 0:
+                    rule.remaining -= 1
+                    self.injected += 1
+                    return rule
+        return None
+
+
+class _Proxy(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _ProxyServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, add=True)
+        host, port = self.server.upstream
+        self.upstream = http.client.HTTPConnection(host, port, timeout=60)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.upstream.close()
+            self.server.track(self.connection, add=False)
+
+    def _handle(self) -> None:
+        faults = self.server.faults
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if faults.latency_s:
+            time.sleep(faults.latency_s)  # the server's own latency (what the test simulates)
+        rule = faults._take(self.command, self.path)
+        if rule is not None and rule.kind == "reset":
+            self.close_connection = True
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+            return
+        if rule is not None and rule.kind == "status":
+            payload = (f"<Error><Code>InjectedFault</Code><Message>injected {rule.status}"
+                       "</Message></Error>").encode()
+            self.send_response(rule.status)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+        self.upstream.request(self.command, self.path, body=body or None, headers=headers)
+        reply = self.upstream.getresponse()
+        data = reply.read()
+        self.send_response(reply.status, reply.reason)
+        for key, value in reply.getheaders():
+            if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
+                self.send_header(key, value)
+        length = reply.getheader("Content-Length") if self.command == "HEAD" else len(data)
+        self.send_header("Content-Length", str(length or 0))
+        self.end_headers()
+        if rule is not None and rule.kind == "truncate" and len(data) > 1:
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle
+
+
+class _ProxyServer(ThreadingHTTPServer):
+    daemon_threads = False
+    block_on_close = True
+
+    def __init__(self, upstream: tuple[str, int], faults: Faults) -> None:
+        super().__init__(("127.0.0.1", 0), _Proxy)
+        self.upstream = upstream
+        self.faults = faults
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+
+    def track(self, sock: socket.socket, add: bool) -> None:
+        with self._open_lock:
+            (self._open.add if add else self._open.discard)(sock)
+
+    def drop_connections(self) -> None:
+        """End idle keep-alive connections, so their threads finish."""
+        with self._open_lock:
+            for sock in list(self._open):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+class S3Server:
+    """moto + the proxy. ``with S3Server() as s3: s3.storage_options`` for fsspec/s3fs."""
+
+    def __init__(self) -> None:
+        import logging
+
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+
+        for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                           ("AWS_DEFAULT_REGION", "us-east-1")):
+            os.environ.setdefault(key, value)
+        self.faults = Faults()
+        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._moto.start()
+        self._proxy = _ProxyServer(self._moto.get_host_and_port(), self.faults)
+        self._thread = threading.Thread(
+            target=self._proxy.serve_forever, kwargs={"poll_interval": 0.05}, name="s3-proxy"
+        )
+        self._thread.start()
+
+    @property
+    def endpoint_url(self) -> str:
+        host, port = self._proxy.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return {"client_kwargs": {"endpoint_url": self.endpoint_url}}
+
+    def client(self) -> Any:
+        """A boto3 client straight to moto (no faults), for setting up buckets."""
+        import boto3
+
+        host, port = self._moto.get_host_and_port()
+        return boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
+
+    def upload_dir(self, local_dir: str, bucket: str, prefix: str = "") -> None:
+        client = self.client()
+        try:
+            client.create_bucket(Bucket=bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        for root, _, files in os.walk(local_dir):
+            for name in files:
+                path = os.path.join(root, name)
+                key = os.path.join(prefix, os.path.relpath(path, local_dir)).lstrip("/")
+                client.upload_file(path, bucket, key)
+        client.close()
+
+    def stop(self) -> None:
+        self._proxy.shutdown()
+        self._proxy.drop_connections()
+        self._proxy.server_close()  # joins the connection threads
+        self._thread.join(timeout=10)
+        self._moto.stop()
+
+    def __enter__(self) -> S3Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,225 @@
+"""Object storage through a real S3-compatible server over HTTP (moto in server mode behind a
+fault-injecting proxy, ``_s3_server``): what a remote dataset yields equals the local copy,
+transient failures are retried without losing or duplicating a sample, a failure for good
+names the object, resume is exact, ranks read their own shares, and the cache stays within
+its budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+
+pytest.importorskip("moto.server", reason="the S3 server tests need moto[server] (test extra)")
+pytest.importorskip("s3fs", reason="reading s3:// needs s3fs (test extra)")
+
+from _remote_datasets import RECORD_BYTES, Records, write_records  # noqa: E402
+from _s3_server import S3Server  # noqa: E402
+
+import stoker  # noqa: E402
+from stoker.storage import LocalSource, RemoteReadError, RetryPolicy, open_source  # noqa: E402
+from stoker.testing import assert_resumes_exactly  # noqa: E402
+
+SHARDS, PER_SHARD, BATCH = 6, 20, 8
+N = SHARDS * PER_SHARD
+FAST_RETRY = RetryPolicy(attempts=5, base_delay_s=0.01, max_delay_s=0.05)
+
+
+@pytest.fixture
+def s3(tmp_path: Path):
+    local = tmp_path / "local"
+    local.mkdir()
+    names = write_records(str(local), SHARDS, PER_SHARD)
+    server = S3Server()
+    try:
+        server.upload_dir(str(local), "bucket", "data")
+        server.local_urls = [str(local / n) for n in names]  # type: ignore[attr-defined]
+        server.urls = [f"s3://bucket/data/{n}" for n in names]  # type: ignore[attr-defined]
+        yield server
+    finally:
+        server.stop()
+
+
+def _remote(s3: S3Server, tmp_path: Path, **options: Any) -> Records:
+    source = open_source(s3.urls[0], storage_options=s3.storage_options, retry=FAST_RETRY,
+                         **options)
+    return Records(source, s3.urls, PER_SHARD)
+
+
+def _epoch(dataset: Records, **kwargs: Any) -> list[list[int]]:
+    timeout = 60 if kwargs.get("num_workers") else 0
+    loader = stoker.DataLoader(dataset, batch_size=BATCH, timeout=timeout, **kwargs)
+    return [batch[:, 0].tolist() + batch[:, 1].tolist() for batch in loader]
+
+
+def _indices(batches: list[list[int]]) -> Counter:
+    return Counter(i for b in batches for i in b[: len(b) // 2])
+
+
+@pytest.mark.parametrize("fetch", ["range", "shard"])
+def test_remote_dataset_yields_what_the_local_files_do(s3, tmp_path, fetch) -> None:
+    cache = {"cache_dir": str(tmp_path / "cache"), "cache_bytes": 10**6} if fetch == "shard" else {}
+    remote = _remote(s3, tmp_path, fetch=fetch, **cache)
+    local = Records(LocalSource(), s3.local_urls, PER_SHARD)
+    kwargs = {"shuffle": True, "num_workers": 2}
+    got = _epoch(remote, generator=torch.Generator().manual_seed(3), **kwargs)
+    want = _epoch(local, generator=torch.Generator().manual_seed(3), **kwargs)
+    assert got == want
+    assert _indices(got) == Counter(range(N))
+    gets = {p: n for p, n in s3.faults.gets_by_path.items() if p.startswith("/bucket/data/")}
+    if fetch == "shard":  # one GET per shard: the workers shared the node's cache
+        assert gets == {f"/bucket/data/shard-{s:04d}.bin": 1 for s in range(SHARDS)}
+    else:  # one GET per sample
+        assert sum(gets.values()) == N
+
+
+@pytest.mark.parametrize("fetch", ["range", "shard"])
+def test_transient_failures_are_retried_without_losing_or_repeating_a_sample(
+    s3, tmp_path, fetch
+) -> None:
+    cache = {"cache_dir": str(tmp_path / "cache"), "cache_bytes": 10**6} if fetch == "shard" else {}
+    remote = _remote(s3, tmp_path, fetch=fetch, **cache)
+    for s, kind in enumerate(["status", "reset", "truncate", "status", "reset", "truncate"]):
+        s3.faults.fail(kind, f"shard-{s:04d}", times=2)
+    s3.faults.fail("status", "shard-0001", times=1, status=500)
+    got = _epoch(remote, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(1))
+    assert s3.faults.injected == 13
+    assert _indices(got) == Counter(range(N))  # each sample exactly once
+    want = _epoch(Records(LocalSource(), s3.local_urls, PER_SHARD), shuffle=True,
+                  generator=torch.Generator().manual_seed(1))
+    assert got == want  # and with its own bytes
+
+
+def test_a_read_that_keeps_failing_names_the_object(s3, tmp_path) -> None:
+    remote = _remote(s3, tmp_path, fetch="range")
+    s3.faults.fail("status", "shard-0002", times=-1, status=503)
+    loader = stoker.DataLoader(remote, batch_size=BATCH, num_workers=2, timeout=60)
+    with pytest.raises(RemoteReadError) as info:
+        list(loader)
+    error = info.value
+    assert (error.url, error.attempts, error.length) == (s3.urls[2], 5, RECORD_BYTES)
+    assert error.offset in range(0, PER_SHARD * RECORD_BYTES, RECORD_BYTES)
+    assert str(error) == (
+        f"reading {s3.urls[2]} (bytes {error.offset}..{error.offset + RECORD_BYTES}) failed "
+        "after 5 attempt(s), the last error: OSError: [Errno 5] An error occurred "
+        "(InjectedFault) when calling the GetObject operation (reached max retries: 0): "
+        "injected 503"
+    )
+
+
+def test_a_missing_object_is_not_retried_and_says_so(s3, tmp_path) -> None:
+    source = open_source("s3://bucket/data/nope.bin", storage_options=s3.storage_options,
+                         retry=FAST_RETRY)
+    try:
+        with pytest.raises(FileNotFoundError) as info:
+            source.read_range("s3://bucket/data/nope.bin", 0, 10)
+        assert str(info.value) == (
+            "s3://bucket/data/nope.bin: no such object (FileNotFoundError: The specified key "
+            "does not exist.)"
+        )
+        assert s3.faults.gets_by_path == {"/bucket/data/nope.bin": 1}
+    finally:
+        source.close()  # type: ignore[attr-defined]
+
+
+def test_resume_is_exact_from_the_server(s3, tmp_path) -> None:
+    remote = _remote(s3, tmp_path, fetch="shard", cache_dir=str(tmp_path / "c"),
+                     cache_bytes=10**6)
+
+    def make_loader() -> stoker.DataLoader:
+        return stoker.DataLoader(remote, batch_size=BATCH, shuffle=True, num_workers=2,
+                                 generator=torch.Generator().manual_seed(5), timeout=60)
+
+    check = assert_resumes_exactly(make_loader, epochs=1, steps=[1, 7, 14])
+    assert check is not None
+
+
+def test_cache_stays_within_its_budget_and_evicts(s3, tmp_path) -> None:
+    shard_bytes = PER_SHARD * RECORD_BYTES
+    budget = int(2.5 * shard_bytes)  # room for two shards
+    remote = _remote(s3, tmp_path, fetch="shard", cache_dir=str(tmp_path / "c"),
+                     cache_bytes=budget, lookahead_shards=0)
+    cache = remote.source.cache  # type: ignore[attr-defined]
+    sizes = []
+    for i in range(N):  # sequential: each shard read whole, the oldest evicted
+        assert remote[i][0].item() == i
+        sizes.append(cache.used_bytes())
+    remote.source.close()  # type: ignore[attr-defined]
+    assert max(sizes) <= budget
+    assert max(sizes) == 2 * shard_bytes
+    cached = sorted(n.split("-", 1)[1] for n in os.listdir(cache.directory) if n[0] != ".")
+    assert cached == ["shard-0004.bin", "shard-0005.bin"]
+    gets = {p: n for p, n in s3.faults.gets_by_path.items() if p.startswith("/bucket/data/")}
+    assert gets == {f"/bucket/data/shard-{s:04d}.bin": 1 for s in range(SHARDS)}
+
+
+def test_plan_fetches_the_next_shards_ahead(s3, tmp_path) -> None:
+    remote = _remote(s3, tmp_path, fetch="shard", cache_dir=str(tmp_path / "c"),
+                     cache_bytes=10**6, lookahead_shards=2)
+    remote.source.plan(s3.urls)  # type: ignore[attr-defined]
+    assert remote[0][0].item() == 0
+    remote.source._prefetcher.close()  # waits for the downloads in flight  # type: ignore
+    cache = remote.source.cache  # type: ignore[attr-defined]
+    cached = sorted(n.split("-", 1)[1] for n in os.listdir(cache.directory) if n[0] != ".")
+    assert cached == ["shard-0000.bin", "shard-0001.bin", "shard-0002.bin"]
+    remote.source.close()  # type: ignore[attr-defined]
+
+
+# -- two gloo ranks x two workers, straight from the server --------------------------------
+
+WORLD = 2
+
+
+def _rank_main(rank: int, port: int, out_dir: str, options: dict[str, Any], urls: list[str],
+               cache_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=30),
+                            init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        source = open_source(urls[0], storage_options=options, retry=FAST_RETRY,
+                             cache_dir=os.path.join(cache_dir, f"node{rank}"), cache_bytes=10**6)
+        loader = stoker.DataLoader(Records(source, urls, PER_SHARD), batch_size=BATCH,
+                                   shuffle=True, shard=True, shard_even="exact", num_workers=2,
+                                   generator=torch.Generator().manual_seed(2), timeout=30)
+        read = []
+        for batch in loader:
+            if not isinstance(batch, stoker.EndOfData):
+                read += batch[:, 0].tolist()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(read))
+
+
+def test_two_ranks_with_two_workers_each_read_their_own_share(s3, tmp_path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = (port, str(tmp_path), s3.storage_options, s3.urls, str(tmp_path / "cache"))
+    ctx = tmp.start_processes(_rank_main, args=args, nprocs=WORLD, join=False,
+                              start_method="fork")
+    deadline = time.monotonic() + 90
+    try:
+        while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                raise TimeoutError("ranks still running after 90 s")
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(timeout=10)
+            proc.close()
+    shares = [json.loads(Path(tmp_path, f"rank{r}.json").read_text()) for r in range(WORLD)]
+    assert all(shares)
+    assert not set(shares[0]) & set(shares[1])
+    assert Counter(shares[0] + shares[1]) == Counter(range(N))

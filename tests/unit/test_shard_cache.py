@@ -1,0 +1,117 @@
+"""ShardCache on real files: never more bytes on disk than the budget (also with threads filling
+at once), least recently used first out, pinned files never evicted, one download per object."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from stoker.storage import ShardCache
+
+
+def _blob(k: int, size: int = 1000) -> bytes:
+    return bytes([k % 256]) * size
+
+
+def _on_disk(cache: ShardCache) -> int:
+    return sum(e.stat().st_size for e in os.scandir(cache.directory) if e.is_file()
+               and not e.name.startswith("."))
+
+
+def test_fills_evict_the_least_recently_used_and_stay_within_budget(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), budget_bytes=3500)
+    for k in range(3):
+        assert cache.fill(f"s3://b/{k}", 1000, lambda k=k: _blob(k))
+    os.close(cache.open_pinned("s3://b/0"))  # used again: now the most recent
+    assert cache.fill("s3://b/3", 1000, lambda: _blob(3))  # evicts 1, the least recent
+    assert cache.open_pinned("s3://b/1") is None
+    for k in (0, 2, 3):
+        fd = cache.open_pinned(f"s3://b/{k}")
+        assert fd is not None and os.pread(fd, 1000, 0) == _blob(k)
+        os.close(fd)
+    assert _on_disk(cache) == cache.used_bytes() == 3000
+
+
+def test_a_pinned_file_is_never_evicted_and_a_fill_without_room_is_refused(tmp_path) -> None:
+    cache = ShardCache(str(tmp_path), budget_bytes=2000)
+    pins = []
+    for k in range(2):
+        assert cache.fill(f"u{k}", 1000, lambda k=k: _blob(k))
+        pins.append(cache.open_pinned(f"u{k}"))
+    assert not cache.fill("u2", 1000, lambda: _blob(2))  # both in use: no room, not cached
+    assert cache.open_pinned("u2") is None and _on_disk(cache) == 2000
+    os.close(pins.pop(0))
+    assert cache.fill("u2", 1000, lambda: _blob(2))  # u0 let go: evicted for u2
+    assert cache.open_pinned("u0") is None
+    os.close(pins.pop())
+    assert not cache.fill("huge", 2001, lambda: _blob(9, 2001))  # larger than the budget
+
+
+def test_concurrent_fills_never_exceed_the_budget_and_download_each_object_once(tmp_path) -> None:
+    cache = ShardCache(str(tmp_path), budget_bytes=5000)
+    in_flight: dict[str, int] = {}
+    most_at_once: dict[str, int] = {}
+    lock = threading.Lock()
+    over: list[int] = []
+    stop = threading.Event()
+
+    def download(url: str, k: int) -> bytes:
+        with lock:
+            in_flight[url] = in_flight.get(url, 0) + 1
+            most_at_once[url] = max(most_at_once.get(url, 0), in_flight[url])
+        data = _blob(k)
+        with lock:
+            in_flight[url] -= 1
+        return data
+
+    def watch() -> None:  # counts the directory between the cache's own steps
+        while not stop.is_set():
+            used = cache.used_bytes_locked()
+            if used > 5000:
+                over.append(used)
+
+    def worker(t: int) -> None:
+        for k in list(range(4)) * 2 + [4 + t, 8 + t]:  # 0..3 wanted by every thread
+            url = f"s3://b/{k}"
+            assert cache.fill(url, 1000, lambda url=url, k=k: download(url, k))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    stop.set()
+    watcher.join(timeout=60)
+    assert not over, f"bytes on disk went over the budget: {over[:5]}"
+    assert cache.used_bytes() <= 5000
+    assert set(most_at_once) == {f"s3://b/{k}" for k in range(12)}
+    assert set(most_at_once.values()) == {1}  # never two downloads of one object at once
+
+
+def test_a_failed_download_leaves_nothing_behind(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), budget_bytes=5000)
+
+    def broken() -> bytes:
+        raise ConnectionResetError("reset mid-download")
+
+    with pytest.raises(ConnectionResetError):
+        cache.fill("s3://b/x", 1000, broken)
+    assert cache.used_bytes() == 0 and cache.open_pinned("s3://b/x") is None
+    with pytest.raises(OSError) as info:
+        cache.fill("s3://b/x", 1000, lambda: b"short")
+    assert str(info.value) == "s3://b/x: downloaded 5 bytes, the object is 1000"
+    assert cache.used_bytes() == 0
+
+
+def test_a_bad_budget_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as info:
+        ShardCache(str(tmp_path), budget_bytes=0)
+    assert str(info.value) == (
+        "cache budget_bytes=0: must be > 0 (bytes of local disk the cache may use); pass "
+        "cache_dir=None to read by range without a cache"
+    )

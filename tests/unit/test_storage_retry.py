@@ -1,0 +1,99 @@
+"""read_with_retries: transient errors retried with jittered, growing waits; short reads are
+errors; permanent errors are not retried; the final error names the object."""
+
+from __future__ import annotations
+
+import pickle
+import random
+
+import pytest
+
+from stoker.errors import StokerError
+from stoker.storage import RemoteReadError, RetryPolicy
+from stoker.storage.retry import ReadRequest, TruncatedRead, is_transient, read_with_retries
+from stoker.workers.remote_errors import _Carrier
+
+
+def _flaky(outcomes: list) -> tuple[list[int], object]:
+    calls: list[int] = []
+
+    def read() -> bytes:
+        calls.append(1)
+        outcome = outcomes[len(calls) - 1]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    return calls, read
+
+
+def test_transient_errors_and_short_reads_are_retried_then_the_bytes_returned() -> None:
+    waits: list[float] = []
+    calls, read = _flaky([ConnectionResetError("reset"), b"abc", OSError(5, "503"), b"abcd"])
+    data = read_with_retries(ReadRequest("s3://b/k", 0, 4), read, RetryPolicy(attempts=5),
+                             4, sleep=waits.append)
+    assert data == b"abcd" and len(calls) == 4
+    policy = RetryPolicy()
+    assert [w <= policy.base_delay_s * 2**k for k, w in enumerate(waits)] == [True] * 3
+
+
+def test_waits_grow_exponentially_with_full_jitter_and_a_ceiling() -> None:
+    policy = RetryPolicy(attempts=10, base_delay_s=0.5, max_delay_s=3.0)
+    rng = random.Random(0)
+    for attempt, ceiling in [(2, 0.5), (3, 1.0), (4, 2.0), (5, 3.0), (9, 3.0)]:
+        draws = [policy.delay_s(attempt, rng) for _ in range(2000)]
+        assert 0 <= min(draws) and max(draws) <= ceiling
+        assert max(draws) > 0.95 * ceiling and min(draws) < 0.05 * ceiling  # spread, jittered
+
+
+def test_giving_up_names_the_object_range_attempts_and_last_error() -> None:
+    calls, read = _flaky([TruncatedRead("got 3 bytes, expected 4")] * 3)
+    with pytest.raises(RemoteReadError) as info:
+        read_with_retries(ReadRequest("s3://b/shard-7.tar", 1024, 4), read,
+                          RetryPolicy(attempts=3), 4, sleep=lambda s: None)
+    error = info.value
+    assert str(error) == (
+        "reading s3://b/shard-7.tar (bytes 1024..1028) failed after 3 attempt(s), the last "
+        "error: TruncatedRead: got 3 bytes, expected 4"
+    )
+    assert (error.url, error.offset, error.length, error.attempts) == (
+        "s3://b/shard-7.tar", 1024, 4, 3)
+    assert isinstance(error.__cause__, TruncatedRead) and len(calls) == 3
+    for again in (pickle.loads(pickle.dumps(error)),  # crosses from a worker as itself
+                  pickle.loads(pickle.dumps(_Carrier(error)))):
+        assert (str(again), again.url, again.offset, again.attempts) == (
+            str(error), error.url, error.offset, error.attempts)
+        assert isinstance(again, OSError) and isinstance(again, StokerError)
+
+
+def test_permanent_errors_are_not_retried() -> None:
+    calls, read = _flaky([PermissionError("AccessDenied")] * 3)
+    with pytest.raises(RemoteReadError) as info:
+        read_with_retries(ReadRequest("gs://b/k"), read, RetryPolicy(attempts=3), None,
+                          sleep=lambda s: None)
+    assert str(info.value) == (
+        "reading gs://b/k (whole object) failed after a permanent error, not retried: "
+        "PermissionError: AccessDenied"
+    )
+    assert len(calls) == 1
+    calls, read = _flaky([FileNotFoundError("no key")])
+    with pytest.raises(FileNotFoundError) as missing:
+        read_with_retries(ReadRequest("s3://b/k"), read, RetryPolicy(), None,
+                          sleep=lambda s: None)
+    assert str(missing.value) == "s3://b/k: no such object (FileNotFoundError: no key)"
+
+
+def test_what_counts_as_transient() -> None:
+    assert all(is_transient(e) for e in [ConnectionResetError(), TimeoutError(), OSError(5, "x"),
+                                         TruncatedRead("short"), RuntimeError("5xx")])
+    assert not any(is_transient(e) for e in [FileNotFoundError(), PermissionError(),
+                                             ValueError(), KeyboardInterrupt()])
+
+
+def test_a_bad_policy_says_what_is_allowed() -> None:
+    with pytest.raises(ValueError) as info:
+        RetryPolicy(attempts=0)
+    assert str(info.value) == (
+        "RetryPolicy(attempts=0, base_delay_s=0.2, max_delay_s=10.0): attempts must be >= 1 "
+        "and the delays >= 0"
+    )
