@@ -72,7 +72,7 @@ def _webdataset(urls: list[str], decode: bool, shuffle_buffer: int) -> Any:
     )
 
 
-def _pack(images: int, cache: Path) -> tuple[list[str], str, str]:
+def _pack(images: int, cache: Path, small_too: bool) -> tuple[list[str], str, str]:
     paths = make_jpeg_files(cache / "files", images)
     folder = cache / "folder" / "all"
     if not folder.exists():  # an image folder of one class over the same files (links)
@@ -85,19 +85,22 @@ def _pack(images: int, cache: Path) -> tuple[list[str], str, str]:
     pack(str(cache / "folder"), str(shards), samples_per_shard=per_shard, workers=2,
          progress=False)
     small = cache / "shards-max-side-320"
-    pack(str(cache / "folder"), str(small), samples_per_shard=per_shard, workers=2,
-         max_side=320, progress=False)
+    if small_too:
+        pack(str(cache / "folder"), str(small), samples_per_shard=per_shard, workers=2,
+             max_side=320, progress=False)
     return [str(folder / f"{i:06d}.jpg") for i in range(images)], str(shards), str(small)
 
 
 def run(ctx: Context) -> list[dict[str, Any]]:
     images = 64 if ctx.quick else 2000
     cache = Path(tempfile.gettempdir()) / f"stoker-bench-packed-n{images}"
-    paths, full, small = _pack(images, cache)
+    paths, full, small = _pack(images, cache, small_too=not ctx.quick)
     batch = 16 if ctx.quick else 64
     plan = Plan(epochs=1, warmup_batches=1) if ctx.quick else Plan(epochs=3, warmup_batches=4)
     records: list[dict[str, Any]] = []
-    for variant in ("bytes", "decode", "decode max-side 320"):
+    # --quick (the smoke run): one variant, no controls; it checks the workload runs.
+    variants = ("bytes",) if ctx.quick else ("bytes", "decode", "decode max-side 320")
+    for variant in variants:
         decode = variant != "bytes"
         shards = small if variant.endswith("320") else full
         kwargs = {"batch_size": batch, "shuffle": True, "num_workers": 2}
@@ -105,13 +108,13 @@ def run(ctx: Context) -> list[dict[str, Any]]:
         files = FileBytes(paths, decode)
         runs = [("torch", "torch", files), ("stoker", "stoker", tar),
                 ("stoker per-file", "stoker", files)]
-        if ctx.candidate != "stoker":  # an A/A run: the candidate reads the shards
+        if ctx.candidate != "stoker" or ctx.quick:  # A/A run or smoke run: the pair only
             runs = [("torch", "torch", files), (ctx.candidate, ctx.candidate, tar)]
         for label, loader, dataset in runs:
             record = measure(ctx, loader, dataset, kwargs, plan)
             records.append({"workload": "packed", "variant": variant, **record, "loader": label,
                             "reads": "per-file" if dataset is files else "tar shards"})
-        web = _webdataset([s.path for s in tar.shards], decode, 64 if ctx.quick else 1000)
+        web = None if ctx.quick else _webdataset([s.path for s in tar.shards], decode, 1000)
         if web is not None:
             web_kwargs = {"batch_size": batch, "num_workers": 2}
             record = measure(ctx, "torch", web, web_kwargs, plan)

@@ -72,23 +72,29 @@ Any iterable source: an ``IterableDataset``
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset, IterableDataset
 
-from stoker.distributed.iterable import ShardInfo, shard_info, shard_iterable
+from stoker._mix_checks import (
+    Stop,
+    check_empty_sources,
+    check_num_samples,
+    check_seed,
+    check_sources,
+    check_stop,
+    is_sequence_of_sources,
+    short,
+)
+from stoker._mix_rounds import END, IterCursor, MapCursor, draw_schedule, local_indices
+from stoker.distributed.iterable import ShardInfo, shard_info
 
 __all__ = ["Mix", "MixIterator"]
 
-Stop = Literal["first_exhausted", "all_exhausted", "cycle"]
-_STOPS: tuple[Stop, ...] = ("first_exhausted", "all_exhausted", "cycle")
 _STATE_FORMAT = "stoker.Mix/1"
 _BLOCK = 1024  # source draws per RNG call in the iterable mix
-_CHUNK_MAX = 1 << 22  # draws per RNG call when building a map-style schedule
-_MAX_DRAWS = 1 << 32  # a map-style schedule longer than this is a mistake, not a plan
 
 
 class Mix(Dataset):
@@ -116,7 +122,7 @@ class Mix(Dataset):
     def __new__(cls, *args: Any, **kwargs: Any) -> Mix:
         if cls is Mix:  # dispatch on the sources; unpickling passes the subclass itself
             sources = args[0] if args else kwargs.get("datasets")
-            if _is_sequence_of_sources(sources):
+            if is_sequence_of_sources(sources):
                 assert sources is not None
                 iterable = any(isinstance(d, IterableDataset) for d in sources)
                 cls = IterableMix if iterable else MapMix
@@ -132,15 +138,15 @@ class Mix(Dataset):
         num_samples: int | None = None,
         shard_sources: bool = True,
     ) -> None:
-        self.datasets, self.weights = _check_sources(datasets, weights)
+        self.datasets, self.weights = check_sources(datasets, weights)
         total = float(sum(self.weights))
         self.probabilities = np.array([w / total for w in self.weights], dtype=np.float64)
-        self.seed = _check_seed(seed)
-        self.stop = _check_stop(stop)
-        self.num_samples = _check_num_samples(num_samples, self.stop)
+        self.seed = check_seed(seed)
+        self.stop = check_stop(stop)
+        self.num_samples = check_num_samples(num_samples, self.stop)
         self.epoch = 0
         self.shard_sources = bool(shard_sources)
-        _check_empty_sources(self.datasets, self.weights, self.stop)
+        check_empty_sources(self.datasets, self.weights, self.stop)
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the schedule of ``epoch`` (default 0); see "Per-epoch variety" above."""
@@ -160,7 +166,7 @@ class Mix(Dataset):
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
             raise ValueError(
                 f"load_state_dict expects the dict returned by {kind}.state_dict() "
-                f"(format {_STATE_FORMAT!r}), got {_short(state)}"
+                f"(format {_STATE_FORMAT!r}), got {short(state)}"
             )
         mine = self._describe()
         for key, value in mine.items():
@@ -187,10 +193,10 @@ class MapMix(Mix):
         self._build()
 
     def _build(self) -> None:
-        sources = _draw_schedule(self._rng(self.epoch, 0), self.probabilities, self.lengths,
+        sources = draw_schedule(self._rng(self.epoch, 0), self.probabilities, self.lengths,
                                  self.stop, self.num_samples_per_epoch)
         self._source = sources
-        self._local = _local_indices(self, sources)
+        self._local = local_indices(self, sources)
 
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
@@ -230,7 +236,7 @@ class MapMix(Mix):
     def _checked_indices(self, indices: Sequence[int]) -> np.ndarray:
         idx = np.asarray(indices)
         if idx.dtype.kind not in "iu":
-            raise TypeError(f"Mix indices must be integers, got {_short(indices)}")
+            raise TypeError(f"Mix indices must be integers, got {short(indices)}")
         n = len(self._source)
         idx = np.where(idx < 0, idx + n, idx)
         if idx.size and (idx.min() < 0 or idx.max() >= n):
@@ -284,11 +290,11 @@ class MixIterator(Iterator[Any]):
         total = mix.num_samples
         self._limit = None if total is None else total // shards + (k < total % shards)
 
-    def _cursor(self, s: int) -> _MapCursor | _IterCursor:
+    def _cursor(self, s: int) -> MapCursor | IterCursor:
         dataset = self._mix.datasets[s]
         if isinstance(dataset, IterableDataset):
-            return _IterCursor(dataset, self._info if self._mix.shard_sources else None)
-        return _MapCursor(dataset, lambda r: self._mix._rng(self._epoch, 1 + s, r), self._shard)
+            return IterCursor(dataset, self._info if self._mix.shard_sources else None)
+        return MapCursor(dataset, lambda r: self._mix._rng(self._epoch, 1 + s, r), self._shard)
 
     def __iter__(self) -> MixIterator:
         return self
@@ -299,7 +305,7 @@ class MixIterator(Iterator[Any]):
             raise StopIteration
         s = self._draw()
         item = self._cursors[s].next()
-        if item is _END:
+        if item is END:
             item = self._source_ended(s)
         self._yielded += 1
         return item
@@ -323,7 +329,7 @@ class MixIterator(Iterator[Any]):
         cursor = self._cursors[s]
         cursor.new_round()
         item = cursor.next()
-        if item is _END:
+        if item is END:
             name = type(self._mix.datasets[s]).__name__
             raise ValueError(
                 f"Mix source {s} ({name}) yielded nothing in a whole pass (shard {self._shard[0]}"
@@ -363,260 +369,3 @@ class MixIterator(Iterator[Any]):
         self._yielded, self._done = int(state["yielded"]), bool(state["done"])
 
 
-class _End:
-    def __repr__(self) -> str:
-        return "<end of source>"
-
-
-_END: Any = _End()
-
-
-class _MapCursor:
-    """Reads a map-style source in seeded rounds: this shard's slice of each permutation."""
-
-    def __init__(self, dataset: Any, rng_of_round: Any, shard: tuple[int, int]) -> None:
-        self._dataset, self._rng_of_round, self._shard = dataset, rng_of_round, shard
-        self._round, self._pos = 0, 0
-        self._share: np.ndarray | None = None  # built at the first read (never-drawn: free)
-
-    def _load_round(self) -> np.ndarray:
-        k, shards = self._shard
-        order = self._rng_of_round(self._round).permutation(len(self._dataset))
-        return order[k::shards]
-
-    def next(self) -> Any:
-        if self._share is None:
-            self._share = self._load_round()
-        if self._pos >= len(self._share):
-            return _END
-        index = int(self._share[self._pos])
-        self._pos += 1
-        return self._dataset[index]
-
-    def new_round(self) -> None:
-        self._round, self._pos, self._share = self._round + 1, 0, None
-
-    def state(self) -> list[int]:
-        return [self._round, self._pos]
-
-    def restore(self, saved: Sequence[int]) -> None:
-        self._round, self._pos, self._share = int(saved[0]), int(saved[1]), None
-
-
-class _IterCursor:
-    """Reads an iterable source pass by pass (every ``S``-th element when sharding)."""
-
-    def __init__(self, dataset: Any, shard: ShardInfo | None) -> None:
-        self._dataset, self._shard_info = dataset, shard
-        self._round, self._pos = 0, 0
-        self._it: Iterator[Any] | None = None
-
-    def _open(self) -> Iterator[Any]:
-        it = iter(self._dataset)
-        return it if self._shard_info is None else shard_iterable(it, self._shard_info)
-
-    def next(self) -> Any:
-        if self._it is None:
-            self._it = self._open()
-        item = next(self._it, _END)
-        if item is not _END:
-            self._pos += 1
-        return item
-
-    def new_round(self) -> None:
-        self._round, self._pos, self._it = self._round + 1, 0, None
-
-    def state(self) -> list[int]:
-        return [self._round, self._pos]
-
-    def restore(self, saved: Sequence[int]) -> None:
-        self._round, self._pos = int(saved[0]), int(saved[1])
-        self._it = None
-        if self._pos:
-            it = self._open()
-            skipped = sum(1 for _ in itertools.islice(it, self._pos))
-            if skipped < self._pos:
-                raise ValueError(
-                    f"cannot resume: {type(self._dataset).__name__} yielded {skipped} samples "
-                    f"(in this shard) but the state says {self._pos} were consumed; an iterable "
-                    "source must yield the same sequence on every pass"
-                )
-            self._it = it
-
-
-# -- the map-style schedule --------------------------------------------------------------------
-
-
-def _draw_schedule(
-    rng: np.random.Generator, p: np.ndarray, lengths: np.ndarray, stop: Stop, cycle_len: int
-) -> np.ndarray:
-    """The source of each draw, up to the draw that ends the mix (not included)."""
-    m = len(p)
-    dtype = np.int8 if m < 128 else np.int32
-    if stop == "cycle":
-        chunks, left = [], cycle_len
-        while left > 0:
-            n = min(left, _CHUNK_MAX)
-            chunks.append(rng.choice(m, n, p=p).astype(dtype))
-            left -= n
-        return np.concatenate(chunks) if chunks else np.empty(0, dtype=dtype)
-    positive = np.flatnonzero(p > 0)
-    need = lengths + 1  # the draw of source s that finds it exhausted is its (len+1)-th
-    ratio = need[positive] / p[positive]
-    estimate = ratio.min() if stop == "first_exhausted" else ratio.max()
-    if estimate > _MAX_DRAWS:
-        s = int(positive[np.argmax(ratio)])
-        raise ValueError(
-            f"Mix with stop={stop!r} would need about {estimate:.3g} draws: source {s} has "
-            f"{lengths[s]} samples but is drawn with probability {p[s]:.3g}. Raise its weight, "
-            "or use stop='first_exhausted' or stop='cycle' with num_samples"
-        )
-    size = int(min(_CHUNK_MAX, estimate * 1.1 + 256))
-    found = np.full(m, -1, dtype=np.int64)
-    seen = np.zeros(m, dtype=np.int64)
-    chunks, offset = [], 0
-    while True:
-        chunk = rng.choice(m, size, p=p).astype(dtype)
-        chunks.append(chunk)
-        where = _positions_by_source(chunk, m)
-        for s in positive[found[positive] < 0]:
-            k = need[s] - seen[s]
-            if len(where[s]) >= k:
-                found[s] = offset + where[s][k - 1]
-            seen[s] += len(where[s])
-        offset += size
-        hits = found[positive]
-        if stop == "first_exhausted" and (hits >= 0).any():
-            end = int(hits[hits >= 0].min())
-            break
-        if stop == "all_exhausted" and (hits >= 0).all():
-            end = int(hits.max())
-            break
-    return np.concatenate(chunks)[:end]
-
-
-def _positions_by_source(sources: np.ndarray, m: int) -> list[np.ndarray]:
-    """For each source, the (increasing) positions of its draws."""
-    if m <= 64:  # one sequential scan per source beats a sort for few sources
-        return [np.flatnonzero(sources == s) for s in range(m)]
-    order = np.argsort(sources, kind="stable")
-    return np.split(order, np.cumsum(np.bincount(sources, minlength=m))[:-1])
-
-
-def _local_indices(mix: MapMix, sources: np.ndarray) -> np.ndarray:
-    """Index within its source of each draw: round r of source s is a seeded permutation."""
-    m = len(mix.datasets)
-    dtype = np.int32 if int(mix.lengths.max(initial=0)) < 2**31 else np.int64
-    local = np.empty(len(sources), dtype=dtype)
-    for s, where in enumerate(_positions_by_source(sources, m)):
-        if not len(where):
-            continue
-        n, count = int(mix.lengths[s]), len(where)
-        rng = mix._rng(mix.epoch, 1 + s)
-        full, rest = divmod(count, n)
-        parts = []
-        if full:
-            rounds = np.tile(np.arange(n, dtype=dtype), (full, 1))
-            parts.append(rng.permuted(rounds, axis=1).ravel())
-        if rest:
-            parts.append(rng.choice(n, rest, replace=False).astype(dtype))
-        local[where] = np.concatenate(parts)
-    return local
-
-
-# -- validation (errors say what to change) ----------------------------------------------------
-
-
-def _is_sequence_of_sources(value: Any) -> bool:
-    return isinstance(value, (list, tuple)) and not isinstance(value, Dataset)
-
-
-def _check_sources(datasets: Any, weights: Any) -> tuple[list[Any], list[float]]:
-    if not _is_sequence_of_sources(datasets):
-        raise TypeError(
-            f"Mix takes a list of datasets as its first argument, got {_short(datasets)}: "
-            "pass them in a list, e.g. Mix([ds_a, ds_b], weights=[0.7, 0.3])"
-        )
-    if not datasets:
-        raise ValueError(
-            "Mix needs at least one dataset, got an empty list: pass the datasets to sample "
-            "from, e.g. Mix([ds_a, ds_b], weights=[0.7, 0.3])"
-        )
-    for s, dataset in enumerate(datasets):
-        if not isinstance(dataset, IterableDataset) and not (
-            hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
-        ):
-            raise TypeError(
-                f"Mix source {s} is a {type(dataset).__name__}: expected a map-style dataset "
-                "(with __len__ and __getitem__) or a torch.utils.data.IterableDataset"
-            )
-    if weights is None:
-        return list(datasets), [1.0] * len(datasets)
-    weights = list(weights)
-    if len(weights) != len(datasets):
-        raise ValueError(
-            f"Mix got {len(datasets)} datasets but {len(weights)} weights: give one weight per "
-            "dataset, in the same order (or weights=None for equal weights)"
-        )
-    values = []
-    for s, w in enumerate(weights):
-        try:
-            value = float(w)
-        except (TypeError, ValueError):
-            raise TypeError(f"Mix weights[{s}]={w!r} is not a number") from None
-        if not np.isfinite(value) or value < 0:
-            raise ValueError(
-                f"Mix weights[{s}]={w!r}: weights must be finite and >= 0 (they are relative "
-                "sampling rates); use 0 to leave a dataset out"
-            )
-        values.append(value)
-    if sum(values) <= 0:
-        raise ValueError(
-            f"Mix weights sum to 0 ({values}): give at least one dataset a positive weight"
-        )
-    return list(datasets), values
-
-
-def _check_seed(seed: Any) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"Mix seed={seed!r}: expected an int >= 0 (it seeds numpy's SeedSequence)")
-    return int(seed)
-
-
-def _check_stop(stop: Any) -> Stop:
-    if stop not in _STOPS:
-        raise ValueError(f"Mix stop={stop!r}: expected one of {_STOPS}")
-    return stop  # type: ignore[no-any-return]
-
-
-def _check_num_samples(num_samples: Any, stop: Stop) -> int | None:
-    if num_samples is None:
-        return None
-    if stop != "cycle":
-        raise ValueError(
-            f"Mix num_samples={num_samples!r} only applies to stop='cycle' (the other rules end "
-            f"the mix by themselves); drop num_samples or use stop='cycle'"
-        )
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
-        raise ValueError(f"Mix num_samples={num_samples!r}: expected an int >= 0")
-    return num_samples
-
-
-def _check_empty_sources(datasets: list[Any], weights: list[float], stop: Stop) -> None:
-    consequence = {
-        "first_exhausted": "the mix would end at its first draw",
-        "all_exhausted": "the mix would wait for it forever",
-        "cycle": "the mix would wait for it forever",
-    }[stop]
-    for s, (dataset, w) in enumerate(zip(datasets, weights, strict=True)):
-        if w > 0 and not isinstance(dataset, IterableDataset) and len(dataset) == 0:
-            raise ValueError(
-                f"Mix source {s} ({type(dataset).__name__}) is empty but has weight {w:g}: it "
-                f"can never yield a sample, and with stop={stop!r} {consequence}. Remove it, "
-                "or give it weight 0"
-            )
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

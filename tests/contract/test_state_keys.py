@@ -164,6 +164,45 @@ def test_state_keys_are_the_same_before_during_and_after_an_epoch(name: str) -> 
         assert keys == expected, (moment, sorted(keys ^ expected))
 
 
+class IteratorWithState:
+    def __init__(self) -> None:
+        self.i = 0
+
+    def __iter__(self) -> IteratorWithState:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self.i >= N:
+            raise StopIteration
+        self.i += 1
+        return torch.tensor([self.i])
+
+    def state_dict(self) -> dict[str, int]:
+        return {"i": self.i}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.i = state["i"]
+
+
+class StreamWithIteratorState(IterableDataset):
+    def __iter__(self) -> IteratorWithState:
+        return IteratorWithState()
+
+
+def test_the_documented_exception_an_iterators_own_state() -> None:
+    """README (DCP): an IterableDataset whose iterator has ``state_dict`` adds it once an
+    iterator exists; before that the key holds None. Nothing else differs."""
+    loader = stoker.DataLoader(StreamWithIteratorState(), batch_size=3)
+    before = key_paths(loader.state_dict())
+    it = iter(loader)
+    next(it)
+    during = key_paths(loader.state_dict())
+    assert before ^ during == {"dataset_iter_state", "dataset_iter_state.i"}
+    for _ in it:
+        pass
+    assert key_paths(loader.state_dict()) == before
+
+
 def test_key_paths_descends_into_mappings_only() -> None:
     assert key_paths({"a": 1, "b": {"c": [1, {"d": 2}], "e": None}}) == {"a", "b.c", "b.e"}
     assert list(itertools.islice(iter(CONFIGS), 1)) == ["map"]

@@ -5,6 +5,7 @@ re-encodes images and records it."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from _pack_datasets import BLOCK_ENV, N, Records
 
@@ -92,9 +94,15 @@ def test_killed_pack_resumes_keeping_finished_shards(tmp_path: Path) -> None:
             assert proc.poll() is None, proc.communicate(timeout=10)
             assert time.monotonic() < deadline, "the pack never got to shard 2"
             time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the pack and its worker, as a kill -9 of the job
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        assert workers
+        os.kill(proc.pid, signal.SIGKILL)  # the driver only, as the OOM killer would
         proc.communicate(timeout=30)
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, f"pack workers outlived their driver: {alive}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left, if the test failed
     assert not (out / "index.json").exists()
     kept = {k: os.stat(out / f"shard-00000{k}.tar") for k in (0, 1)}
     summary = pack(Records(), str(out), samples_per_shard=10, workers=2, progress=False)

@@ -67,3 +67,29 @@ def test_damaged_tfrecord_is_named_with_its_record(readers: dict, tmp_path: Path
         f"{path}: record 2 (sample 14, bytes {offset}..{offset + length}) is damaged: the CRC "
         "of its data does not match; the file or its index changed: re-create them"
     )
+
+
+@pytest.mark.parametrize(
+    ("module", "extra", "what", "make"),
+    [
+        ("pyarrow.parquet", "parquet", "stoker.formats.ParquetDataset",
+         lambda f: f.ParquetDataset("x.parquet")),
+        ("pyarrow", "parquet", "stoker.formats.ArrowDataset", lambda f: f.ArrowDataset("x")),
+        ("lmdb", "lmdb", "stoker.formats.LMDBDataset", lambda f: f.LMDBDataset("db")),
+        ("tfrecord", "tfrecord", "stoker.formats.TFRecordDataset",
+         lambda f: f.TFRecordDataset("x.tfrecord")),
+        ("PIL.Image", "image", "ImageFolder(decode='pil')", lambda f: f.ImageFolder("images")),
+    ],
+)
+def test_a_missing_library_says_which_extra_installs_it(
+    monkeypatch: pytest.MonkeyPatch, module: str, extra: str, what: str, make: object
+) -> None:
+    from stoker import formats
+
+    monkeypatch.setitem(sys.modules, module, None)  # its import fails, as if not installed
+    with pytest.raises(ImportError) as info:
+        make(formats)  # type: ignore[operator]
+    assert str(info.value) == (
+        f"{what} needs the {module!r} package, which is not installed. Install it with: "
+        f"pip install 'stoker[{extra}]'"
+    )

@@ -14,13 +14,13 @@ import pytest
 import torch
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
+from stoker.profile.memory_suspect import find_largest_python_container
 from stoker.profile.memory_watch import (
     MIB,
     CopyOnReadWarning,
     GrowthRule,
     MemoryWatch,
     classify_growth,
-    find_largest_python_container,
     read_uss,
     steady_growth,
 )

@@ -235,3 +235,17 @@ def test_stream_names_a_truncated_shard(shards: list[Path]) -> None:
         "'dir/s000'); the file is truncated or corrupted: re-create it (stoker pack redoes an "
         "unfinished shard)"
     )
+
+
+def test_pack_options_are_checked() -> None:
+    from stoker.formats import PackOptions
+
+    with pytest.raises(ValueError) as info:
+        PackOptions(samples_per_shard=0)
+    assert str(info.value) == "samples_per_shard=0: expected a positive int or None"
+    with pytest.raises(ValueError) as info:
+        PackOptions(jpeg_quality=101)
+    assert str(info.value) == "jpeg_quality=101: expected 1 to 100"
+    with pytest.raises(ValueError) as info:
+        PackOptions(name="a/b")
+    assert str(info.value) == "name='a/b': expected a file name prefix such as 'shard'"

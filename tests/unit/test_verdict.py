@@ -59,6 +59,17 @@ def test_other_causes(kw, expected):
     assert expected in summarize(_stats(**kw))
 
 
+def test_waiting_fetches_at_one_say_what_promising_thread_safety_would_give():
+    text = summarize(_stats(fetch_wall_s=10.0, fetch_cpu_s=1.0, concurrency=(1, 1)))
+    assert text.endswith(
+        "Input-bound: fetches wait 90% of their time (I/O or remote storage), one at a time "
+        "per worker as in torch; raise num_workers, or if __getitem__ is thread-safe (and "
+        "draws randomness only from stoker.sample_rng()), worker_concurrency=10 would fetch "
+        "~10x faster per worker (estimate from the fetches' wait/CPU time); "
+        "stoker_thread_safe = True on the dataset class lets stoker tune it."
+    )
+
+
 def test_fetch_threads_are_not_called_cpu_bound_workers():
     # worker_type="thread" used to read "the 2 workers are CPU-bound (busy 0%)": the threads'
     # time was divided among num_workers cores they cannot use (one GIL).

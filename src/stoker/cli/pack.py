@@ -19,6 +19,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _quality(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be 1 to 100, got {value}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -40,7 +47,8 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("source", metavar="SOURCE", help="a directory or MODULE:FACTORY")
     parser.add_argument("out", metavar="OUT", help="output directory (new, or a pack to resume)")
-    parser.add_argument("--samples-per-shard", type=_positive, default=None, metavar="N")
+    parser.add_argument("--samples-per-shard", type=_positive, default=None, metavar="N",
+                        help="samples in each shard (default: from --shard-size-mb)")
     parser.add_argument(
         "--shard-size-mb", type=_positive_float, default=256.0, metavar="MB",
         help="target shard size when --samples-per-shard is not given (default 256)",
@@ -49,7 +57,7 @@ def add_parser(commands: Any) -> None:
                         help="processes (default: the CPU count)")
     parser.add_argument("--max-side", type=_positive, default=None, metavar="PIXELS",
                         help="re-encode larger images so their longer side is at most this")
-    parser.add_argument("--jpeg-quality", type=_positive, default=90,
+    parser.add_argument("--jpeg-quality", type=_quality, default=90, metavar="1..100",
                         help="JPEG/WebP quality of re-encoded images (default 90)")
     parser.add_argument("--fields", default=None, metavar="EXT,EXT",
                         help="field names of a Dataset's tuple samples, e.g. jpg,cls")

@@ -16,6 +16,7 @@ read and update it there, never the loader's own fields. It holds two kinds of t
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any
 
@@ -52,6 +53,22 @@ class EngineState:
         self.list_sharing = ListSharing(self.fast_paths)
         self.slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
         weakref.finalize(self, self.slab_bank.close)
+
+    def warn_init_fn_seeds_once(self) -> None:
+        """NOTE [ Seeds set in worker_init_fn stay ] in ``workers.main_loop``: said once per
+        loader, when a worker reports that its worker_init_fn seeded the global RNGs."""
+        if self.init_fn_seeds_told:
+            return
+        self.init_fn_seeds_told = True
+        warnings.warn(
+            "worker_init_fn seeded the global RNGs (random, numpy or torch), so stoker leaves "
+            "them to it: each worker draws from its own stream, as with torch, and the "
+            "augmentations depend on num_workers. stoker's default seeding=\"per_batch\" "
+            "already gives every batch its own seeded streams, the same for any num_workers; "
+            "to have that, drop the seeding from worker_init_fn. To keep torch's behaviour "
+            "without this warning, pass seeding=\"per_worker\".",
+            stacklevel=2,
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in _LOCAL}

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 import weakref
 from typing import Any
 
@@ -26,13 +25,12 @@ from stoker._core.specs import WorkerSpec
 from stoker.engine.base_iter import BaseIterator
 from stoker.engine.cuda_safety import refuse_device_tensors, safe_context
 from stoker.engine.prefetch_depth import depth_for
-from stoker.engine.stall import describe_stall, warn_stall
+from stoker.engine.stall import StallClock
 from stoker.engine.stragglers import MovePolicy, StragglerWatch
 from stoker.engine.task_book import TaskBook
 from stoker.engine.worker_death import DeathWatch
 from stoker.engine.worker_group import WorkerGroup
 from stoker.engine.worker_start import forked_spec, start_workers
-from stoker.errors import LoaderTimeoutError
 from stoker.fastpaths.batched_getitem import compile_batched
 from stoker.fastpaths.switch import tell_not_per_sample
 from stoker.fetch.fetchers import EmptyBatch, vectorisable
@@ -40,7 +38,7 @@ from stoker.profile.ranges import UNPACK, stage_range
 from stoker.sampling.datapipes import distributed_settings, is_datapipe
 from stoker.workers import protocol as msg
 from stoker.workers.launch import WorkerProcess, default_context
-from stoker.workers.remote_errors import add_note, rebuild
+from stoker.workers.remote_errors import rebuild
 
 _EMPTY_STEP = object()
 _LIVENESS_POLL_S = 5.0
@@ -65,7 +63,7 @@ class ProcessIterator(BaseIterator):
         # depend on the worker) no task moves and workers keep torch's depth.
         self._torch_depth = self._is_iterable or self._seeding != "per_batch"
         self._may_move = not self._torch_depth and self._num_workers > 1
-        self._stall_warning_s = loader.stall_warning_s
+        self._stall = StallClock(self._timeout, loader.stall_warning_s)
         self._step_samples = loader.batch_size or 1
         refuse_device_tensors(self._dataset, self._num_workers)
         ctx = safe_context(loader.multiprocessing_context, default_context(), loader)
@@ -141,8 +139,7 @@ class ProcessIterator(BaseIterator):
         self._book = TaskBook(self._num_workers, self._prefetch, self._in_order,
                               self._gives_back)
         self._moves = MovePolicy(self._book, StragglerWatch(self._num_workers), self._may_move)
-        self._last_reply_at = time.monotonic()
-        self._stall_warned = False
+        self._stall.replied(time.monotonic())
 
     def _reset(self, loader: Any) -> None:
         """Next epoch on persistent workers (called by ``DataLoader.__iter__``)."""
@@ -258,21 +255,6 @@ class ProcessIterator(BaseIterator):
                 raise StopIteration
             self._receive()
 
-    def _wait_s(self) -> float:
-        if self._timeout > 0:
-            return self._timeout
-        if self._stall_warning_s is not None and not self._stall_warned:
-            until_stall = self._last_reply_at + self._stall_warning_s - time.monotonic()
-            return max(0.0, min(_LIVENESS_POLL_S, until_stall))
-        return _LIVENESS_POLL_S
-
-    def _check_stall(self) -> None:
-        waited = time.monotonic() - self._last_reply_at
-        limit = self._stall_warning_s
-        if limit is not None and waited >= limit and not self._stall_warned:
-            self._stall_warned = True
-            warn_stall(self._group, self._book, waited)
-
     def _send_large_releases(self) -> None:
         """NOTE [ Slabs come back before the next task ] in ``engine.worker_group``."""
         for wid in self._group.large_releases():
@@ -283,7 +265,7 @@ class ProcessIterator(BaseIterator):
         self._group.collect_released()
         self._send_large_releases()  # before waiting: the worker may need the slab first
         poller, by_fd = self._group.poller()
-        wait_s = self._wait_s()
+        wait_s = self._stall.wait_s(_LIVENESS_POLL_S)
         due = self._moves.due(self._idle_workers())  # wake up to move a queued task
         until_due = wait_s if due is None else max(0.0, due - time.monotonic())
         move_wakeup = until_due < wait_s
@@ -303,8 +285,8 @@ class ProcessIterator(BaseIterator):
         if not got_reply:
             self._deaths.check(self._book)
             if not ready and self._timeout > 0 and not move_wakeup:
-                self._raise_timeout()
-            self._check_stall()
+                self._stall.timed_out(self._group, self._book)
+            self._stall.check(self._group, self._book)
 
     def _file(self, w: Any, message: msg.FromWorker) -> None:
         reply = self._group.file_control(w, message)
@@ -323,8 +305,7 @@ class ProcessIterator(BaseIterator):
         now = time.monotonic()
         if book.answered(wid, position):
             self._moves.watch.finished(wid, now)
-        self._last_reply_at = now
-        self._stall_warned = False
+        self._stall.replied(now)
         if position in book.moved and self._settle_moved(wid, reply):
             if book.sampler_done:
                 self._let_idle_workers_go()
@@ -337,7 +318,7 @@ class ProcessIterator(BaseIterator):
         if done is not None:
             self._gives_back[wid] = done.report.concurrency == 1 and done.report.gives_back
             if done.report.init_fn_seeded:
-                self._warn_init_fn_seeds()
+                self._engine.warn_init_fn_seeds_once()
         if book.sampler_done:
             self._let_idle_workers_go()
         book.file(wid, position, reply)
@@ -359,22 +340,6 @@ class ProcessIterator(BaseIterator):
             if isinstance(reply, msg.Done):
                 self._group.reader.release_now(wid, reply.segment_id)
         return True
-
-    def _warn_init_fn_seeds(self) -> None:
-        """NOTE [ Seeds set in worker_init_fn stay ] in ``workers.main_loop``; once per
-        loader."""
-        if self._engine.init_fn_seeds_told:
-            return
-        self._engine.init_fn_seeds_told = True
-        warnings.warn(
-            "worker_init_fn seeded the global RNGs (random, numpy or torch), so stoker leaves "
-            "them to it: each worker draws from its own stream, as with torch, and the "
-            "augmentations depend on num_workers. stoker's default seeding=\"per_batch\" "
-            "already gives every batch its own seeded streams, the same for any num_workers; "
-            "to have that, drop the seeding from worker_init_fn. To keep torch's behaviour "
-            "without this warning, pass seeding=\"per_worker\".",
-            stacklevel=2,
-        )
 
     def _deliver(self, wid: int, reply: msg.Done | msg.Failed) -> Any:
         position = reply.task_id
@@ -401,14 +366,6 @@ class ProcessIterator(BaseIterator):
         return self._pinned(data)
 
     # -- ending ------------------------------------------------------------------------------
-
-    def _raise_timeout(self) -> None:
-        # Like torch, the iterator stays usable: the caller may retry.
-        where = describe_stall(self._group, self._book, with_stacks=True)
-        err = LoaderTimeoutError(f"DataLoader timed out after {self._timeout} seconds")
-        if where:
-            add_note(err, f"stoker: {where}")
-        raise err
 
     def _end_epoch(self) -> None:
         if not self._persistent:

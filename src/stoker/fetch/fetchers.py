@@ -66,6 +66,7 @@ class MapFetcher:
         self._collate = spec.collate_fn
         self._auto = spec.auto_collation
         self._skip = skip_errors
+        self.fast_paths = spec.fast_paths  # NOTE [ One switch for the fast paths ]
         getitems = getattr(spec.dataset, "__getitems__", None)
         self._getitems: Callable[[Any], Any] | None = getitems if getitems else None
         self.skipped: list[Skipped] = []  # of the last fetch

@@ -146,7 +146,7 @@ def explore(
     """
     for k, index in enumerate(job.indices):
         exploring = tuner.exploring
-        probe = global_rngs.snapshot() if tuner.probing else None
+        probe = global_rngs.snapshot(fetcher.fast_paths) if tuner.probing else None
         set_context(index)
         clock = SampleClock() if exploring else None
         t0, c0 = time.perf_counter(), time.thread_time()

@@ -23,6 +23,7 @@ import multiprocessing as mp
 import os
 import sys
 import tarfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,18 @@ class PackOptions:
     verify: bool = False
     progress: bool | None = None
     name: str = "shard"
+
+    def __post_init__(self) -> None:
+        for field_name in ("samples_per_shard", "workers", "max_side"):
+            value = getattr(self, field_name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{field_name}={value!r}: expected a positive int or None")
+        if not 1 <= self.jpeg_quality <= 100:
+            raise ValueError(f"jpeg_quality={self.jpeg_quality!r}: expected 1 to 100")
+        if not self.shard_size_mb > 0:
+            raise ValueError(f"shard_size_mb={self.shard_size_mb!r}: expected more than 0")
+        if not self.name or "/" in self.name:
+            raise ValueError(f"name={self.name!r}: expected a file name prefix such as 'shard'")
 
 
 def _records(source: Any, options: PackOptions) -> Records:
@@ -155,6 +168,18 @@ _JOB: dict[str, Any] = {}
 
 def _init_worker(records: Records, plan: dict[str, Any], out_dir: str, counts: Any) -> None:
     _JOB.update(records=records, plan=plan, out_dir=out_dir, counts=counts)
+    parent = os.getppid()
+    threading.Thread(target=_exit_with, args=(parent,), name="stoker-pack-parent-watch",
+                     daemon=True).start()
+
+
+def _exit_with(parent: int) -> None:
+    """A pool worker whose driver died (kill -9, OOM) would wait on its task queue forever:
+    the queue's write end lives on in the worker's siblings. Leave once the parent is gone;
+    its unfinished shard is redone by the next run (NOTE [ Resumable pack ])."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 def _write_shard(k: int) -> tuple[int, int, int]:
