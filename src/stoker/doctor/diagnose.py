@@ -21,6 +21,9 @@ INPUT_BOUND_SHARE = 0.10  # the loop waits for data more than this share of its 
 _WAITING = 0.5  # fetches wait (off CPU) more than this share of their wall time
 _GIL_BUSY = 0.6  # ...while their process keeps at least this share of one core busy
 _OVERSUBSCRIBED = 0.25
+# Threads of one process that cannot all run: on a quiet machine a GIL hand-over shows up as a
+# short CPU queue, not a long sleep, so a GIL-bound dataset may be off CPU only ~30% of the time.
+_GIL_OFF_CPU = 0.2
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ def _gil_bound(s: LoaderStats, setup: Setup, loop_wall: float) -> bool:
     (or would, if other processes left it one):
     they wait for each other (the GIL), not for storage."""
     off_cpu = 1 - s.fetch_cpu_s / s.fetch_wall_s if s.fetch_wall_s > 0 else 0.0
-    if threads_per_process(s, setup) < 2 or off_cpu < _WAITING or loop_wall <= 0:
+    if threads_per_process(s, setup) < 2 or off_cpu < _GIL_OFF_CPU or loop_wall <= 0:
         return False
     processes = 1 if setup.worker_type == "thread" or s.num_workers == 0 else s.num_workers
     # CPU used, plus time runnable but queued: on a busy machine the GIL holder waits for a
