@@ -7,19 +7,41 @@ before and right after each loader (a core's speed drifts within seconds on a sh
 and each loader's record carries its fraction of the limit from the mean of the two. As a
 diagnostic, `two_process_plain_samples_per_s` is what two plain loops in two forked processes
 reach together: the machine's own ceiling with both cores busy, which can sit below the limit.
+
+Variant `thread_safe`: the same images through a class that promises thread-safety (the
+opt-in of NOTE [ Automatic concurrency ]); stoker's default never runs a worker's fetches on
+threads without that promise.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import random
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from _harness import Context, Plan, compare, compare_interleaved
 
-from stoker.cli.demo import JpegDataset, make_jpeg_files
+import stoker
+from stoker.cli.demo import JpegDataset, decode_and_augment, make_jpeg_files
+
+
+class ThreadSafeJpegDataset(JpegDataset):
+    """The same samples; the class promises thread-safety (NOTE [ Automatic concurrency ]):
+    its random draws come from a generator seeded for the sample, under stoker, and from
+    `random` under torch, which ignores the attribute."""
+
+    stoker_thread_safe = True
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        try:
+            rng = random.Random(stoker.sample_seed())
+        except RuntimeError:  # not loading under stoker
+            rng = None
+        return decode_and_augment(self.paths[index], self.size, rng), self.labels[index]
 
 
 def single_process_rate(dataset: JpegDataset, count: int, warmup: int = 8) -> float:
@@ -99,4 +121,9 @@ def run(ctx: Context) -> list[dict[str, Any]]:
     for record in interleaved:
         record.update(reference_before=before, reference_after=after)
         record.update(extra(record))
-    return records + interleaved
+    # The opt-in: the dataset promises thread-safety, so stoker's workers may overlap decodes
+    # on threads (Pillow releases the GIL while it decodes and resizes).
+    safe = ThreadSafeJpegDataset(dataset.paths, dataset.size)
+    threaded = compare(ctx, "jpeg", safe, kwargs, plan, variant="thread_safe", extra=extra,
+                       reference=reference)
+    return records + interleaved + threaded

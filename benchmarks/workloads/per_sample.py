@@ -7,20 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from _harness import Context, Plan, compare
 
+from workloads.tiny import TinyDataset
 
-class BranchyDataset(torch.utils.data.Dataset[dict[str, Any]]):
-    """`n` samples of {'x': float32[64], 'y': int}; odd samples are negated by a helper."""
 
-    def __init__(self, n: int, dim: int = 64, seed: int = 0) -> None:
-        gen = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(n, dim, generator=gen)
-        self.y = torch.randint(0, 1000, (n,), generator=gen)
-
-    def __len__(self) -> int:
-        return len(self.x)
+class BranchyDataset(TinyDataset):
+    """`tiny`'s samples, fetched through a branch (odd samples negated) and a helper method."""
 
     def _label(self, index: int) -> int:
         return int(self.y[index])

@@ -106,16 +106,6 @@ def _constant_sampler_keys(state: dict[str, Any], index_sampler: Any) -> None:
     state["sampler_state_applies"] = False
 
 
-def _restore_iterator_state(inline: Any, resume: dict[str, Any] | None) -> None:
-    """torchdata's order: the dataset's state was loaded, ``iter(dataset)`` made; now its
-    iterator's own state, so the stream continues where it was instead of being re-read."""
-    saved = None if resume is None else resume.get("dataset_iter_state")
-    load = getattr(inline._fetcher._iter, "load_state_dict", None)
-    if saved is not None and callable(load):
-        load(saved)
-        inline._fetcher._ended = bool(resume and resume.get("dataset_iter_ended"))
-
-
 def _injected_distributed(sampler: Any, batch_sampler: Any) -> bool:
     """shard=True with a DistributedSampler given: a framework (Lightning) rebuilt the loader
     with its own; it already splits across ranks, so it is kept in place of stoker's."""
@@ -365,7 +355,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if self.num_workers == 0 or self._runs_inline():
             inline = InlineIterator(self, resume)
             if self._dataset_kind:  # an IterableDataset
-                _restore_iterator_state(inline, resume)
+                inline.restore_iterator_state(resume)
                 self._stoker_inline_iter = weakref.ref(inline)
             return inline
         self.check_worker_number_rationality()
@@ -433,13 +423,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         progress = self._engine.progress
         if inline is None or progress is None or progress.finished:
             return None, False
-        if inline._progress is not progress:
-            return None, False
-        fetcher = inline._fetcher
-        state = getattr(fetcher._iter, "state_dict", None)
-        # Ended: the iterator raised StopIteration filling the last (short) batch; the epoch
-        # ends at the next step without asking it again (torchdata's fetcher "ended").
-        return (state() if callable(state) else None), fetcher._ended
+        return inline.iterator_state(progress)  # type: ignore[no-any-return]
 
     def _fresh_state(self, finished: Any) -> dict[str, Any]:
         """The state of an epoch not begun yet: generators as they are now."""

@@ -21,25 +21,7 @@ from stoker.formats import TarShards, pack
 from stoker.testing import assert_resumes_exactly
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
-from _format_files import from_image, write_all  # noqa: E402
-
-READERS = ["tar", "parquet", "arrow", "tfrecord", "lmdb", "image_folder"]
-
-
-class _ImageIndex(torch.utils.data.Dataset[torch.Tensor]):
-    def __init__(self, folder: Any) -> None:
-        self.folder = folder
-
-    def __len__(self) -> int:
-        return len(self.folder)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return from_image(self.folder[i])
-
-
-def _common(readers: dict[str, Any], name: str) -> Any:
-    dataset = readers[name]()
-    return _ImageIndex(dataset) if name == "image_folder" else dataset
+from _format_files import READERS, tensor_reader, write_all  # noqa: E402
 
 N = 17
 
@@ -88,7 +70,7 @@ def readers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.mark.parametrize("reader", READERS)
 def test_reader_resumes_every_step_inline(readers: dict[str, Any], reader: str) -> None:
-    dataset = _common(readers, reader)
+    dataset = tensor_reader(readers, reader)
     assert_resumes_exactly(_loaders(dataset, 0), epochs=2, steps=8)
 
 
@@ -96,7 +78,7 @@ def test_reader_resumes_every_step_inline(readers: dict[str, Any], reader: str) 
 def test_reader_resumes_with_workers_and_another_worker_count(
     readers: dict[str, Any], reader: str
 ) -> None:
-    dataset = _common(readers, reader)
+    dataset = tensor_reader(readers, reader)
     assert_resumes_exactly(
         _loaders(dataset, 2), epochs=2, steps=4, resume_loader=_loaders(dataset, 1)
     )

@@ -110,6 +110,28 @@ def readers(root: str) -> dict[str, Callable[[], Any]]:
     }
 
 
+READERS = ["tar", "parquet", "arrow", "tfrecord", "lmdb", "image_folder"]
+
+
+class _ImageAsTensor(torch.utils.data.Dataset[torch.Tensor]):
+    """The image folder's (bytes, label) as the tensor sample the other readers give."""
+
+    def __init__(self, folder: Any) -> None:
+        self.folder = folder
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return from_image(self.folder[i])
+
+
+def tensor_reader(factories: dict[str, Callable[[], Any]], name: str) -> Any:
+    """Reader ``name``, its samples as tensors [index, length or label, index or 0]."""
+    dataset = factories[name]()
+    return _ImageAsTensor(dataset) if name == "image_folder" else dataset
+
+
 def expected(name: str) -> list[list[int]]:
     """What each reader's samples are, in its own order."""
     if name == "image_folder":  # classes sorted, then files: c0 holds 0, 3, 6, ...

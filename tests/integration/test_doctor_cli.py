@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from stoker.doctor.sweep import MIN_GAIN
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SECONDS = "1"
 
@@ -88,8 +90,12 @@ def faster_when_quiet(doc: dict, text: str, overrides: dict) -> None:
     if busy:
         assert "TOO BUSY for small differences to be real" in text, text
         return
-    best = top(doc)
-    assert best["overrides"] == overrides and best["gain"] > 0.15, text
+    first = next(c for c in doc["sweep"]["candidates"] if c["overrides"] == overrides)
+    assert first["gain"] > 0.15, text
+    # Another setting may come out ahead by less than the sweep's own threshold (twice the
+    # spread of the user's runs, at least MIN_GAIN): that is noise, not a better choice.
+    threshold = max(2 * doc["sweep"]["noise"], MIN_GAIN)
+    assert top(doc)["samples_per_s"] <= first["samples_per_s"] * (1 + threshold), text
 
 
 @pytest.mark.timeout(240)

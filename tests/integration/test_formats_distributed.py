@@ -14,35 +14,17 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from _format_files import N, expected, readers, write_all
+from _format_files import READERS, N, expected, readers, tensor_reader, write_all
 from test_distributed import COLLECTIVE_TIMEOUT_S, _free_port
 
 import stoker
 
 WORLD = 3
-READERS = ["tar", "parquet", "arrow", "tfrecord", "lmdb", "image_folder"]
 LAUNCH_DEADLINE_S = 90.0
 
 
-class _FirstColumn(torch.utils.data.Dataset[torch.Tensor]):
-    """The image folder's (bytes, label) as the common tensor sample."""
-
-    def __init__(self, folder: Any) -> None:
-        self.folder = folder
-
-    def __len__(self) -> int:
-        return len(self.folder)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        from _format_files import from_image
-
-        return from_image(self.folder[i])
-
-
 def _read(name: str, root: str) -> dict[str, Any]:
-    dataset = readers(root)[name]()
-    if name == "image_folder":
-        dataset = _FirstColumn(dataset)
+    dataset = tensor_reader(readers(root), name)
     loader = stoker.DataLoader(
         dataset, batch_size=2, shuffle=True, shard=True, shard_even="exact", num_workers=2,
         generator=torch.Generator().manual_seed(3), timeout=COLLECTIVE_TIMEOUT_S,

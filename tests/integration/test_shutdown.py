@@ -53,6 +53,39 @@ def test_exception_mid_epoch_then_gc_stops_workers():
             pass
 
 
+class Endless(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        i = 0
+        while True:
+            yield torch.full((8,), float(i))
+            i += 1
+
+
+@pytest.mark.parametrize("dataset", [Squares(), Endless()], ids=["map", "iterable"])
+def test_an_abandoned_iterator_stops_its_workers_as_its_last_reference_goes(dataset):
+    """As torch's: no reference cycle keeps the iterator (and its busy workers, which would
+    take CPU from the next epoch's) alive until the garbage collector runs."""
+    loader = stoker.DataLoader(dataset, batch_size=4, num_workers=2)
+    it = iter(loader)
+    next(it)
+    pids = [w.pid for w in it._group.workers]
+    gc.disable()
+    try:
+        del it
+        _, alive = psutil.wait_procs(
+            [p for p in map(_process_or_none, pids) if p is not None], timeout=WAIT_S)
+    finally:
+        gc.enable()
+    assert not alive, f"workers {[p.pid for p in alive]} outlived their iterator"
+
+
+def _process_or_none(pid):
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
 def test_deleting_a_loader_with_persistent_workers_stops_them():
     loader = stoker.DataLoader(Squares(), batch_size=4, num_workers=2, persistent_workers=True)
     for _ in range(2):

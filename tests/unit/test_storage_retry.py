@@ -97,3 +97,14 @@ def test_a_bad_policy_says_what_is_allowed() -> None:
         "RetryPolicy(attempts=0, base_delay_s=0.2, max_delay_s=10.0): attempts must be >= 1 "
         "and the delays >= 0"
     )
+
+
+def test_open_source_takes_remote_options_for_any_path_and_refuses_unknown_ones(tmp_path) -> None:
+    from stoker.storage import LocalSource, open_source
+
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    local = open_source(str(tmp_path), cache_dir="/unused", cache_bytes=1, fetch="range")
+    assert isinstance(local, LocalSource)
+    assert local.read_range(str(tmp_path / "a.bin"), 1, 2) == b"bc"
+    with pytest.raises(TypeError, match="cache_size"):
+        open_source(str(tmp_path), cache_size=1)

@@ -145,14 +145,18 @@ def random_resized_crop_box(
     return left, top, left + w, top + h
 
 
-def decode_and_augment(path: str, size: int = CROP_SIZE) -> torch.Tensor:
+def decode_and_augment(
+    path: str, size: int = CROP_SIZE, rng: random.Random | None = None
+) -> torch.Tensor:
     """Decode a JPEG with PIL, random-resized-crop it to size x size, flip it horizontally
-    half the time, and return a uint8 CHW tensor (like torchvision's PILToTensor)."""
+    half the time, and return a uint8 CHW tensor (like torchvision's PILToTensor). Draws
+    from the `random` module unless `rng` is given."""
+    draw = rng if rng is not None else random
     with Image.open(path) as img:
         rgb = img if img.mode == "RGB" else img.convert("RGB")
-        box = random_resized_crop_box(rgb.width, rgb.height)
+        box = random_resized_crop_box(rgb.width, rgb.height, rng=rng)
         out = rgb.resize((size, size), Image.Resampling.BILINEAR, box=box)
-    if random.random() < 0.5:
+    if draw.random() < 0.5:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return torch.from_numpy(np.array(out)).permute(2, 0, 1)
 

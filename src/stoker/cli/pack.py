@@ -6,7 +6,6 @@ Imports ``stoker.formats`` only when the command runs (``stoker --help`` stays f
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from typing import Any
@@ -67,15 +66,12 @@ def add_parser(commands: Any) -> None:
 
 
 def _load_dataset(spec: str) -> Any:
-    module_name, _, factory_name = spec.partition(":")
-    sys.path.insert(0, os.getcwd())  # like `python -m`: modules in the working directory
-    module = importlib.import_module(module_name)
-    factory = getattr(module, factory_name, None)
-    if factory is None or not callable(factory):
-        raise SystemExit(
-            f"stoker pack: {module_name} has no callable {factory_name!r}; SOURCE is a "
-            "directory or MODULE:FACTORY, a function returning a map-style Dataset"
-        )
+    from stoker.cli.factory import import_factory
+
+    try:
+        factory = import_factory(spec, "a map-style Dataset")
+    except ValueError as exc:
+        raise SystemExit(f"stoker pack: {exc} SOURCE is a directory or MODULE:FUNCTION.") from exc
     return factory()
 
 

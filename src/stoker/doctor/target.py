@@ -7,9 +7,6 @@ and builds ``stoker.DataLoader(dataset, **{**kwargs, **overrides})`` for each ca
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,24 +44,12 @@ class Recipe:
 
 def load_recipe(spec: str) -> Recipe:
     """``module:function`` (the current directory is importable, as for ``python -m``)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise TargetError(
-            f"{spec!r}: expected MODULE:FUNCTION, a function returning your DataLoader or "
-            "(dataset, loader_kwargs), e.g. 'train:make_loader'."
-        )
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    from stoker.cli.factory import import_factory
+
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise TargetError(f"{spec!r}: cannot import module {module_name!r}: {exc}") from exc
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise TargetError(
-            f"{spec!r}: module {module_name!r} has no function {attr!r}; expected a function "
-            "returning your DataLoader or (dataset, loader_kwargs)."
-        )
+        factory = import_factory(spec, "your DataLoader or (dataset, loader_kwargs)")
+    except ValueError as exc:
+        raise TargetError(str(exc)) from exc
     return recipe_of(factory(), spec)
 
 

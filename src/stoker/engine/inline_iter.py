@@ -10,7 +10,7 @@ from stoker.errors import MixedDeviceError
 from stoker.fastpaths.batched_getitem import Decline
 from stoker.fastpaths.index_tensor import VectorProbe
 from stoker.fastpaths.switch import tell_not_per_sample
-from stoker.fetch.fetchers import EMPTY, make_fetcher, vectorisable
+from stoker.fetch.fetchers import EMPTY, IterableFetcher, make_fetcher, vectorisable
 from stoker.profile.ranges import COLLATE, FETCH, stage_range
 from stoker.sampling.datapipes import distributed_settings, is_datapipe, seed_shufflers, shard
 from stoker.sampling.dataset_rngs import reseed, restore_states, save_states
@@ -53,6 +53,19 @@ class InlineIterator(BaseIterator):
             seed_shufflers(self._dataset, self._datapipe_seed)
             self._fetcher = make_fetcher(self._fetch_spec)
         self._fetcher.sample_context = (self._base_seed, self._epoch)
+
+    def iterator_state(self, progress: Any) -> tuple[Any, bool]:
+        """An IterableDataset's iterator state after the last batch delivered, when this
+        iterator still delivers ``progress``'s epoch (else None: nothing live to describe)."""
+        if self._progress is not progress or not isinstance(self._fetcher, IterableFetcher):
+            return None, False
+        return self._fetcher.iterator_state()
+
+    def restore_iterator_state(self, resume: dict[str, Any] | None) -> None:
+        if resume is not None and isinstance(self._fetcher, IterableFetcher):
+            self._fetcher.load_iterator_state(
+                resume.get("dataset_iter_state"), bool(resume.get("dataset_iter_ended"))
+            )
 
     def _shutdown(self) -> None:
         pass  # no workers to stop

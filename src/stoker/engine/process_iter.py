@@ -70,7 +70,7 @@ class ProcessIterator(BaseIterator):
         self._group = WorkerGroup(self._num_workers)
         self._group.reader.pins = self._host_pins()  # NOTE [ Slabs pinned in place ]
         self._finalizer = weakref.finalize(self, self._group.stop)
-        self._deaths = DeathWatch(self._group, self._file_reply, self._shutdown)
+        self._deaths = DeathWatch(self._group, self._finalizer)
         # A worker that adopts the batched form read from the source vouches for it: the next
         # epoch's workers use it without probe batches, as the inline iterator does.
         self._vector_trusted = self._engine.vector_trusted is self._dataset
@@ -163,7 +163,7 @@ class ProcessIterator(BaseIterator):
         try:
             msg.send(w.conn, message)
         except OSError:  # EPIPE/ECONNRESET: it died since the last poll; report the death
-            self._deaths.lost(self._book, w)
+            self._deaths.lost(self._book, w, self._file_reply)
 
     def _let_idle_workers_go(self) -> None:
         """Non-persistent workers with nothing left this epoch (the sampler is spent and
@@ -278,12 +278,12 @@ class ProcessIterator(BaseIterator):
                 try:  # one message: the caller polls again for the rest
                     self._file(w, msg.recv_from_worker(w.conn))
                 except (EOFError, OSError):
-                    self._deaths.lost(self._book, w)
+                    self._deaths.lost(self._book, w, self._file_reply)
                 got_reply = True
         if got_reply or move_wakeup:
             self._move_queued_tasks()
         if not got_reply:
-            self._deaths.check(self._book)
+            self._deaths.check(self._book, self._file_reply)
             if not ready and self._timeout > 0 and not move_wakeup:
                 self._stall.timed_out(self._group, self._book)
             self._stall.check(self._group, self._book)

@@ -62,24 +62,29 @@ def _shm_note(exitcode: int) -> str:
     return f" /dev/shm has {free / 2**20:.0f} MiB free now." if free is not None else ""
 
 
+FileReply = Callable[[Any, Any], None]
+
+
 class DeathWatch:
     """Reports a dead worker of ``group``: what it held (``book``), its signal and the likely
-    cause. ``file_reply`` keeps the replies it sent before dying; ``stop`` ends the epoch."""
+    cause. ``file_reply`` keeps the replies it sent before dying; ``stop`` ends the epoch.
 
-    def __init__(self, group: WorkerGroup, file_reply: Callable[[Any, Any], None],
-                 stop: Callable[[], None]) -> None:
+    It keeps no bound method of the iterator (``stop`` is the iterator's finalizer): a cycle
+    back to the iterator would keep an abandoned one, and its busy workers, alive until the
+    garbage collector runs, where torch's stop as the last reference goes."""
+
+    def __init__(self, group: WorkerGroup, stop: Callable[[], Any]) -> None:
         self.group = group
-        self.file_reply = file_reply
         self.stop = stop
 
-    def check(self, book: TaskBook) -> None:
+    def check(self, book: TaskBook, file_reply: FileReply) -> None:
         """Raise ``WorkerDiedError`` if any worker has exited unasked."""
-        check_workers_alive(self, book)
+        check_workers_alive(self, book, file_reply)
 
-    def lost(self, book: TaskBook, w: Any) -> NoReturn:
+    def lost(self, book: TaskBook, w: Any, file_reply: FileReply) -> NoReturn:
         """A worker's socket broke: it died mid-reply. Wait for its exit status, report it."""
         w.process.join(1.0)
-        check_workers_alive(self, book)
+        check_workers_alive(self, book, file_reply)
         self.stop()
         raise WorkerDiedError(
             f"DataLoader worker {w.worker_id} (pid {w.pid}) closed its connection without "
@@ -87,7 +92,7 @@ class DeathWatch:
         )
 
 
-def check_workers_alive(watch: DeathWatch, book: TaskBook) -> None:
+def check_workers_alive(watch: DeathWatch, book: TaskBook, file_reply: FileReply) -> None:
     group = watch.group
     dead = [w for w in group.workers if w.process.exitcode is not None and not w.stop_sent]
     if not dead:
@@ -95,7 +100,7 @@ def check_workers_alive(watch: DeathWatch, book: TaskBook) -> None:
     lines = []
     for w in dead:
         for reply in group.drain(w):  # it may have replied before dying; keep those
-            watch.file_reply(w, reply)
+            file_reply(w, reply)
         held = book.held_by_worker().get(w.worker_id, [])
         what = describe_indices([j for i in held for j in (i if isinstance(i, list) else [i])])
         line = _describe_exit(w) + (f", loading {what}." if held else ".")

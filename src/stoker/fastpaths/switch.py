@@ -27,18 +27,13 @@ so once, at INFO, with the reason.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
-ENV = "STOKER_FAST_PATHS"
-_OFF = ("0", "false", "no", "off")
+from stoker._core.fast_paths_env import ENV, env_allows
+
+__all__ = ["ENV", "enabled", "env_allows", "tell_not_per_sample"]
 log = logging.getLogger("stoker")
 _told: set[tuple[str, str]] = set()
-
-
-def env_allows() -> bool:
-    """Whether ``STOKER_FAST_PATHS`` leaves the fast paths on (unset: on)."""
-    return os.environ.get(ENV, "1").strip().lower() not in _OFF
 
 
 def enabled(argument: bool) -> bool:

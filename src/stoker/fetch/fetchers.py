@@ -187,6 +187,21 @@ class IterableFetcher:
     def finish(self, data: Any) -> Any:
         return self._collate(data)
 
+    def iterator_state(self) -> tuple[Any, bool]:
+        """``iter(dataset)``'s own ``state_dict()`` (None without one) and whether it ended:
+        it raised StopIteration filling the last (short) batch, so the epoch ends at the next
+        step without asking it again (torchdata's fetcher "ended")."""
+        state = getattr(self._iter, "state_dict", None)
+        return (state() if callable(state) else None), self._ended
+
+    def load_iterator_state(self, saved: Any, ended: bool) -> None:
+        """torchdata's order: the dataset's state was loaded and ``iter(dataset)`` made; now the
+        iterator's own state, so the stream continues where it was instead of being re-read."""
+        load = getattr(self._iter, "load_state_dict", None)
+        if saved is not None and callable(load):
+            load(saved)
+            self._ended = ended
+
     def gather(self, index: Any) -> Any:
         if self._ended:
             raise StopIteration

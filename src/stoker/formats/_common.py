@@ -8,8 +8,9 @@ import io
 import os
 import posixpath
 from types import ModuleType
+from typing import Any
 
-from stoker.storage import ByteSource, LocalSource
+from stoker.storage import ByteSource, LocalSource, open_source
 
 
 def require(module: str, extra: str, what: str) -> ModuleType:
@@ -34,15 +35,7 @@ def default_source(path: str, source: ByteSource | None) -> ByteSource:
         return source
     if not is_url(path):
         return LocalSource()
-    from stoker import storage
-
-    open_source = getattr(storage, "open_source", None)
-    if open_source is None:
-        raise ValueError(
-            f"{path}: reading URLs needs stoker.storage.open_source, which this stoker does "
-            "not have; pass source= (a stoker.storage.ByteSource) or a local path"
-        )
-    return open_source(path)  # type: ignore[no-any-return]
+    return open_source(path)
 
 
 def join(base_dir: str, name: str) -> str:
@@ -56,14 +49,11 @@ def parent(path: str) -> str:
     return posixpath.dirname(path.rstrip("/"))
 
 
-class SourceFile(io.RawIOBase):
-    """A read-only, seekable file over ``source.read_range``, for parsers that want a file
-    (tarfile, pyarrow). Wrap it in ``io.BufferedReader`` to batch small reads."""
+class _SeekableReader(io.RawIOBase):
+    """A read-only, seekable raw file of ``length`` bytes; subclasses say how to read a range."""
 
-    def __init__(self, source: ByteSource, path: str) -> None:
-        self.source, self.path = source, path
-        self.length = source.size(path)
-        self.position = 0
+    def __init__(self, length: int) -> None:
+        self.length, self.position = length, 0
 
     def readable(self) -> bool:
         return True
@@ -79,14 +69,39 @@ class SourceFile(io.RawIOBase):
         self.position = max(0, base + offset)
         return self.position
 
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: Any) -> int:
         want = min(len(buffer), self.length - self.position)
         if want <= 0:
             return 0
-        data = self.source.read_range(self.path, self.position, want)
-        buffer[:want] = data
+        buffer[:want] = self._read_at(self.position, want)
         self.position += want
         return want
+
+    def _read_at(self, offset: int, size: int) -> Any:
+        raise NotImplementedError
+
+
+class SourceFile(_SeekableReader):
+    """A file over ``source.read_range``, for parsers that want a file (tarfile, pyarrow).
+    Wrap it in ``io.BufferedReader`` to batch small reads."""
+
+    def __init__(self, source: ByteSource, path: str) -> None:
+        super().__init__(source.size(path))
+        self.source, self.path = source, path
+
+    def _read_at(self, offset: int, size: int) -> bytes:
+        return self.source.read_range(self.path, offset, size)
+
+
+class ViewFile(_SeekableReader):
+    """A file over a memoryview, without copying it (``io.BytesIO`` would copy)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__(len(view))
+        self.view = view
+
+    def _read_at(self, offset: int, size: int) -> memoryview:
+        return self.view[offset : offset + size]
 
 
 def write_atomic(path: str, data: bytes) -> None:

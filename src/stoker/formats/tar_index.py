@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from stoker.errors import ShardError
-from stoker.formats._common import default_source, write_atomic
+from stoker.formats._common import ViewFile, default_source, write_atomic
 from stoker.storage import ByteSource
 
 INDEX_SUFFIX = ".idx.npz"
@@ -138,34 +138,7 @@ def shard_bytes(source: ByteSource, path: str) -> Iterator[memoryview]:
 
 def scan_bytes(view: memoryview, path: str, meta: dict[str, Any] | None = None) -> ShardTable:
     """Index a whole shard held in memory (``path`` only names it in errors)."""
-    return _scan(_ViewFile(view), view, path, meta)
-
-
-class _ViewFile(io.RawIOBase):
-    """A file over a memoryview, without copying it (``io.BytesIO`` would copy)."""
-
-    def __init__(self, view: memoryview) -> None:
-        self.view, self.position = view, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: len(self.view)}[whence]
-        self.position = max(0, base + offset)
-        return self.position
-
-    def readinto(self, buffer: Any) -> int:
-        chunk = self.view[self.position : self.position + len(buffer)]
-        buffer[: len(chunk)] = chunk
-        self.position += len(chunk)
-        return len(chunk)
+    return _scan(ViewFile(view), view, path, meta)
 
 
 def _scan(

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stoker.fastpaths.raw_rng_states import (
+from stoker.sampling.raw_rng_states import (
     MT_WORDS,
     NUMPY_GAUSS_OFFSET,
     RANDOM_OFFSET,

@@ -244,27 +244,18 @@ class RemoteSource:
         self._prefetcher.schedule(paths)
 
 
-def open_source(
-    url_or_path: str,
-    *,
-    storage_options: dict[str, Any] | None = None,
-    retry: RetryPolicy | None = None,
-    cache_dir: str | None = None,
-    cache_bytes: int | None = None,
-    fetch: FetchMode = "auto",
-    lookahead_shards: int = 2,
-) -> ByteSource:
-    """The ``ByteSource`` for a path or URL: ``LocalSource`` for a local path (or
-    ``file://``), ``RemoteSource`` for an object store. Options as ``RemoteSource``."""
-    protocol = _protocol(url_or_path)
+_OPTIONS = ("storage_options", "retry", "cache_dir", "cache_bytes", "fetch", "lookahead_shards")
+
+
+def open_source(url_or_path: str, **options: Any) -> ByteSource:
+    """The ``ByteSource`` for a path or URL: ``LocalSource`` for a local path,
+    ``RemoteSource`` (fsspec) for a URL, ``file://`` included. ``options`` are
+    ``RemoteSource``'s keyword arguments; a local path needs none and ignores them, so one
+    call serves both."""
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise TypeError(f"open_source() got unknown options {unknown}; expected some of {_OPTIONS}")
     if "://" not in url_or_path:
         return LocalSource()
-    return RemoteSource(
-        protocol,
-        storage_options,
-        retry=retry,
-        cache_dir=cache_dir,
-        cache_bytes=cache_bytes,
-        fetch=fetch,
-        lookahead_shards=lookahead_shards,
-    )
+    storage_options = options.pop("storage_options", None)
+    return RemoteSource(_protocol(url_or_path), storage_options, **options)

@@ -1,8 +1,9 @@
 """Raw copies of ``random``'s and numpy's global RNG states (NOTE [ Raw RNG snapshots ] in
 ``stoker.sampling.global_rngs``): where the states live inside the objects is found at import
 on private instances and checked by round trips. A fast path that relies on CPython's and
-numpy's object layouts (NOTE [ One switch for the fast paths ]): with ``STOKER_FAST_PATHS=0``
-nothing is calibrated and every state goes through the public APIs.
+numpy's object layouts, under NOTE [ One switch for the fast paths ] (``stoker.fastpaths.switch``)
+but kept here, beside the snapshots that use it: with ``STOKER_FAST_PATHS=0`` nothing is
+calibrated and every state goes through the public APIs.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker.fastpaths.switch import env_allows
+from stoker._core.fast_paths_env import env_allows
 
 MT_WORDS = 624
 _MT_WORDS = MT_WORDS
