@@ -175,6 +175,41 @@ def test_plan_fetches_the_next_shards_ahead(s3, tmp_path) -> None:
     remote.source.close()  # type: ignore[attr-defined]
 
 
+class _Numbers(torch.utils.data.Dataset[dict[str, int]]):
+    def __len__(self) -> int:
+        return 29
+
+    def __getitem__(self, i: int) -> dict[str, int]:
+        return {"cls": i}
+
+
+def _label(sample: dict[str, bytes]) -> int:
+    return int(sample["cls"])
+
+
+def test_a_streamed_tar_dataset_reads_each_shard_once_through_the_cache(s3, tmp_path) -> None:
+    """TarShardStream from the server: each worker plans its own shards, so the next ones
+    download while it reads; every shard is fetched whole once into the cache, a second epoch
+    reads none again, and each epoch yields each sample once."""
+    from stoker.formats import TarShards, TarShardStream, pack
+
+    packed = tmp_path / "packed"
+    pack(_Numbers(), str(packed), samples_per_shard=4, workers=1, progress=False)
+    names = [Path(s.path).name for s in TarShards(str(packed)).shards]
+    s3.upload_dir(str(packed), "bucket", "tars")
+    urls = [f"s3://bucket/tars/{n}" for n in names]
+    source = open_source(urls[0], storage_options=s3.storage_options, retry=FAST_RETRY,
+                         cache_dir=str(tmp_path / "cache"), cache_bytes=10**7, fetch="shard")
+    stream = TarShardStream(urls, source=source, transform=_label, shuffle_buffer=5, seed=2)
+    loader = stoker.DataLoader(stream, batch_size=3, num_workers=2, timeout=60)
+    for epoch in range(2):  # the second from the cache alone
+        stream.set_epoch(epoch)
+        got = [x for batch in loader for x in batch.tolist()]
+        assert sorted(got) == list(range(29))
+        gets = {p: n for p, n in s3.faults.gets_by_path.items() if p.startswith("/bucket/tars/")}
+        assert gets == {f"/bucket/tars/{n}": 1 for n in names}
+
+
 # -- two gloo ranks x two workers, straight from the server --------------------------------
 
 WORLD = 2

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker._core.specs import FetchSpec
-from stoker.sampling.sample_rng import SAMPLE_CONTEXT
+from stoker.sampling.sample_rng import CURSOR, CURSOR_WORKS, SAMPLE_CONTEXT
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,14 @@ class MapFetcher:
         if self.sample_context is None:
             return [self._dataset[i] for i in index]
         ctx, dataset, out = self._publish(), self._dataset, []
+        if self.fast_paths and CURSOR_WORKS and type(index) is list:
+            # NOTE [ The sample index from the batch's iterator ] in sampling.sample_rng
+            iterator = iter(index)
+            ctx.cursor, ctx.index = (index, iterator), CURSOR
+            try:
+                return [dataset[i] for i in iterator]
+            finally:
+                ctx.cursor = ctx.index = None
         for i in index:
             ctx.index = i  # inline, not a call: this loop runs once per sample
             out.append(dataset[i])

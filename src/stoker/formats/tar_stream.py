@@ -15,6 +15,10 @@ Shuffle quality (what the order is, exactly):
   WebDataset's shuffle; ``TarShards`` has none of these limits.
 * The loader gives each worker's batches in turn, so a batch holds one reader's samples.
 
+From object storage with a cache, each reader hands its shard list to the source's ``plan``:
+while it reads shard k, shards k+1 .. k+lookahead_shards download in the background (NOTE
+[ Shard prefetch order ]).
+
 Guarantees the map-style readers have and this one has not: ranks may read different numbers of
 samples (when shards differ in size or their count does not divide evenly; under DDP that can
 leave one rank waiting at the epoch's end: use ``TarShards``); a resume replays the epoch up to
@@ -79,7 +83,11 @@ class TarShardStream(IterableDataset[Any]):
         info = shard_info()
         rng = random.Random(f"{self.seed}/{self.epoch}/{info.shard_id}/{info.num_shards}")
         buffer: list[dict[str, Any]] = []
-        for path in shard_list(order, info):
+        mine = shard_list(order, info)
+        plan = getattr(self.source, "plan", None)
+        if plan is not None:  # a remote source fetches this reader's next shards ahead
+            plan(mine)
+        for path in mine:
             for sample in self._samples(path):
                 if len(buffer) < self.shuffle_buffer:
                     buffer.append(sample)

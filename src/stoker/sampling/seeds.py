@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import random
+import struct
 
+import numpy as np
 import torch
 
 from stoker.sampling import global_rngs
@@ -70,10 +72,18 @@ def seed_worker_rngs(base_seed: int, worker_id: int) -> int:
     return seed
 
 
+_MASK64 = (1 << 64) - 1
+_blake2b = hashlib.blake2b
+_PACKERS = {n: struct.Struct(f"<{n}Q") for n in range(1, 5)}
+
+
 def mix_seed(*words: int) -> int:
-    """A 64-bit hash of a few integers (BLAKE2b: fast in C, stable across processes)."""
-    data = b"".join((w & (2**64 - 1)).to_bytes(8, "little") for w in words)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    """A 64-bit hash of a few integers (BLAKE2b: fast in C, stable across processes): of
+    each word's low 64 bits, little-endian. Runs several times per batch, so it packs with a
+    prebuilt ``struct.Struct``."""
+    packer = _PACKERS.get(len(words)) or struct.Struct(f"<{len(words)}Q")
+    data = packer.pack(*map(_MASK64.__and__, words))
+    return int.from_bytes(_blake2b(data, digest_size=8).digest(), "little")
 
 
 def batch_seed(base_seed: int, epoch: int, batch_index: int) -> int:
@@ -90,8 +100,6 @@ def seed_global_rngs(seed: int) -> None:
     # Not torch.manual_seed: it also queues lazy accelerator seeding, recording a traceback
     # each call (0.5-4 ms per batch); the CPU generator is what __getitem__ draws from.
     torch.default_generator.manual_seed(mix_seed(seed, 2) >> 1)
-    import numpy as np
-
     np.random.seed(mix_seed(seed, 3) & 0xFFFFFFFF)
 
 

@@ -191,9 +191,12 @@ class RemoteSource:
         return known
 
     def read(self, path: str) -> bytes:
-        local = self.local_path(path)
-        if local is not None:
-            return LocalSource().read(local)
+        """The whole object: through the cache when there is one (in ``"shard"`` mode fetched
+        into it first, and the plan's next objects fetched ahead), else one GET."""
+        if self.cache is not None:
+            data = self._prefetcher.read_cached(path, 0, self.size(path))
+            if data is not None:
+                return data
         handle = self._fs()
         return read_with_retries(
             ReadRequest(path), lambda: handle.fs.cat_file(path), self.retry, None
