@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from _harness import Context, Plan, compare
+from _harness import Context, Plan, compare, compare_interleaved
 
 from workloads.tiny import TinyDataset
 
@@ -32,4 +32,10 @@ def run(ctx: Context) -> list[dict[str, Any]]:
         kwargs = {"batch_size": 256, "shuffle": True, "num_workers": workers}
         records += compare(ctx, "per_sample", dataset, kwargs, plan,
                            variant=f"num_workers={workers}")
+    # A 0.7 s epoch swings by +-15% on a shared machine: alternating the two loaders' epochs
+    # over many rounds (per-round ratios in `epoch_ratios`) is what can tell a few percent.
+    kwargs = {"batch_size": 256, "shuffle": True, "num_workers": 0}
+    records += compare_interleaved(ctx, "per_sample", dataset, kwargs,
+                                   rounds=2 if ctx.quick else 12,
+                                   variant="num_workers=0, epochs interleaved")
     return records
