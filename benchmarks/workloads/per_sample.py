@@ -5,9 +5,11 @@ stoker must never be slower than torch here: the per-sample loop is the loader's
 
 from __future__ import annotations
 
+import statistics
+import time
 from typing import Any
 
-from _harness import Context, Plan, compare, compare_interleaved
+from _harness import Context, Plan, compare, compare_interleaved, time_epoch
 
 from workloads.tiny import TinyDataset
 
@@ -38,4 +40,39 @@ def run(ctx: Context) -> list[dict[str, Any]]:
     records += compare_interleaved(ctx, "per_sample", dataset, kwargs,
                                    rounds=2 if ctx.quick else 12,
                                    variant="num_workers=0, epochs interleaved")
+    records += cpu_time(ctx, dataset, kwargs, rounds=2 if ctx.quick else 10)
+    return records
+
+
+def cpu_time(ctx: Context, dataset: Any, kwargs: dict[str, Any], rounds: int) -> list[dict]:
+    """With num_workers=0 all of an epoch runs in this thread, so its CPU time (not disturbed
+    by other processes, unlike wall time) is the loader's cost plus the dataset's. Epochs of
+    the two loaders alternate; `samples_per_s` here is samples per CPU-second (the median),
+    `epoch_s` the median CPU seconds, `time_to_first_batch_s` the median wall time to an
+    epoch's first batch, `peak_pss_mib` the peak over the loader's own epochs."""
+    loaders = {name: cls(dataset, **kwargs) for name, cls in ctx.loaders.items()}
+    for loader in loaders.values():  # warm-up epoch each
+        time_epoch(loader)
+    spent: dict[str, list[float]] = {name: [] for name in loaders}
+    firsts: dict[str, list[float]] = {name: [] for name in loaders}
+    peaks = dict.fromkeys(loaders, 0.0)
+    for r in range(rounds):
+        for name in loaders if r % 2 == 0 else list(loaders)[::-1]:
+            ctx.sampler.reset()
+            start = time.thread_time()
+            timing = time_epoch(loaders[name])
+            spent[name].append(time.thread_time() - start)
+            firsts[name].append(timing.time_to_first_batch_s)
+            ctx.sampler.sample()
+            peaks[name] = max(peaks[name], ctx.sampler.peak_mib)
+    records = []
+    for name, seconds in spent.items():
+        cpu = statistics.median(seconds)
+        records.append({
+            "workload": "per_sample", "variant": "num_workers=0, CPU time", "loader": name,
+            "samples_per_s": len(dataset) / cpu, "epoch_s": cpu, "cpu_s_per_epoch_all": seconds,
+            "time_to_first_batch_s": statistics.median(firsts[name]),
+            "peak_pss_mib": peaks[name], "machine": ctx.machine,
+            "loader_kwargs": {k: repr(v) for k, v in kwargs.items()},
+        })
     return records
