@@ -210,6 +210,48 @@ def test_a_streamed_tar_dataset_reads_each_shard_once_through_the_cache(s3, tmp_
         assert gets == {f"/bucket/tars/{n}": 1 for n in names}
 
 
+@pytest.mark.parametrize("indexes", ["at open", "per batch"])
+def test_remote_tar_shards_equal_the_local_ones_with_each_shard_fetched_once(
+    s3, tmp_path, monkeypatch, indexes
+) -> None:
+    """TarShards from the server (NOTE [ A batch's shards at once ]): indexes read when the
+    dataset is built, or (over _EAGER_REMOTE_INDEXES shards) each batch's missing ones side by
+    side; either way the shuffled epoch through 2 workers equals the local one, and each
+    shard and each index is fetched from the server exactly once."""
+    from stoker.formats import TarShards, pack, tar_shards
+
+    if indexes == "per batch":
+        monkeypatch.setattr(tar_shards, "_EAGER_REMOTE_INDEXES", 0)
+    packed = tmp_path / "packed"
+    pack(_Numbers(), str(packed), samples_per_shard=4, workers=1, progress=False)
+    s3.upload_dir(str(packed), "bucket", "tars")
+    url = "s3://bucket/tars/index.json"
+    source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
+                         cache_dir=str(tmp_path / "cache"), cache_bytes=10**7, fetch="shard")
+    remote = TarShards(url, source=source, transform=_label)
+    local = TarShards(str(packed / "index.json"), transform=_label)
+
+    def epoch(dataset: Any) -> list[int]:
+        loader = stoker.DataLoader(dataset, batch_size=5, shuffle=True, num_workers=2,
+                                   timeout=60, generator=torch.Generator().manual_seed(4))
+        return [x for batch in loader for x in batch.tolist()]
+
+    try:
+        got = epoch(remote)
+    finally:
+        source.close()  # type: ignore[attr-defined]
+    assert got == epoch(local) and sorted(got) == list(range(29))
+    gets = Counter(p for p, n in s3.faults.gets_by_path.items() if p.startswith("/bucket/tars/")
+                   for _ in range(n))
+    shards = [Path(s.path).name for s in local.shards]
+    expected = {f"/bucket/tars/{n}" for n in shards} | {"/bucket/tars/index.json"}
+    per_batch = indexes == "per batch"  # each worker reads the indexes it needs itself
+    assert {p for p in gets if not p.endswith(".idx.npz")} == expected
+    assert all(gets[p] == 1 for p in expected)
+    idx = {p: n for p, n in gets.items() if p.endswith(".idx.npz")}
+    assert len(idx) == len(shards) and all(n <= (2 if per_batch else 1) for n in idx.values())
+
+
 # -- two gloo ranks x two workers, straight from the server --------------------------------
 
 WORLD = 2

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.formats import ShardError, TarShards, index_shard
+from stoker.formats import ShardError, TarShards, index_shard, tar_shards
 from stoker.formats._common import require
 from stoker.formats.tar_index import index_path, split_name
 from stoker.storage import LocalSource
@@ -144,7 +144,9 @@ class RangeOnly(LocalSource):
         return None
 
 
-def test_truncated_shard_with_manifest_is_named(tmp_path: Path, shards: list[Path]) -> None:
+def test_truncated_shard_with_manifest_is_named(
+    tmp_path: Path, shards: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     for s in shards:
         index_shard(str(s))
     sizes = [s.stat().st_size for s in shards]
@@ -162,10 +164,12 @@ def test_truncated_shard_with_manifest_is_named(tmp_path: Path, shards: list[Pat
         f"says {sizes[1]} bytes and the manifest 1 samples: the shard changed or was "
         "truncated after it was indexed; re-create it (stoker pack redoes an unfinished shard)"
     )
-    with pytest.raises(ShardError) as info:  # local sidecars are read at open
-        TarShards(str(tmp_path))
-    assert str(info.value) == message
-    remote = TarShards(str(tmp_path), source=RangeOnly())  # remote ones on first use
+    for source in (None, RangeOnly()):  # sidecars are read at open, remote ones while few
+        with pytest.raises(ShardError) as info:
+            TarShards(str(tmp_path), source=source)
+        assert str(info.value) == message
+    monkeypatch.setattr(tar_shards, "_EAGER_REMOTE_INDEXES", 2)  # more: on first use
+    remote = TarShards(str(tmp_path), source=RangeOnly())
     assert remote[0]["__key__"] == "dir/s000" and remote[10]["__key__"] == "dir/s010"
     assert remote[0] == TarShards([str(s) for s in shards[:1]])[0]
     with pytest.raises(ShardError) as info:

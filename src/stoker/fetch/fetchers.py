@@ -69,6 +69,10 @@ class MapFetcher:
         self.fast_paths = spec.fast_paths  # NOTE [ One switch for the fast paths ]
         getitems = getattr(spec.dataset, "__getitems__", None)
         self._getitems: Callable[[Any], Any] | None = getitems if getitems else None
+        # A dataset may ask to see a batch's indices before its samples are read, e.g. to
+        # fetch what they need from storage at once (stoker.formats.TarShards).
+        self._prepare: Callable[[Any], Any] | None = getattr(
+            spec.dataset, "stoker_prepare_batch", None)
         self.skipped: list[Skipped] = []  # of the last fetch
         # (base seed, epoch) of the batch being fetched: each sample's index is published
         # to stoker.sample_rng() before it is loaded. None: not published.
@@ -128,6 +132,8 @@ class MapFetcher:
             if not self._auto:
                 self._mark(index)
                 return self._dataset[index]
+            if self._prepare is not None:
+                self._prepare(index)
             try:
                 return self.samples(index)
             except Exception as exc:
