@@ -13,6 +13,9 @@ their length. Prints one JSON record per loader and the ratio against torch's, p
 ``network_bound``: the shards fetched whole, ``--workers`` GETs at a time, by a connected
 client (the ceiling for reading these bytes here); each record's ``fraction_of_network_bound``
 compares against it. Every loader's epoch starts cold (clients, manifest, indexes included).
+Also ``stoker_stream`` (``TarShardStream``: whole shards in order through the cache, a
+1,000-sample buffer) and the peer ``webdataset_http`` (webdataset over presigned HTTP URLs,
+its curl pipe, through the same proxy, in torch's DataLoader), when webdataset is installed.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from _harness import machine_info  # noqa: E402
 from _s3_server import S3Server  # noqa: E402
 
 import stoker  # noqa: E402
-from stoker.formats import TarShards, pack  # noqa: E402
+from stoker.formats import TarShards, TarShardStream, pack  # noqa: E402
 from stoker.storage import open_source  # noqa: E402
 
 
@@ -95,6 +98,23 @@ def network_bound(urls: list[str], options: dict[str, Any], samples: int,
     return {"loader": "network_bound", "samples": samples, "epoch_s": round(elapsed, 3),
             "samples_per_s": round(samples / elapsed, 1), "mb_per_s":
             round(total / elapsed / 1e6, 2), "gets": len(urls)}
+
+
+def webdataset_http(endpoint: str, shard_names: list[str], args: Any) -> Any:
+    """The peer on the same shards: webdataset's pipeline (shard shuffle + 1,000-sample
+    buffer) over HTTP GETs of presigned URLs (its curl pipe, through the same proxy), in
+    torch's DataLoader with the same workers. None when webdataset is not installed."""
+    try:
+        import boto3
+        import webdataset as wds
+    except ImportError:
+        return None
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    urls = [client.generate_presigned_url("get_object", ExpiresIn=3600, Params={
+        "Bucket": "bench", "Key": f"packed/{n}"}) for n in shard_names]
+    dataset = (wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=None,
+                              empty_check=False).shuffle(1000).map(_jpg_len))
+    return TorchDataLoader(dataset, batch_size=args.batch, num_workers=args.workers)
 
 
 def run(name: str, make_loader) -> dict[str, Any]:
@@ -162,8 +182,24 @@ def main() -> None:
                            ("stoker_per_file", stoker_files)]:
             gets0 = s3.faults.gets
             results.append(run(name, make) | {"gets": s3.faults.gets - gets0})
-        shard_urls = [s.path for s in TarShards("s3://bench/packed/index.json", source=open_source(
-            "s3://bench/packed/index.json", storage_options=options)).shards]
+        listing = open_source("s3://bench/packed/index.json", storage_options=options)
+        shard_urls = [s.path for s in TarShards("s3://bench/packed/index.json",
+                                                source=listing).shards]
+        listing.close()  # type: ignore[attr-defined]
+
+        def stoker_stream():
+            source = open_source(shard_urls[0], storage_options=options, fetch="shard",
+                                 cache_dir=str(tmp / "c3"), cache_bytes=1 << 30)
+            stream = TarShardStream(shard_urls, source=source, transform=_jpg_len,
+                                    shuffle_buffer=1000)
+            return stoker.DataLoader(stream, batch_size=args.batch, num_workers=args.workers)
+
+        gets0 = s3.faults.gets
+        results.append(run("stoker_stream", stoker_stream) | {"gets": s3.faults.gets - gets0})
+        web = webdataset_http(s3.endpoint_url, [u.rsplit("/", 1)[1] for u in shard_urls], args)
+        if web is not None:
+            gets0 = s3.faults.gets
+            results.append(run("webdataset_http", lambda: web) | {"gets": s3.faults.gets - gets0})
         results.append(network_bound(shard_urls, options, args.samples, args.workers))
     base = results[0]["samples_per_s"]
     bound = results[-1]["samples_per_s"]
