@@ -218,24 +218,29 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(world: int, out_dir: Path, **kwargs: Any) -> list[dict[str, Any]]:
-    """Run ``plan`` on ``world`` new ranks; their results, by rank."""
-    out_dir.mkdir()
-    args = (world, _free_port(), str(out_dir), kwargs)
-    ctx = tmp.start_processes(
-        _rank_main, args=args, nprocs=world, join=False, start_method=START_METHOD
-    )
-    deadline = time.monotonic() + LAUNCH_DEADLINE_S
+def run_ranks(main: Any, args: tuple, world: int, deadline_s: float = LAUNCH_DEADLINE_S,
+              start_method: str = START_METHOD) -> None:
+    """``main(rank, *args)`` on ``world`` new processes; returns when all ended, raises the
+    first rank's error, or TimeoutError after ``deadline_s`` (the ranks are killed)."""
+    ctx = tmp.start_processes(main, args=args, nprocs=world, join=False,
+                              start_method=start_method)
+    deadline = time.monotonic() + deadline_s
     try:
         while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"{world} ranks still running after {LAUNCH_DEADLINE_S} s")
+                raise TimeoutError(f"{world} ranks still running after {deadline_s} s")
     finally:
         for proc in ctx.processes:  # kill stragglers (timeout) and release the sentinel fds
             if proc.is_alive():
                 proc.kill()
             proc.join(timeout=10)
             proc.close()
+
+
+def launch(world: int, out_dir: Path, **kwargs: Any) -> list[dict[str, Any]]:
+    """Run ``plan`` on ``world`` new ranks; their results, by rank."""
+    out_dir.mkdir()
+    run_ranks(_rank_main, (world, _free_port(), str(out_dir), kwargs), world)
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
 
 

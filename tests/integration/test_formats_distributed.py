@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from _format_files import READERS, N, expected, readers, tensor_reader, write_all
-from test_distributed import COLLECTIVE_TIMEOUT_S, _free_port
+from test_distributed import COLLECTIVE_TIMEOUT_S, _free_port, run_ranks
 
 import stoker
 
@@ -59,29 +59,11 @@ def _rank_main(rank: int, world: int, port: int, root: str, out_dir: str) -> Non
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    import test_distributed
-
     root = tmp_path_factory.mktemp("formats")
     write_all(str(root))
     out = root / "out"
     out.mkdir()
-    args = (WORLD, _free_port(), str(root), str(out))
-    ctx = torch.multiprocessing.start_processes(
-        _rank_main, args=args, nprocs=WORLD, join=False, start_method="fork")
-    import time
-
-    deadline = time.monotonic() + LAUNCH_DEADLINE_S
-    try:
-        while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"{WORLD} ranks still running after {LAUNCH_DEADLINE_S} s")
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.kill()
-            proc.join(timeout=10)
-            proc.close()
-    del test_distributed
+    run_ranks(_rank_main, (WORLD, _free_port(), str(root), str(out)), WORLD, LAUNCH_DEADLINE_S)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import time
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -18,13 +16,14 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as tmp
 
 pytest.importorskip("moto.server", reason="the S3 server tests need moto[server] (test extra)")
 pytest.importorskip("s3fs", reason="reading s3:// needs s3fs (test extra)")
 
 from _remote_datasets import RECORD_BYTES, Records, write_records  # noqa: E402
 from _s3_server import S3Server  # noqa: E402
+from test_distributed import _free_port, run_ranks  # noqa: E402
+from test_tar_stream import Numbers, label  # noqa: E402
 
 import stoker  # noqa: E402
 from stoker.storage import LocalSource, RemoteReadError, RetryPolicy, open_source  # noqa: E402
@@ -175,18 +174,6 @@ def test_plan_fetches_the_next_shards_ahead(s3, tmp_path) -> None:
     remote.source.close()  # type: ignore[attr-defined]
 
 
-class _Numbers(torch.utils.data.Dataset[dict[str, int]]):
-    def __len__(self) -> int:
-        return 29
-
-    def __getitem__(self, i: int) -> dict[str, int]:
-        return {"cls": i}
-
-
-def _label(sample: dict[str, bytes]) -> int:
-    return int(sample["cls"])
-
-
 def test_a_streamed_tar_dataset_reads_each_shard_once_through_the_cache(s3, tmp_path) -> None:
     """TarShardStream from the server: each worker plans its own shards, so the next ones
     download while it reads; every shard is fetched whole once into the cache, a second epoch
@@ -194,13 +181,13 @@ def test_a_streamed_tar_dataset_reads_each_shard_once_through_the_cache(s3, tmp_
     from stoker.formats import TarShards, TarShardStream, pack
 
     packed = tmp_path / "packed"
-    pack(_Numbers(), str(packed), samples_per_shard=4, workers=1, progress=False)
+    pack(Numbers(), str(packed), samples_per_shard=4, workers=1, progress=False)
     names = [Path(s.path).name for s in TarShards(str(packed)).shards]
     s3.upload_dir(str(packed), "bucket", "tars")
     urls = [f"s3://bucket/tars/{n}" for n in names]
     source = open_source(urls[0], storage_options=s3.storage_options, retry=FAST_RETRY,
                          cache_dir=str(tmp_path / "cache"), cache_bytes=10**7, fetch="shard")
-    stream = TarShardStream(urls, source=source, transform=_label, shuffle_buffer=5, seed=2)
+    stream = TarShardStream(urls, source=source, transform=label, shuffle_buffer=5, seed=2)
     loader = stoker.DataLoader(stream, batch_size=3, num_workers=2, timeout=60)
     for epoch in range(2):  # the second from the cache alone
         stream.set_epoch(epoch)
@@ -223,13 +210,13 @@ def test_remote_tar_shards_equal_the_local_ones_with_each_shard_fetched_once(
     if indexes == "per batch":
         monkeypatch.setattr(tar_shards, "_EAGER_REMOTE_INDEXES", 0)
     packed = tmp_path / "packed"
-    pack(_Numbers(), str(packed), samples_per_shard=4, workers=1, progress=False)
+    pack(Numbers(), str(packed), samples_per_shard=4, workers=1, progress=False)
     s3.upload_dir(str(packed), "bucket", "tars")
     url = "s3://bucket/tars/index.json"
     source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
                          cache_dir=str(tmp_path / "cache"), cache_bytes=10**7, fetch="shard")
-    remote = TarShards(url, source=source, transform=_label)
-    local = TarShards(str(packed / "index.json"), transform=_label)
+    remote = TarShards(url, source=source, transform=label)
+    local = TarShards(str(packed / "index.json"), transform=label)
 
     def epoch(dataset: Any) -> list[int]:
         loader = stoker.DataLoader(dataset, batch_size=5, shuffle=True, num_workers=2,
@@ -279,23 +266,8 @@ def _rank_main(rank: int, port: int, out_dir: str, options: dict[str, Any], urls
 
 
 def test_two_ranks_with_two_workers_each_read_their_own_share(s3, tmp_path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    args = (port, str(tmp_path), s3.storage_options, s3.urls, str(tmp_path / "cache"))
-    ctx = tmp.start_processes(_rank_main, args=args, nprocs=WORLD, join=False,
-                              start_method="fork")
-    deadline = time.monotonic() + 90
-    try:
-        while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
-            if time.monotonic() >= deadline:
-                raise TimeoutError("ranks still running after 90 s")
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.kill()
-            proc.join(timeout=10)
-            proc.close()
+    args = (_free_port(), str(tmp_path), s3.storage_options, s3.urls, str(tmp_path / "cache"))
+    run_ranks(_rank_main, args, WORLD, deadline_s=90)
     shares = [json.loads(Path(tmp_path, f"rank{r}.json").read_text()) for r in range(WORLD)]
     assert all(shares)
     assert not set(shares[0]) & set(shares[1])

@@ -11,7 +11,7 @@ import stoker
 from stoker.formats import TarShards, TarShardStream, pack
 
 
-class _Numbers(torch.utils.data.Dataset[dict[str, int]]):
+class Numbers(torch.utils.data.Dataset[dict[str, int]]):
     def __len__(self) -> int:
         return 29
 
@@ -19,14 +19,14 @@ class _Numbers(torch.utils.data.Dataset[dict[str, int]]):
         return {"cls": i}
 
 
-def _label(sample: dict[str, bytes]) -> int:
+def label(sample: dict[str, bytes]) -> int:
     return int(sample["cls"])
 
 
 def test_workers_split_the_shards_and_read_everything_once(tmp_path: Path) -> None:
-    pack(_Numbers(), str(tmp_path), samples_per_shard=4, workers=1, progress=False)
+    pack(Numbers(), str(tmp_path), samples_per_shard=4, workers=1, progress=False)
     urls = [s.path for s in TarShards(str(tmp_path)).shards]
-    stream = TarShardStream(urls, transform=_label, shuffle_buffer=5, seed=2)
+    stream = TarShardStream(urls, transform=label, shuffle_buffer=5, seed=2)
     loader = stoker.DataLoader(stream, batch_size=3, num_workers=2, timeout=60)
     epochs = []
     for epoch in range(2):
