@@ -193,7 +193,8 @@ class RemoteSource:
     def read(self, path: str) -> bytes:
         """The whole object: through the cache when there is one (in ``"shard"`` mode fetched
         into it first, and the plan's next objects fetched ahead), else one GET."""
-        if self.cache is not None:
+        # In "range" mode an object not cached is one GET: no size request before it.
+        if self.cache is not None and (self.fetch == "shard" or self.local_path(path)):
             data = self._prefetcher.read_cached(path, 0, self.size(path))
             if data is not None:
                 return data
