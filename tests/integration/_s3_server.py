@@ -38,6 +38,7 @@ class Faults:
     latency_s: float = 0.0
     rules: list[_Rule] = field(default_factory=list)
     gets: int = 0
+    heads: int = 0  # size requests: part of a cold start's cost
     injected: int = 0
     gets_by_path: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -53,6 +54,8 @@ class Faults:
 
     def _take(self, method: str, path: str) -> _Rule | None:
         with self.lock:
+            if method == "HEAD":
+                self.heads += 1
             if method != "GET":
                 return None
             self.gets += 1

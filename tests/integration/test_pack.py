@@ -22,6 +22,8 @@ from _pack_datasets import BLOCK_ENV, N, Records
 
 from stoker.cli import main as cli_main
 from stoker.formats import ImageFolder, ShardError, TarShards, pack, verify_pack
+from stoker.formats.tar_index import load_index, tables_to_bytes
+from stoker.storage import LocalSource
 
 PIL = pytest.importorskip("PIL.Image")
 KILL_DEADLINE_S = 60.0
@@ -156,6 +158,21 @@ def test_verify_names_a_damaged_shard(tmp_path: Path) -> None:
     )
     assert cli_main(["pack", "--no-progress", "--samples-per-shard", "10", str(tmp_path),
                      str(out)]) == 1  # not an image folder, and out holds another pack
+
+
+def test_verify_finds_a_file_of_indexes_that_differs_from_the_sidecars(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    pack(Records(), str(out), samples_per_shard=10, workers=1, progress=False)
+    manifest = json.loads((out / "index.json").read_text())
+    assert manifest["tables"] == "index.tables.npz"
+    assert manifest["tables_bytes"] == (out / "index.tables.npz").stat().st_size
+    tables = [load_index(LocalSource(), str(out / s["path"])) for s in manifest["shards"]]
+    (out / "index.tables.npz").write_bytes(tables_to_bytes(tables[1:2] + tables[1:]))
+    with pytest.raises(ShardError) as info:
+        verify_pack(str(out))
+    assert f"{out}/index.tables.npz: the index of {out}/shard-000000.tar differs from its " \
+        "sidecar" in str(info.value)
+    assert str(info.value).startswith(f"{out}: 1 of 4 shards failed verification")
 
 
 def test_tuple_samples_need_field_names(tmp_path: Path) -> None:

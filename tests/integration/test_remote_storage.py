@@ -197,21 +197,25 @@ def test_a_streamed_tar_dataset_reads_each_shard_once_through_the_cache(s3, tmp_
         assert gets == {f"/bucket/tars/{n}": 1 for n in names}
 
 
-@pytest.mark.parametrize("indexes", ["at open", "per batch"])
+@pytest.mark.parametrize("indexes", ["one file", "sidecars at open", "per batch"])
 def test_remote_tar_shards_equal_the_local_ones_with_each_shard_fetched_once(
     s3, tmp_path, monkeypatch, indexes
 ) -> None:
-    """TarShards from the server (NOTE [ A batch's shards at once ]): indexes read when the
-    dataset is built, or (over _EAGER_REMOTE_INDEXES shards) each batch's missing ones side by
-    side; either way the shuffled epoch through 2 workers equals the local one, and each
-    shard and each index is fetched from the server exactly once."""
+    """TarShards from the server (NOTE [ A batch's shards at once ]): every index from the
+    pack's one file of indexes, or each shard's sidecar read when the dataset is built, or
+    (over _EAGER_REMOTE_INDEXES shards) each batch's missing ones side by side; either way the
+    shuffled epoch through 2 workers equals the local one, each shard and each index is
+    fetched from the server exactly once, and no object's size is asked (one listing)."""
     from stoker.formats import TarShards, pack, tar_shards
 
+    if indexes != "one file":
+        monkeypatch.setattr(tar_shards, "_EAGER_TABLES_BYTES", -1)
     if indexes == "per batch":
         monkeypatch.setattr(tar_shards, "_EAGER_REMOTE_INDEXES", 0)
     packed = tmp_path / "packed"
     pack(Numbers(), str(packed), samples_per_shard=4, workers=1, progress=False)
     s3.upload_dir(str(packed), "bucket", "tars")
+    heads = s3.faults.heads
     url = "s3://bucket/tars/index.json"
     source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
                          cache_dir=str(tmp_path / "cache"), cache_bytes=10**7, fetch="shard")
@@ -228,15 +232,43 @@ def test_remote_tar_shards_equal_the_local_ones_with_each_shard_fetched_once(
     finally:
         source.close()  # type: ignore[attr-defined]
     assert got == epoch(local) and sorted(got) == list(range(29))
+    assert s3.faults.heads == heads  # sizes came from one listing, inherited by the workers
     gets = Counter(p for p, n in s3.faults.gets_by_path.items() if p.startswith("/bucket/tars/")
                    for _ in range(n))
     shards = [Path(s.path).name for s in local.shards]
     expected = {f"/bucket/tars/{n}" for n in shards} | {"/bucket/tars/index.json"}
-    per_batch = indexes == "per batch"  # each worker reads the indexes it needs itself
+    if indexes == "one file":
+        expected.add("/bucket/tars/index.tables.npz")
     assert {p for p in gets if not p.endswith(".idx.npz")} == expected
     assert all(gets[p] == 1 for p in expected)
     idx = {p: n for p, n in gets.items() if p.endswith(".idx.npz")}
-    assert len(idx) == len(shards) and all(n <= (2 if per_batch else 1) for n in idx.values())
+    if indexes == "one file":
+        assert not idx
+    else:  # per batch, each worker reads the indexes it needs itself
+        per_batch = indexes == "per batch"
+        assert len(idx) == len(shards) and all(n <= (2 if per_batch else 1) for n in idx.values())
+
+
+def test_a_store_that_refuses_listings_is_read_with_a_size_request_per_shard(
+    s3, tmp_path
+) -> None:
+    """Sizes come from one listing when the store lists; a bucket that grants reads but not
+    listings (403 on ListObjects) costs a size request per shard instead, nothing else."""
+    from stoker.formats import TarShards, pack
+
+    pack(Numbers(), str(tmp_path / "packed"), samples_per_shard=4, workers=1, progress=False)
+    s3.upload_dir(str(tmp_path / "packed"), "bucket", "nolist")
+    s3.faults.fail("status", "list-type", times=-1, status=403)
+    heads = s3.faults.heads
+    url = "s3://bucket/nolist/index.json"
+    source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY)
+    try:
+        remote = TarShards(url, source=source, transform=label)
+        assert [remote[i] for i in range(len(remote))] == list(range(29))
+    finally:
+        source.close()  # type: ignore[attr-defined]
+        s3.faults.clear()
+    assert s3.faults.heads - heads == len(remote.shards)
 
 
 # -- two gloo ranks x two workers, straight from the server --------------------------------

@@ -13,7 +13,13 @@ import pytest
 
 from stoker.formats import ShardError, TarShards, index_shard, tar_shards
 from stoker.formats._common import require
-from stoker.formats.tar_index import index_path, split_name
+from stoker.formats.tar_index import (
+    TABLES_NAME,
+    index_path,
+    split_name,
+    tables_from_bytes,
+    tables_to_bytes,
+)
 from stoker.storage import LocalSource
 
 # sample key -> {field: bytes}; one shard holds samples in this order
@@ -175,6 +181,59 @@ def test_truncated_shard_with_manifest_is_named(
     with pytest.raises(ShardError) as info:
         remote[4]
     assert str(info.value) == message
+
+
+def _manifest_with_tables(directory: Path, shards: list[Path]) -> list:
+    """What ``stoker pack`` writes beside its shards: sidecars, the one file of every index,
+    and a manifest naming it."""
+    tables = [index_shard(str(s)) for s in shards]
+    data = tables_to_bytes(tables)
+    (directory / TABLES_NAME).write_bytes(data)
+    (directory / "index.json").write_text(json.dumps({
+        "format": "stoker-tar-shards", "version": 1, "samples": 11, "tables": TABLES_NAME,
+        "tables_bytes": len(data), "shards": [
+            {"path": s.name, "samples": len(t), "size_bytes": t.size_bytes}
+            for s, t in zip(shards, tables, strict=True)]}))
+    return tables
+
+
+def test_the_file_of_all_indexes_equals_the_sidecars(tmp_path: Path, shards: list[Path]) -> None:
+    tables = _manifest_with_tables(tmp_path, shards)
+    from_file = tables_from_bytes((tmp_path / TABLES_NAME).read_bytes(), "x")
+    assert len(from_file) == 3 and all(a.same_as(b) for a, b in zip(from_file, tables,
+                                                                      strict=True))
+    for source in (None, RangeOnly()):
+        ds = TarShards(str(tmp_path), source=source)
+        assert [ds[i] for i in range(11)] == [
+            ds_i for s in shards for ds_i in TarShards([str(s)])]
+    (tmp_path / "a.tar.idx.npz").unlink()  # not needed: the one file has it
+    assert TarShards(str(tmp_path), source=RangeOnly())[0]["__key__"] == "dir/s000"
+    assert tables_from_bytes(tables_to_bytes([]), "empty") == []
+
+
+def test_a_damaged_or_mismatched_file_of_indexes_is_named(
+    tmp_path: Path, shards: list[Path]
+) -> None:
+    _manifest_with_tables(tmp_path, shards)
+    good = (tmp_path / TABLES_NAME).read_bytes()
+    (tmp_path / TABLES_NAME).write_bytes(good[: len(good) // 2])
+    with pytest.raises(ShardError) as info:
+        TarShards(str(tmp_path))
+    assert str(info.value).startswith(f"{tmp_path}/{TABLES_NAME}: not a stoker index of shards (")
+    assert str(info.value).endswith(
+        "expected the index.tables.npz `stoker pack` writes: delete it (the shards' own "
+        ".idx.npz files are read instead) or pack again")
+    (tmp_path / TABLES_NAME).write_bytes(tables_to_bytes(
+        [index_shard(str(s)) for s in shards[:2]]))
+    with pytest.raises(ShardError) as info:
+        TarShards(str(tmp_path))
+    assert str(info.value) == (
+        f"{tmp_path}/{TABLES_NAME}: indexes of 2 shards, the manifest lists 3: the two were "
+        "not written by the same pack; pack again")
+    (tmp_path / TABLES_NAME).write_bytes(good)
+    shards[1].write_bytes(shards[1].read_bytes()[:700])
+    with pytest.raises(ShardError, match="b.tar: the shard is 700 bytes"):
+        TarShards(str(tmp_path), source=RangeOnly())
 
 
 def test_not_a_manifest_says_what_was_expected(tmp_path: Path) -> None:

@@ -8,9 +8,10 @@ NOTE [ Resumable pack ]
     disk and renamed; then its sidecar index is written the same way. A shard is finished iff
     its sidecar exists and names the shard's size: that is the last thing written, so a shard
     killed anywhere before it is redone from scratch (its leftovers are deleted), and a
-    finished one is never touched again. The manifest (``index.json``) is written last, so a
-    directory with a manifest is complete. Running the same pack again resumes; running a
-    different one into the same directory is refused.
+    finished one is never touched again. Every shard's index is then copied into one file
+    (``index.tables.npz``: one read for a remote reader) and the manifest (``index.json``) is
+    written last, so a directory with a manifest is complete. Running the same pack again
+    resumes; running a different one into the same directory is refused.
 """
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ import numpy as np
 from stoker.formats._common import write_atomic
 from stoker.formats._records import DatasetRecords, FolderRecords, Records, shrink_image
 from stoker.formats.pack_report import PackSummary, Progress, verify_pack
-from stoker.formats.tar_index import INDEX_SUFFIX, ShardTable, index_path, scan_shard
+from stoker.formats.tar_index import (
+    INDEX_SUFFIX,
+    TABLES_NAME,
+    ShardTable,
+    index_path,
+    scan_shard,
+    tables_to_bytes,
+)
 from stoker.formats.tar_shards import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION
 from stoker.storage import LocalSource
 
@@ -234,13 +242,16 @@ def pack(source: Any, out_dir: str, options: PackOptions | None = None, **overri
     resumed = sum(len(t) for t in done.values())
     progress = Progress(plan["samples"], resumed, options.progress)
     written = _run(records, plan, out_dir, todo, progress, options.workers)
-    sizes = {k: t.size_bytes for k, t in done.items()} | {k: s for k, (_, s) in written.items()}
-    counts = {k: len(t) for k, t in done.items()} | {k: n for k, (n, _) in written.items()}
-    _write_manifest(out_dir, plan, counts, sizes)
+    tables = [_finished(out_dir, plan, k) for k in range(plan["shards"])]
+    if any(t is None for t in tables):
+        raise RuntimeError(f"{out_dir}: a shard written by this pack is missing or changed "
+                           "(another process writing the same directory?); run it again")
+    _write_manifest(out_dir, plan, tables)  # type: ignore[arg-type]
     progress.close()
     summary = PackSummary(
-        out_dir, sum(counts.values()), len(counts), sum(sizes.values()),
-        time.perf_counter() - started, len(done), sum(n for n, _ in written.values()),
+        out_dir, sum(len(t) for t in tables if t), len(tables),
+        sum(t.size_bytes for t in tables if t), time.perf_counter() - started, len(done),
+        sum(n for n, _ in written.values()),
     )
     if options.verify:
         summary = dataclasses.replace(summary, verified=verify_pack(out_dir, options.workers))
@@ -279,14 +290,18 @@ def _workers(requested: int | None) -> int:
     return requested or os.cpu_count() or 1
 
 
-def _write_manifest(out_dir: str, plan: dict[str, Any], counts: dict[int, int],
-                    sizes: dict[int, int]) -> None:
+def _write_manifest(out_dir: str, plan: dict[str, Any], tables: list[ShardTable]) -> None:
+    """Every shard's index in one file, then the manifest naming it (written last: NOTE
+    [ Resumable pack ])."""
+    all_tables = tables_to_bytes(tables)
+    write_atomic(os.path.join(out_dir, TABLES_NAME), all_tables)
     manifest = {
         "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
-        "samples": sum(counts.values()), "index_suffix": INDEX_SUFFIX,
+        "samples": sum(len(t) for t in tables), "index_suffix": INDEX_SUFFIX,
+        "tables": TABLES_NAME, "tables_bytes": len(all_tables),
         "shards": [
-            {"path": _shard_name(plan, k), "samples": counts[k], "size_bytes": sizes[k]}
-            for k in sorted(counts)
+            {"path": _shard_name(plan, k), "samples": len(t), "size_bytes": t.size_bytes}
+            for k, t in enumerate(tables)
         ],
         "meta": _meta(plan),
     }

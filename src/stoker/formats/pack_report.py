@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass
 
 from stoker.errors import ShardError
-from stoker.formats.tar_index import load_index, scan_shard
-from stoker.formats.tar_shards import MANIFEST_NAME, read_manifest
+from stoker.formats.tar_index import load_index, scan_shard, tables_from_bytes
+from stoker.formats.tar_shards import MANIFEST_NAME, Manifest, read_manifest
 from stoker.storage import LocalSource
 
 
@@ -88,13 +88,28 @@ def _verify_shard(path: str) -> str | None:
     return None
 
 
+def _check_tables(manifest: Manifest) -> list[str]:
+    """The file of all indexes (when the manifest names one) against each shard's sidecar."""
+    if manifest.tables is None:
+        return []
+    with open(manifest.tables, "rb") as f:
+        tables = tables_from_bytes(f.read(), manifest.tables)
+    if len(tables) != len(manifest.shards):
+        return [f"{manifest.tables}: indexes of {len(tables)} shards, the manifest lists "
+                f"{len(manifest.shards)}"]
+    return [f"{manifest.tables}: the index of {shard.path} differs from its sidecar"
+            for shard, table in zip(manifest.shards, tables, strict=True)
+            if not table.same_as(load_index(LocalSource(), shard.path))]
+
+
 def verify_pack(out_dir: str, workers: int | None = None) -> bool:
     """Re-read every byte of every shard of a pack, independently of its index, and check the
     members, sizes, CRC-32s and counts against the sidecars and the manifest. Returns True, or
     raises ``ShardError`` listing every problem found."""
     manifest = os.path.join(out_dir, MANIFEST_NAME)
-    shards, _ = read_manifest(LocalSource(), manifest)
-    problems: list[str] = []
+    listed = read_manifest(LocalSource(), manifest)
+    shards = listed.shards
+    problems: list[str] = _check_tables(listed)
     with cf.ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
         # Threads: scanning is zlib (GIL released) and file reads; no dataset code runs.
         found = pool.map(_verify_shard, [s.path for s in shards])

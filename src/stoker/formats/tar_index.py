@@ -32,6 +32,8 @@ from stoker.storage import ByteSource
 
 INDEX_SUFFIX = ".idx.npz"
 INDEX_VERSION = 1
+TABLES_NAME = "index.tables.npz"  # every shard's index in one file, beside the manifest
+_COLUMNS = ("keys", "fields", "offsets", "sizes", "crc32")
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -109,6 +111,59 @@ class ShardTable:
                 f"the {INDEX_SUFFIX} file `stoker pack` writes: delete it and rebuild it with "
                 "stoker.formats.index_shard"
             ) from exc
+
+
+def tables_to_bytes(tables: list[ShardTable]) -> bytes:
+    """Many shards' indexes as one file (the sidecars' arrays, concatenated in shard order),
+    so a dataset of many remote shards learns every index with one read."""
+    arrays: dict[str, Any] = {c: _concat([getattr(t, c) for t in tables]) for c in _COLUMNS}
+    arrays |= {
+        "version": np.int64(INDEX_VERSION),
+        "size_bytes": np.array([t.size_bytes for t in tables], dtype=np.int64),
+        "samples": np.array([len(t) for t in tables], dtype=np.int64),
+        "members": np.array([len(t.fields) for t in tables], dtype=np.int64),
+        "starts": _concat([t.starts for t in tables]),
+        "meta": np.str_(json.dumps([t.meta for t in tables])),
+    }
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    return out.getvalue()
+
+
+def _concat(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+
+
+def tables_from_bytes(data: bytes, where: str) -> list[ShardTable]:
+    """The shards' indexes from ``tables_to_bytes``; each table's arrays are views of the
+    file's (no copy)."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            if int(z["version"]) != INDEX_VERSION:
+                raise ValueError(f"index version {int(z['version'])}")
+            arrays = {name: z[name] for name in ("starts", *_COLUMNS)}
+            samples, members = z["samples"].tolist(), z["members"].tolist()
+            size_bytes, metas = z["size_bytes"].tolist(), json.loads(str(z["meta"]))
+        if not len(samples) == len(members) == len(size_bytes) == len(metas):
+            raise ValueError("per-shard arrays of different lengths")
+        tables, sample0, member0 = [], 0, 0
+        for k, (n, m) in enumerate(zip(samples, members, strict=True)):
+            starts = arrays["starts"][sample0 + k : sample0 + k + n + 1]
+            cut = {c: arrays[c][member0 : member0 + m] for c in ("fields", "offsets", "sizes",
+                                                                    "crc32")}
+            tables.append(ShardTable(
+                size_bytes[k], arrays["keys"][sample0 : sample0 + n], starts, cut["fields"],
+                cut["offsets"], cut["sizes"], cut["crc32"], metas[k]))
+            sample0, member0 = sample0 + n, member0 + m
+        if sample0 != len(arrays["keys"]) or member0 != len(arrays["fields"]):
+            raise ValueError("the per-shard counts do not add up to the arrays' lengths")
+        return tables
+    except Exception as exc:
+        raise ShardError(
+            f"{where}: not a stoker index of shards ({type(exc).__name__}: {exc}); expected "
+            f"the {TABLES_NAME} `stoker pack` writes: delete it (the shards' own "
+            f"{INDEX_SUFFIX} files are read instead) or pack again"
+        ) from exc
 
 
 def scan_shard(source: ByteSource, path: str, meta: dict[str, Any] | None = None) -> ShardTable:

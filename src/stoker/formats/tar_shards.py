@@ -29,11 +29,12 @@ from torch.utils.data import Dataset
 
 from stoker.errors import ShardError
 from stoker.formats._common import default_source, join, parent
-from stoker.formats.tar_index import ShardTable, load_index, scan_shard
+from stoker.formats.tar_index import ShardTable, load_index, scan_shard, tables_from_bytes
 from stoker.storage import ByteSource
 
 _INDEX_THREADS = 8  # remote indexes read at once (NOTE [ A batch's shards at once ])
 _EAGER_REMOTE_INDEXES = 256  # up to this many shards, remote indexes are read at construction
+_EAGER_TABLES_BYTES = 256 << 20  # a remote index file up to this size is read at construction
 
 MANIFEST_NAME = "index.json"
 MANIFEST_FORMAT = "stoker-tar-shards"
@@ -61,7 +62,18 @@ class SampleLocation:
     fields: dict[str, tuple[int, int]]
 
 
-def read_manifest(source: ByteSource, path: str) -> tuple[list[TarShard], dict[str, Any]]:
+@dataclass(frozen=True)
+class Manifest:
+    """What ``index.json`` says: the shards, the pack's metadata, and the file holding every
+    shard's index (``tables``, None for manifests written before it existed) and its size."""
+
+    shards: list[TarShard]
+    meta: dict[str, Any]
+    tables: str | None = None
+    tables_bytes: int = 0
+
+
+def read_manifest(source: ByteSource, path: str) -> Manifest:
     try:
         manifest = json.loads(source.read(path))
         if manifest.get("format") != MANIFEST_FORMAT:
@@ -71,12 +83,15 @@ def read_manifest(source: ByteSource, path: str) -> tuple[list[TarShard], dict[s
             TarShard(join(base, s["path"]), int(s["samples"]), int(s["size_bytes"]))
             for s in manifest["shards"]
         ]
+        tables = manifest.get("tables")
+        return Manifest(shards, dict(manifest.get("meta", {})),
+                        join(base, tables) if tables else None,
+                        int(manifest.get("tables_bytes", 0)))
     except (ValueError, KeyError, TypeError) as exc:
         raise ShardError(
             f"{path}: not a stoker shard manifest ({type(exc).__name__}: {exc}); expected the "
             f"{MANIFEST_NAME} that `stoker pack` writes, or pass the list of shard paths instead"
         ) from exc
-    return shards, dict(manifest.get("meta", {}))
 
 
 def _manifest_path(path: str) -> str | None:
@@ -117,24 +132,41 @@ class TarShards(Dataset[Any]):
         self._tables: dict[int, ShardTable] = {}
         manifest = _manifest_path(path) if isinstance(path, str) else None
         if manifest is not None:
-            self.shards, self.meta = read_manifest(self.source, manifest)
-            # Local sidecars are read now (~1 ms each): workers forked later inherit them, so
-            # they are not re-read by every worker of every epoch. Remote ones too, side by
-            # side, while there are few (NOTE [ A batch's shards at once ]); else on first use.
-            self._remote = bool(self.shards) and self.source.local_path(
-                self.shards[0].path) is None
-            self._lazy = self._remote and len(self.shards) > _EAGER_REMOTE_INDEXES
-            if not self._remote:
-                for s in range(len(self.shards)):
-                    self.table(s)
-            elif not self._lazy:
-                self._load_tables(list(range(len(self.shards))))
+            self._open_manifest(read_manifest(self.source, manifest))
         else:
             paths = [path] if isinstance(path, str) else list(path)
             self.shards = [self._open_unlisted(s, p) for s, p in enumerate(paths)]
             self._lazy = self._remote = False
         self._ends = np.cumsum([s.samples for s in self.shards], dtype=np.int64).tolist()
         self._length = self._ends[-1] if self._ends else 0
+
+    def _open_manifest(self, manifest: Manifest) -> None:
+        # Indexes are read now when that is cheap: forked workers inherit them, so they are
+        # not re-read by every worker of every epoch (NOTE [ A batch's shards at once ]).
+        self.shards, self.meta = manifest.shards, manifest.meta
+        paths = [s.path for s in self.shards]
+        self._remote = bool(paths) and self.source.local_path(paths[0]) is None
+        learn_sizes = getattr(self.source, "learn_sizes", None)
+        if self._remote and learn_sizes is not None:
+            learn_sizes(paths)  # one listing, not a size request per shard
+        if manifest.tables is not None and (
+                not self._remote or manifest.tables_bytes <= _EAGER_TABLES_BYTES):
+            tables = tables_from_bytes(self.source.read(manifest.tables), manifest.tables)
+            if len(tables) != len(self.shards):
+                raise ShardError(
+                    f"{manifest.tables}: indexes of {len(tables)} shards, the manifest lists "
+                    f"{len(self.shards)}: the two were not written by the same pack; pack again")
+            for shard, table in zip(self.shards, tables, strict=True):
+                self._check(shard, table)
+            self._tables = dict(enumerate(tables))
+            self._lazy = False
+            return
+        self._lazy = self._remote and len(self.shards) > _EAGER_REMOTE_INDEXES
+        if not self._remote:  # local sidecars: ~1 ms each
+            for s in range(len(self.shards)):
+                self.table(s)
+        elif not self._lazy:  # remote ones side by side, while there are few
+            self._load_tables(list(range(len(self.shards))))
 
     def _open_unlisted(self, s: int, path: str) -> TarShard:
         try:
