@@ -177,7 +177,7 @@ def test_plan_fetches_the_next_shards_ahead(s3, tmp_path) -> None:
 def test_a_streamed_tar_dataset_reads_each_shard_once_through_the_cache(s3, tmp_path) -> None:
     """TarShardStream from the server: each worker plans its own shards, so the next ones
     download while it reads; every shard is fetched whole once into the cache, a second epoch
-    reads none again, and each epoch yields each sample once."""
+    reads none again, each epoch yields each sample once, and no size is asked per shard."""
     from stoker.formats import TarShards, TarShardStream, pack
 
     packed = tmp_path / "packed"
@@ -185,9 +185,11 @@ def test_a_streamed_tar_dataset_reads_each_shard_once_through_the_cache(s3, tmp_
     names = [Path(s.path).name for s in TarShards(str(packed)).shards]
     s3.upload_dir(str(packed), "bucket", "tars")
     urls = [f"s3://bucket/tars/{n}" for n in names]
+    heads = s3.faults.heads
     source = open_source(urls[0], storage_options=s3.storage_options, retry=FAST_RETRY,
                          cache_dir=str(tmp_path / "cache"), cache_bytes=10**7, fetch="shard")
     stream = TarShardStream(urls, source=source, transform=label, shuffle_buffer=5, seed=2)
+    source.close()  # type: ignore[attr-defined]  # the listing's connection: workers open theirs
     loader = stoker.DataLoader(stream, batch_size=3, num_workers=2, timeout=60)
     for epoch in range(2):  # the second from the cache alone
         stream.set_epoch(epoch)
@@ -195,6 +197,7 @@ def test_a_streamed_tar_dataset_reads_each_shard_once_through_the_cache(s3, tmp_
         assert sorted(got) == list(range(29))
         gets = {p: n for p, n in s3.faults.gets_by_path.items() if p.startswith("/bucket/tars/")}
         assert gets == {f"/bucket/tars/{n}": 1 for n in names}
+    assert s3.faults.heads == heads  # sizes from one listing when the stream was built
 
 
 @pytest.mark.parametrize("indexes", ["one file", "sidecars at open", "per batch"])

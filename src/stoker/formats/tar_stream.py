@@ -63,6 +63,9 @@ class TarShardStream(IterableDataset[Any]):
         self.source = default_source(self.shards[0], source)
         self.transform, self.shuffle_buffer, self.seed = transform, shuffle_buffer, seed
         self.epoch = 0
+        learn_sizes = getattr(self.source, "learn_sizes", None)
+        if learn_sizes is not None:  # one listing here, inherited by forked workers
+            learn_sizes(self.shards)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -275,6 +275,7 @@ class RemoteSource:
     def plan(self, paths: list[str]) -> None:
         """The order shards will be read in: reading one fetches the next ``lookahead_shards``
         of this list into the cache in the background (NOTE [ Shard prefetch order ])."""
+        self.learn_sizes(paths)  # the cache reserves each download's size
         self._prefetcher.set_plan(paths)
 
     def prefetch(self, paths: list[str]) -> None:
