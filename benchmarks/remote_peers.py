@@ -1,0 +1,174 @@
+"""The streaming peers of ``remote_shards.py``: Lightning's ``litdata`` (``optimize`` +
+``StreamingDataset``/``StreamingDataLoader``) and MosaicML's ``streaming`` (``MDSWriter`` +
+``StreamingDataset`` in torch's DataLoader), reading the same JPEGs from the same S3 server
+through the same proxy.
+
+Each peer packs the image folder in its own format (``args.per_shard`` samples per shard, like
+stoker's shards; not timed), uploads it to ``s3://bench/<peer>/`` and is read with shuffling on,
+``args.batch`` and ``args.workers``, a cold cache directory of its own per epoch, each batch a
+tensor of the samples' JPEG byte lengths. A peer whose library is not installed is left out.
+
+The peers are the ``peers`` extra, not the test one: mosaicml-streaming pins numpy<2.2 and
+pulls torchvision, so they get a venv of their own. litdata's ``optimize`` spawns a process, so
+the calling script's main module must be guarded by ``if __name__ == "__main__"``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Iterable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader as TorchDataLoader
+
+Factory = Callable[[], Iterable]
+_caches = itertools.count()
+_torchvision_ops: Any = None  # see _import_streaming
+
+
+def peer_loaders(s3: Any, tmp: Path, folder: Path, names: list[str], args: Any, *,
+                 mosaic_worker_clients: bool = False) -> list[tuple[str, Factory]]:
+    """``(name, make_loader)`` per installed peer, its shards already in the bucket "bench"
+    (which must exist); ``make_loader()`` builds the peer's loader over a new, empty cache.
+
+    ``folder / names[i]`` is an image ``cK/NNNNNN.jpg`` of label K; ``args`` has ``per_shard``,
+    ``batch`` and ``workers``. ``mosaic_worker_clients``: see ``_mosaic`` (off: mosaic as is)."""
+    samples = [(str(folder / n), int(n.split("/", 1)[0][1:])) for n in sorted(names)]
+    loaders = []
+    builds = (("litdata", _litdata),
+              ("mosaic_streaming", partial(_mosaic, worker_clients=mosaic_worker_clients)))
+    for name, build in builds:
+        make = build(s3, tmp, samples, args)
+        if make is not None:
+            loaders.append((name, make))
+    return loaders
+
+
+def _cold_cache(tmp: Path, name: str) -> str:
+    path = tmp / f"{name}-cache-{next(_caches)}"
+    path.mkdir(parents=True)
+    return str(path)
+
+
+def _jpg_len(sample: dict[str, Any]) -> int:
+    return len(sample["jpg"])
+
+
+def _read_sample(item: tuple[str, int]) -> dict[str, Any]:
+    path, label = item
+    return {"jpg": Path(path).read_bytes(), "cls": label}  # bytes, not an image: no decode
+
+
+# -- litdata ------------------------------------------------------------------------------------
+
+
+def _litdata(s3: Any, tmp: Path, samples: list[tuple[str, int]], args: Any) -> Factory | None:
+    try:
+        from litdata import StreamingDataLoader, StreamingDataset, optimize
+    except ImportError:
+        return None
+    out = tmp / "litdata"
+    # chunk_size counts samples; reorder_files=False keeps the folder's order (as stoker packs).
+    # optimize sets the process's start method to spawn (force=True); every DataLoader built
+    # after it would spawn its workers, the other loaders of the benchmark included.
+    method = multiprocessing.get_start_method()
+    try:
+        optimize(fn=_read_sample, inputs=samples, output_dir=str(out), chunk_size=args.per_shard,
+                 num_workers=1, reorder_files=False, mode="overwrite", verbose=False)
+    finally:
+        multiprocessing.set_start_method(method, force=True)
+    s3.upload_dir(str(out), "bench", "litdata")
+    # litdata's documented way to an S3-compatible server: boto3 client arguments.
+    options = {"endpoint_url": s3.endpoint_url, "region_name": "us-east-1"}
+    _allow_http_for_litdata(s3.endpoint_url)
+
+    def make() -> Iterable:
+        dataset = StreamingDataset("s3://bench/litdata/", cache_dir=_cold_cache(tmp, "litdata"),
+                                   shuffle=True, storage_options=options, transform=_jpg_len)
+        return StreamingDataLoader(dataset, batch_size=args.batch, num_workers=args.workers)
+
+    return make
+
+
+def _allow_http_for_litdata(endpoint: str) -> None:
+    """litdata fetches chunks with obstore, built from its boto3 client's endpoint but with
+    client options of its own that leave out ``allow_http``, and explicit options override
+    obstore's AWS_ALLOW_HTTP: every chunk GET to an http endpoint fails ("HTTP error: builder
+    error", obstore issue #159). Against real (https) S3 this changes nothing."""
+    from litdata.streaming import downloader
+
+    if endpoint.startswith("http://"):
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[typeddict-unknown-key]
+
+
+# -- mosaicml-streaming -------------------------------------------------------------------------
+
+
+def _import_streaming() -> Any:
+    """``streaming``, or None. Its package imports torchvision; PyPI's torchvision wheels are
+    CUDA builds whose ops do not load against a CPU torch, and torchvision 0.28 then fails at
+    import (``operator torchvision::nms does not exist``, pytorch/vision#9086 unmerged). No
+    torchvision op is used here, so their two schemas are declared for the import to pass."""
+    try:
+        import streaming
+        return streaming
+    except ImportError:
+        return None
+    except RuntimeError as error:
+        if "torchvision::" not in str(error):
+            raise
+    import torch
+
+    for module in [m for m in sys.modules if m.split(".")[0] in ("torchvision", "streaming")]:
+        del sys.modules[module]  # the half-imported packages
+    global _torchvision_ops
+    _torchvision_ops = torch.library.Library("torchvision", "FRAGMENT")  # kept alive
+    for op in ("nms", "qnms"):
+        _torchvision_ops.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    import streaming
+    return streaming
+
+
+def _mosaic(s3: Any, tmp: Path, samples: list[tuple[str, int]], args: Any,
+            worker_clients: bool = False) -> Factory | None:
+    """Mosaic's parent process reads index.json with a boto3 client that its forked workers
+    inherit, open keep-alive connection included; two workers sending on one socket cost a
+    failed GET and a retry after botocore's backoff (~0.5-1.5 s to the first batch, one more
+    GET). ``worker_clients`` drops the parent's client before the fork, so each worker opens
+    its own: what mosaic would need to do itself, so off by default."""
+    streaming = _import_streaming()
+    if streaming is None:
+        return None
+    out = tmp / "mosaic_streaming"
+    # MDSWriter cuts shards by bytes only (size_limit); a shard is flushed by hand every
+    # per_shard samples instead, as write() itself does when the limit is reached.
+    with streaming.MDSWriter(out=str(out), columns={"jpg": "bytes", "cls": "int"},
+                             size_limit=None) as writer:
+        for i, item in enumerate(samples):
+            if i and i % args.per_shard == 0:
+                writer.flush_shard()
+                writer._reset_cache()
+            writer.write(_read_sample(item))
+    s3.upload_dir(str(out), "bench", "mosaic_streaming")
+    os.environ["S3_ENDPOINT_URL"] = s3.endpoint_url  # mosaic's documented endpoint override
+
+    class Lengths(streaming.StreamingDataset):
+        def __getitem__(self, index: int) -> int:  # the subclassing mosaic's docs show
+            return _jpg_len(super().__getitem__(index))
+
+    def make() -> Iterable:
+        # batch_size lets mosaic partition samples per batch across workers, as it recommends.
+        dataset = Lengths(remote="s3://bench/mosaic_streaming/",
+                          local=_cold_cache(tmp, "mosaic_streaming"), shuffle=True,
+                          batch_size=args.batch)
+        if worker_clients:
+            for stream in dataset.streams:
+                stream._downloader.clean_up()  # what mosaic calls to reset a failed client
+        return TorchDataLoader(dataset, batch_size=args.batch, num_workers=args.workers)
+
+    return make
