@@ -61,3 +61,22 @@ def test_gpu_feed_benchmark_runs_or_says_why_not() -> None:
             "measure host-to-device copies and GPU decoding")}]
     else:
         assert {r["workload"] for r in records} == {"h2d", "train", "decode"}
+
+
+def test_remote_shards_benchmark_reads_every_sample_with_each_loader() -> None:
+    script = RUNNER.parent / "remote_shards.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--samples", "200", "--per-shard", "50",
+         "--per-file-limit", "40", "--latency-ms", "0", "--no-peers"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    records = {r["loader"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    assert set(records) == {"torch_per_file", "stoker_packed_shards", "stoker_packed_ranges",
+                            "stoker_stream", "network_bound"}
+    assert records["torch_per_file"]["samples"] == 40
+    for name in ("stoker_packed_shards", "stoker_packed_ranges", "stoker_stream"):
+        record = records[name]
+        assert record["samples"] == 200 and record["gets"] > 0, record
+        assert 0 < record["time_to_first_batch_s"] < record["epoch_s"], record
+        assert record["steady_fraction_of_bound"] > 0, record
+    assert records["stoker_packed_shards"]["gets"] == 3 + 4  # manifest, listing, indexes, shards
