@@ -50,6 +50,24 @@ def test_a_pinned_file_is_never_evicted_and_a_fill_without_room_is_refused(tmp_p
     assert not cache.fill("huge", 2001, lambda: _blob(9, 2001))  # larger than the budget
 
 
+def test_an_object_of_unknown_size_is_reserved_once_downloaded(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), budget_bytes=2500)
+    calls = []
+
+    def download(k: int, size: int = 1000) -> bytes:
+        calls.append(k)
+        return _blob(k, size)
+
+    assert cache.fill("u0", None, lambda: download(0)) and cache.fill("u1", None,
+                                                                       lambda: download(1))
+    assert cache.fill("u0", None, lambda: download(0))  # cached: not downloaded again
+    assert calls == [0, 1] and _on_disk(cache) == cache.used_bytes() == 2000
+    assert cache.fill("u2", None, lambda: download(2))  # evicts u0, the least recent
+    assert cache.open_pinned("u0") is None and _on_disk(cache) == 2000
+    assert not cache.fill("huge", None, lambda: download(9, 2501))  # larger than the budget
+    assert cache.open_pinned("huge") is None and _on_disk(cache) == 2000
+
+
 def test_concurrent_fills_never_exceed_the_budget_and_download_each_object_once(tmp_path) -> None:
     cache = ShardCache(str(tmp_path), budget_bytes=5000)
     in_flight: dict[str, int] = {}

@@ -286,6 +286,26 @@ def test_stream_without_buffer_keeps_each_shard_in_order(shards: list[Path]) -> 
     assert keys == [k for run in starts for k in run]
 
 
+def test_stream_buffer_starts_small_and_never_moves_a_sample_more_than_its_size(
+    tmp_path: Path
+) -> None:
+    from stoker.formats import TarShardStream
+
+    many = [(f"k{i:04d}", {"cls": str(i).encode()}) for i in range(400)]
+    paths = [str(write_tar(tmp_path / f"{k}.tar", many[k * 50 : (k + 1) * 50]))
+             for k in range(8)]
+    arrival = {k: p for p, k in enumerate(_keys(TarShardStream(paths, shuffle_buffer=0,
+                                                                seed=5)))}
+    for initial in (1, 10, 60):
+        out = _keys(TarShardStream(paths, shuffle_buffer=60, shuffle_initial=initial, seed=5))
+        assert sorted(out) == sorted(arrival)
+        assert arrival[out[0]] < initial + 1  # the first comes from the first samples in
+        assert all(t >= arrival[k] - 60 for t, k in enumerate(out))
+        assert max(arrival[k] - t for t, k in enumerate(out)) > 30  # and it does mix
+    with pytest.raises(ValueError, match="shuffle_initial=0: expected 1 or more"):
+        TarShardStream(paths, shuffle_initial=0)
+
+
 def test_stream_names_a_truncated_shard(shards: list[Path]) -> None:
     from stoker.formats import TarShardStream
 

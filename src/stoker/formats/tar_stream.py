@@ -13,6 +13,11 @@ Shuffle quality (what the order is, exactly):
   shard stay near each other in the stream unless the buffer holds several shards' worth:
   with shards of S samples and a buffer of B, a batch mixes about B / S + 1 shards. That is
   WebDataset's shuffle; ``TarShards`` has none of these limits.
+* the buffer starts yielding once it holds ``shuffle_initial`` samples (default 100, as
+  WebDataset's ``initial``) and then grows to ``shuffle_buffer`` taking two samples in per one
+  out: an epoch's first batch waits for about one shard instead of B / S shards, and its
+  first ~B samples are drawn from a smaller buffer (from ``shuffle_initial`` growing to B).
+  ``shuffle_initial=shuffle_buffer`` fills the buffer before the first sample.
 * The loader gives each worker's batches in turn, so a batch holds one reader's samples.
 
 From object storage with a cache, each reader hands its shard list to the source's ``plan``:
@@ -53,19 +58,21 @@ class TarShardStream(IterableDataset[Any]):
         source: ByteSource | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
         shuffle_buffer: int = 1000,
+        shuffle_initial: int = 100,
         seed: int = 0,
     ) -> None:
         if not shards:
             raise ValueError("no shards given: pass a list of .tar paths or URLs")
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer={shuffle_buffer}: expected 0 (no shuffle) or more")
+        if shuffle_initial < 1:
+            raise ValueError(f"shuffle_initial={shuffle_initial}: expected 1 or more (samples "
+                             "buffered before the first one is yielded)")
         self.shards = list(shards)
         self.source = default_source(self.shards[0], source)
         self.transform, self.shuffle_buffer, self.seed = transform, shuffle_buffer, seed
+        self.shuffle_initial = min(shuffle_initial, max(1, shuffle_buffer))
         self.epoch = 0
-        learn_sizes = getattr(self.source, "learn_sizes", None)
-        if learn_sizes is not None:  # one listing here, inherited by forked workers
-            learn_sizes(self.shards)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -90,15 +97,18 @@ class TarShardStream(IterableDataset[Any]):
         plan = getattr(self.source, "plan", None)
         if plan is not None:  # a remote source fetches this reader's next shards ahead
             plan(mine)
-        for path in mine:
-            for sample in self._samples(path):
-                if len(buffer) < self.shuffle_buffer:
-                    buffer.append(sample)
+        incoming = (sample for path in mine for sample in self._samples(path))
+        for sample in incoming:
+            buffer.append(sample)
+            if len(buffer) <= self.shuffle_buffer:  # growing: two samples in per one out
+                extra = next(incoming, None)
+                if extra is not None:
+                    buffer.append(extra)
+                if len(buffer) < self.shuffle_initial:
                     continue
-                k = rng.randrange(len(buffer) + 1)
-                if k < len(buffer):
-                    buffer[k], sample = sample, buffer[k]
-                yield self._out(sample)
+            k = rng.randrange(len(buffer))
+            buffer[k], buffer[-1] = buffer[-1], buffer[k]
+            yield self._out(buffer.pop())
         rng.shuffle(buffer)
         for sample in buffer:
             yield self._out(sample)

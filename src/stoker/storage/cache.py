@@ -69,20 +69,26 @@ class ShardCache:
         os.utime(fd)  # recently used: last in line for eviction
         return fd
 
-    def fill(self, url: str, size_bytes: int, download: Callable[[], bytes]) -> bool:
+    def fill(self, url: str, size_bytes: int | None, download: Callable[[], bytes]) -> bool:
         """Make ``url`` cached, downloading it (``download()`` returns its ``size_bytes``
-        bytes) unless another process or thread has; False when it does not fit."""
-        if size_bytes > self.budget_bytes:
+        bytes) unless another process or thread has; False when it does not fit. A size not
+        known beforehand (None) is reserved once the bytes are here."""
+        if size_bytes is not None and size_bytes > self.budget_bytes:
             return False
         final = self.path_for(url)
         with self._locked(os.path.join(self.directory, _LOCK_DIR, os.path.basename(final))):
             if os.path.exists(final):
                 return True
             partial = final + _PARTIAL
-            if not self._reserve(partial, size_bytes):
+            data = None
+            if size_bytes is None:
+                data = download()
+                size_bytes = len(data)
+            if size_bytes > self.budget_bytes or not self._reserve(partial, size_bytes):
                 return False
             try:
-                data = download()
+                if data is None:
+                    data = download()
                 if len(data) != size_bytes:
                     raise OSError(
                         f"{url}: downloaded {len(data)} bytes, the object is {size_bytes}"

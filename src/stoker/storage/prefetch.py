@@ -74,9 +74,10 @@ class Prefetcher:
         self.plan = list(paths)
         self._plan_index = {p: k for k, p in enumerate(self.plan)}
 
-    def read_cached(self, path: str, offset: int, length: int) -> bytes | None:
+    def read_cached(self, path: str, offset: int, length: int | None) -> bytes | None:
         """The bytes from the cached shard (fetching it whole first in ``"shard"`` mode), or
-        None when the shard is not cached and cannot be (read it by range)."""
+        None when the shard is not cached and cannot be (read it by range). ``length`` None:
+        all of it from ``offset``."""
         if self._pid != os.getpid():
             self.forget_after_fork()
         data = self._pread_pinned(path, offset, length)
@@ -96,7 +97,7 @@ class Prefetcher:
     def _fill_and_pin(self, path: str) -> int | None:
         cache = self.source.cache
         assert cache is not None
-        size = self.source.size(path)
+        size = self.source.known_size(path)  # unknown: no request to ask it, the GET tells
         for attempt in range(2):
             if cache.fill(path, size, lambda: self.source.get_whole(path)):
                 return cache.open_pinned(path)
@@ -110,12 +111,14 @@ class Prefetcher:
                 os.close(fd)
             self._pins.clear()
 
-    def _pread_pinned(self, path: str, offset: int, length: int) -> bytes | None:
+    def _pread_pinned(self, path: str, offset: int, length: int | None) -> bytes | None:
         with self._lock:  # a pin is closed only under this lock: the fd stays ours meanwhile
             fd = self._pins.get(path)
             if fd is None:
                 return None
             self._pins.move_to_end(path)
+            if length is None:
+                length = os.fstat(fd).st_size - offset
             data = os.pread(fd, length, offset)
         if len(data) != length:
             raise OSError(
@@ -161,7 +164,7 @@ class Prefetcher:
         try:
             if os.path.exists(cache.path_for(path)):
                 return
-            cache.fill(path, self.source.size(path), lambda: self.source.get_whole(path))
+            cache.fill(path, self.source.known_size(path), lambda: self.source.get_whole(path))
         except Exception:  # NOTE [ Shard prefetch order ]: the read that needs it reports
             pass
         finally:

@@ -221,21 +221,11 @@ class RemoteSource:
     def read(self, path: str) -> bytes:
         """The whole object: through the cache when there is one (in ``"shard"`` mode fetched
         into it first, and the plan's next objects fetched ahead), else one GET."""
-        # An object neither cached nor of known size is one GET (no size request before it),
-        # kept in the cache in "shard" mode; the cache serves the rest.
-        cached = self.cache is not None and self.local_path(path) is not None
-        if cached or (self.cache is not None and self.fetch == "shard" and path in self._sizes):
-            data = self._prefetcher.read_cached(path, 0, self.size(path))
+        if self.cache is not None and (self.fetch == "shard" or self.local_path(path)):
+            data = self._prefetcher.read_cached(path, 0, None)
             if data is not None:
                 return data
-        handle = self._fs()
-        data = read_with_retries(  # start=0: s3fs asks the size before a GET without a range
-            ReadRequest(path), lambda: handle.fs.cat_file(path, start=0), self.retry, None
-        )
-        self._sizes[path] = len(data)
-        if self.cache is not None and self.fetch == "shard":
-            self.cache.fill(path, len(data), lambda: data)
-        return data
+        return self.get_whole(path)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         if self.cache is not None:
@@ -255,15 +245,25 @@ class RemoteSource:
         )
 
     def get_whole(self, path: str) -> bytes:
-        """The whole object in one GET (retried, its length checked against its size)."""
-        size = self.size(path)
+        """The whole object in one GET (retried; its length checked against its size when
+        that is known, else remembered)."""
         handle = self._fs()
+        size = self._sizes.get(path)
+        if size is None:  # start=0: without a range s3fs asks the size first
+            data: bytes = read_with_retries(
+                ReadRequest(path), lambda: handle.fs.cat_file(path, start=0), self.retry, None)
+            self._sizes[path] = len(data)
+            return data
         return read_with_retries(
             ReadRequest(path, 0, size),
             lambda: handle.fs.cat_file(path, start=0, end=size) if size else b"",
             self.retry,
             size,
         )
+
+    def known_size(self, path: str) -> int | None:
+        """The object's size if already known (asked, listed, or read whole), else None."""
+        return self._sizes.get(path)
 
     def local_path(self, path: str) -> str | None:
         if self.cache is None:
@@ -275,7 +275,6 @@ class RemoteSource:
     def plan(self, paths: list[str]) -> None:
         """The order shards will be read in: reading one fetches the next ``lookahead_shards``
         of this list into the cache in the background (NOTE [ Shard prefetch order ])."""
-        self.learn_sizes(paths)  # the cache reserves each download's size
         self._prefetcher.set_plan(paths)
 
     def prefetch(self, paths: list[str]) -> None:
