@@ -73,6 +73,8 @@ class MapFetcher:
         # fetch what they need from storage at once (stoker.formats.TarShards).
         self._prepare: Callable[[Any], Any] | None = getattr(
             spec.dataset, "stoker_prepare_batch", None)
+        self._announced: set[Any] = set()  # tasks whose batch the dataset has seen ahead
+        self.upcoming: list[tuple[Any, Any]] = []  # (task, indices) waiting after this one
         self.skipped: list[Skipped] = []  # of the last fetch
         # (base seed, epoch) of the batch being fetched: each sample's index is published
         # to stoker.sample_rng() before it is loaded. None: not published.
@@ -125,6 +127,29 @@ class MapFetcher:
         if self.sample_context is not None:
             self._publish().index = index
 
+    # NOTE [ Batches announced ]
+    # A dataset defining stoker_prepare_batch(indices) sees each batch's indices before its
+    # samples are read (TarShards starts the batch's shard downloads together). A worker also
+    # shows it the batches of tasks already waiting in its socket (prefetch_factor - 1 of
+    # them) right after the current one (whose needs go first), so their downloads overlap
+    # this batch's reads instead of starting when it ends. The hook only prepares: the
+    # samples are read by __getitem__ as always, so what a batch holds does not change. An
+    # error in an announce is dropped here: the batch's own call, made again when it runs,
+    # raises it there.
+
+    def announce(self, task: Any, index: Any) -> None:
+        """Show a waiting task's batch (``task``: its (epoch, id)) to the dataset's hook,
+        once (NOTE [ Batches announced ])."""
+        if self._prepare is None or not self._auto or task in self._announced:
+            return
+        if len(self._announced) > 1024:  # tasks long done
+            self._announced.clear()
+        self._announced.add(task)
+        try:
+            self._prepare(index)
+        except Exception:
+            pass
+
     def gather(self, index: Any) -> Any:
         """The batch's samples (a single sample when auto-batching is off), or ``EMPTY``."""
         self.skipped = []
@@ -134,6 +159,9 @@ class MapFetcher:
                 return self._dataset[index]
             if self._prepare is not None:
                 self._prepare(index)
+                for task, ahead in self.upcoming:  # after this batch's: its needs go first
+                    self.announce(task, ahead)
+            self.upcoming = []
             try:
                 return self.samples(index)
             except Exception as exc:
@@ -215,6 +243,8 @@ class IterableFetcher:
         if saved is not None and callable(load):
             load(saved)
             self._ended = ended
+
+    upcoming: list[tuple[Any, Any]] = []  # an iterable's samples are not named by index
 
     def gather(self, index: Any) -> Any:
         if self._ended:

@@ -103,6 +103,11 @@ class Inbox:
                 self._withdraw_read_ahead(item.epoch, item.task_id)
         return withdrawn
 
+    def tasks_ahead(self, epoch: int) -> list[msg.Task]:
+        """Tasks of ``epoch`` already read and waiting their turn (by ``read_waiting``)."""
+        return [item for kind, item in self._read_ahead if kind == MESSAGE
+                and isinstance(item, msg.Task) and item.epoch == epoch]
+
     def _withdraw_read_ahead(self, epoch: int, task_id: int) -> None:
         for event in self._read_ahead:
             item = event[1]
