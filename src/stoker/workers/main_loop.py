@@ -314,9 +314,10 @@ class Worker:
                 if self.pipeline is None and self.inbox.read_waiting(self.epoch, item.task_id):
                     msg.send(self.conn, msg.Cancelled(item.epoch, item.task_id))
                     continue
-                self.fetcher.upcoming = [  # NOTE [ Batches announced ]
-                    ((self.epoch, t.task_id), t.indices)
-                    for t in self.inbox.tasks_ahead(self.epoch)]
+                if self.fetcher is not None:  # None: worker_init_fn failed (run_task says)
+                    self.fetcher.upcoming = [  # NOTE [ Batches announced ]
+                        ((self.epoch, t.task_id), t.indices)
+                        for t in self.inbox.tasks_ahead(self.epoch)]
                 self.run_task(item.task_id, item.indices)
             elif isinstance(item, msg.Cancel):
                 continue  # started or answered already: its reply stands
