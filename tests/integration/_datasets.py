@@ -629,3 +629,25 @@ class IndexableRandomDS(Dataset):
 
     def __getitem__(self, i: Any) -> torch.Tensor:
         return self.x[i] * torch.rand(()) + float(np.random.rand())
+
+
+class PreparingDataset(Dataset):
+    """Writes, per worker process, which batches ``stoker_prepare_batch`` was shown and which
+    samples were read, before each read (a line per event in ``log_dir/<pid>``)."""
+
+    def __init__(self, n: int, log_dir: str) -> None:
+        self.n, self.log_dir = n, log_dir
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _log(self, event: list[Any]) -> None:
+        with open(os.path.join(self.log_dir, str(os.getpid())), "a") as f:
+            f.write(json.dumps(event) + "\n")
+
+    def stoker_prepare_batch(self, indices: list[int]) -> None:
+        self._log(["prepare", list(indices)])
+
+    def __getitem__(self, i: int) -> int:
+        self._log(["get", i])
+        return i

@@ -150,6 +150,15 @@ class MapFetcher:
         except Exception:
             pass
 
+    def prepare_batch(self, index: Any) -> None:
+        """Show the batch, then the waiting ones, to the dataset's hook (NOTE [ Batches
+        announced ]); the per-sample paths call it themselves, ``gather`` does."""
+        if self._prepare is not None and self._auto:
+            self._prepare(index)
+            for task, ahead in self.upcoming:  # after this batch's: its needs go first
+                self.announce(task, ahead)
+        self.upcoming = []
+
     def gather(self, index: Any) -> Any:
         """The batch's samples (a single sample when auto-batching is off), or ``EMPTY``."""
         self.skipped = []
@@ -157,11 +166,7 @@ class MapFetcher:
             if not self._auto:
                 self._mark(index)
                 return self._dataset[index]
-            if self._prepare is not None:
-                self._prepare(index)
-                for task, ahead in self.upcoming:  # after this batch's: its needs go first
-                    self.announce(task, ahead)
-            self.upcoming = []
+            self.prepare_batch(index)
             try:
                 return self.samples(index)
             except Exception as exc:

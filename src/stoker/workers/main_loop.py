@@ -164,6 +164,11 @@ class Worker:
             self._run_probe(task_id, list(indices))
             return
         if self.fetcher.splittable and (self.tuner.concurrency > 1 or self.tuner.exploring):
+            try:  # sample by sample, not through gather: the dataset sees the batch here
+                self.fetcher.prepare_batch(indices)
+            except Exception as exc:
+                self._fail(task_id, indices, exc)
+                return
             job = Job(self.epoch, task_id, list(indices))
             if self.tuner.exploring:
                 self._explore(job)
