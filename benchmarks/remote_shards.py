@@ -214,9 +214,11 @@ def main() -> None:
     for record in results:
         record |= {"workload": "remote_shards", "latency_ms": args.latency_ms,
                    "num_workers": args.workers, "decode": args.decode,
-                   "speedup_vs_torch_per_file": round(record["samples_per_s"] / base, 2),
+                   "speedup_vs_torch_per_file": round(record.get("samples_per_s", 0) / base, 2),
                    "machine": machine_info()}
-        if "steady_samples_per_s" in record:
+        if "error" in record:
+            record["speedup_vs_torch_per_file"] = 0.0
+        elif "steady_samples_per_s" in record:
             record["steady_fraction_of_bound"] = round(
                 record["steady_samples_per_s"] / min(bounds), 3)
         print(json.dumps(record), flush=True)
@@ -278,7 +280,10 @@ def measure(tmp: Path, args: Any) -> list[dict[str, Any]]:
             if web is not None:
                 measured("webdataset_http", lambda: web)
             for name, make in peers:
-                measured(name, make)
+                try:
+                    measured(name, make)
+                except Exception as exc:  # a peer failing is a result: record it, go on
+                    results.append({"loader": name, "error": f"{type(exc).__name__}: {exc}"})
         results.append(network_bound(shard_urls, options, args.samples))
         if args.decode:
             results.append(decode_bound(tmp / "files", names, args.workers))
