@@ -162,6 +162,15 @@ def _finished(out_dir: str, plan: dict[str, Any], k: int) -> ShardTable | None:
     return table if table.size_bytes == os.path.getsize(shard) else None
 
 
+def _written_table(out_dir: str, plan: dict[str, Any], k: int) -> ShardTable:
+    """The index of shard ``k``, which this pack has just written."""
+    table = _finished(out_dir, plan, k)
+    if table is None:
+        raise RuntimeError(f"{out_dir}: a shard written by this pack is missing or changed "
+                           "(another process writing the same directory?); run it again")
+    return table
+
+
 def _clean(out_dir: str, plan: dict[str, Any], k: int) -> None:
     shard = os.path.join(out_dir, _shard_name(plan, k))
     for path in (shard, shard + ".partial", index_path(shard), index_path(shard) + ".partial"):
@@ -242,16 +251,12 @@ def pack(source: Any, out_dir: str, options: PackOptions | None = None, **overri
     resumed = sum(len(t) for t in done.values())
     progress = Progress(plan["samples"], resumed, options.progress)
     written = _run(records, plan, out_dir, todo, progress, options.workers)
-    tables = [_finished(out_dir, plan, k) for k in range(plan["shards"])]
-    if any(t is None for t in tables):
-        raise RuntimeError(f"{out_dir}: a shard written by this pack is missing or changed "
-                           "(another process writing the same directory?); run it again")
-    _write_manifest(out_dir, plan, tables)  # type: ignore[arg-type]
+    tables = [done.get(k) or _written_table(out_dir, plan, k) for k in range(plan["shards"])]
+    _write_manifest(out_dir, plan, tables)
     progress.close()
     summary = PackSummary(
-        out_dir, sum(len(t) for t in tables if t), len(tables),
-        sum(t.size_bytes for t in tables if t), time.perf_counter() - started, len(done),
-        sum(n for n, _ in written.values()),
+        out_dir, sum(len(t) for t in tables), len(tables), sum(t.size_bytes for t in tables),
+        time.perf_counter() - started, len(done), sum(n for n, _ in written.values()),
     )
     if options.verify:
         summary = dataclasses.replace(summary, verified=verify_pack(out_dir, options.workers))

@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass
 
 from stoker.errors import ShardError
-from stoker.formats.tar_index import load_index, scan_shard, tables_from_bytes
-from stoker.formats.tar_shards import MANIFEST_NAME, Manifest, read_manifest
+from stoker.formats.tar_index import load_index, scan_shard
+from stoker.formats.tar_shards import MANIFEST_NAME, Manifest, read_manifest, read_tables
 from stoker.storage import LocalSource
 
 
@@ -92,11 +92,10 @@ def _check_tables(manifest: Manifest) -> list[str]:
     """The file of all indexes (when the manifest names one) against each shard's sidecar."""
     if manifest.tables is None:
         return []
-    with open(manifest.tables, "rb") as f:
-        tables = tables_from_bytes(f.read(), manifest.tables)
-    if len(tables) != len(manifest.shards):
-        return [f"{manifest.tables}: indexes of {len(tables)} shards, the manifest lists "
-                f"{len(manifest.shards)}"]
+    try:
+        tables = read_tables(LocalSource(), manifest)
+    except ShardError as exc:
+        return [str(exc)]
     return [f"{manifest.tables}: the index of {shard.path} differs from its sidecar"
             for shard, table in zip(manifest.shards, tables, strict=True)
             if not table.same_as(load_index(LocalSource(), shard.path))]

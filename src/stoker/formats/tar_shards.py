@@ -94,6 +94,17 @@ def read_manifest(source: ByteSource, path: str) -> Manifest:
         ) from exc
 
 
+def read_tables(source: ByteSource, manifest: Manifest) -> list[ShardTable]:
+    """Every shard's index from the manifest's file of them, one per listed shard."""
+    assert manifest.tables is not None
+    tables = tables_from_bytes(source.read(manifest.tables), manifest.tables)
+    if len(tables) != len(manifest.shards):
+        raise ShardError(
+            f"{manifest.tables}: indexes of {len(tables)} shards, the manifest lists "
+            f"{len(manifest.shards)}: the two were not written by the same pack; pack again")
+    return tables
+
+
 def _manifest_path(path: str) -> str | None:
     """The manifest a path names (itself, or ``index.json`` in it), or None for one shard."""
     if path.endswith(".json"):
@@ -151,11 +162,7 @@ class TarShards(Dataset[Any]):
             learn_sizes(paths)  # one listing, not a size request per shard
         if manifest.tables is not None and (
                 not self._remote or manifest.tables_bytes <= _EAGER_TABLES_BYTES):
-            tables = tables_from_bytes(self.source.read(manifest.tables), manifest.tables)
-            if len(tables) != len(self.shards):
-                raise ShardError(
-                    f"{manifest.tables}: indexes of {len(tables)} shards, the manifest lists "
-                    f"{len(self.shards)}: the two were not written by the same pack; pack again")
+            tables = read_tables(self.source, manifest)
             for shard, table in zip(self.shards, tables, strict=True):
                 self._check(shard, table)
             self._tables = dict(enumerate(tables))

@@ -204,6 +204,9 @@ class RemoteSource:
             return  # HTTP servers list nothing reliable; for a few, a listing saves nothing
         handle = self._fs()
         stripped = {handle.fs._strip_protocol(p): p for p in missing}
+        # Every file listed is kept (indexes beside shards), under the URL it was given or
+        # under the protocol prefix the given URLs share.
+        prefix = missing[0][: len(missing[0]) - len(handle.fs._strip_protocol(missing[0]))]
         for directory in sorted({name.rsplit("/", 1)[0] for name in stripped}):
             try:
                 entries: list[dict[str, Any]] = read_with_retries(
@@ -211,8 +214,6 @@ class RemoteSource:
                                                               detail=True), self.retry, None)
             except OSError:  # listing refused or failing: each size is asked when needed
                 continue
-            # Every file listed is kept (indexes beside shards), under the URL it was given.
-            prefix = missing[0][: len(missing[0]) - len(handle.fs._strip_protocol(missing[0]))]
             for entry in entries:
                 name = entry.get("name", "")
                 if entry.get("type") == "file":
