@@ -4,8 +4,10 @@ shards through stoker against one object per sample through torch's DataLoader, 
 peers on the same samples.
 
 The server is moto in server mode behind the tests' fault-injecting proxy
-(``tests/integration/_s3_server.py``), which adds the latency; everything runs on this machine,
-so the network is loopback and moto and the proxy share the CPUs with the loaders.
+(``tests/integration/_s3_server.py``), which adds the latency, in a process of its own;
+everything runs on this machine, so the network is loopback and the server shares the CPUs
+with the loaders: each record says the CPU seconds the loader's processes (``loader_cpu_s``)
+and the server (``server_cpu_s``) used. The server's Python is one GIL: about one core.
 
     .venv/bin/python benchmarks/remote_shards.py [--samples 3000] [--workers 2] [--decode]
 
@@ -31,6 +33,7 @@ import gc
 import io
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -49,7 +52,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
 import remote_peers  # noqa: E402
 from _harness import machine_info  # noqa: E402
-from _s3_server import S3Server  # noqa: E402
+from _s3_server import S3Server, S3ServerProcess  # noqa: E402
 
 import stoker  # noqa: E402
 from stoker.cli.demo import TreeMemorySampler, tree_pss_bytes  # noqa: E402
@@ -105,7 +108,8 @@ class PerFile(Dataset):
         return _decoded({"jpg": data}) if self.decode else len(data)
 
 
-def network_bound(urls: list[str], options: dict[str, Any], samples: int) -> dict[str, Any]:
+def network_bound(urls: list[str], options: dict[str, Any], samples: int,
+                  server_cpu: Callable[[], float]) -> dict[str, Any]:
     """What the server gives: every shard fetched whole by one client already connected
     (its creation is not counted), at the best of several concurrencies. Reading the same
     bytes faster is not possible here: the ceiling for the packed readers."""
@@ -115,15 +119,18 @@ def network_bound(urls: list[str], options: dict[str, Any], samples: int) -> dic
     source.size(urls[0])  # connect
     best: dict[str, Any] = {}
     for threads in (2, 4, 8, 16):
+        cpu, server = _cpu_s(), server_cpu()
         start = time.perf_counter()
         with ThreadPoolExecutor(threads) as pool:
             total = sum(len(b) for b in pool.map(source.get_whole, urls))  # type: ignore
         elapsed = time.perf_counter() - start
+        cpu, server = _cpu_s() - cpu, server_cpu() - server
         if not best or samples / elapsed > best["samples_per_s"]:
             best = {"loader": "network_bound", "samples": samples, "epoch_s": round(elapsed, 3),
                     "samples_per_s": round(samples / elapsed, 1), "mb_per_s":
                     round(total / elapsed / 1e6, 2), "gets": len(urls),
-                    "concurrent_gets": threads}
+                    "concurrent_gets": threads, "loader_cpu_s": round(cpu, 2),
+                    "server_cpu_s": round(server, 2)}
     source.close()  # type: ignore[attr-defined]
     return best
 
@@ -158,10 +165,19 @@ def webdataset_http(endpoint: str, shard_names: list[str], args: Any) -> Any:
     return TorchDataLoader(dataset, batch_size=args.batch, num_workers=args.workers)
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and its reaped children (a loader's workers, once done)."""
+    me, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
+                                                     resource.RUSAGE_CHILDREN))
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
 def run(name: str, make_loader: Callable[[], Iterable[Any]]) -> dict[str, Any]:
     """One cold epoch: samples/s over all of it, time to the first batch, the rate after it
-    (steady), and the peak PSS the loader's processes added to this process tree."""
+    (steady), the peak PSS the loader's processes added to this process tree, and the CPU
+    seconds they used."""
     gc.collect()
+    cpu = _cpu_s()
     with TreeMemorySampler(interval_s=0.05) as memory:
         before = tree_pss_bytes()
         start = time.perf_counter()
@@ -176,14 +192,17 @@ def run(name: str, make_loader: Callable[[], Iterable[Any]]) -> dict[str, Any]:
                 total_bytes += int(batch.sum())
         elapsed = time.perf_counter() - start
         del loader
+        gc.collect()  # a loader's workers are joined (and their CPU counted) once it is gone
         peak = memory.peak_mib * 2**20
+    cpu = _cpu_s() - cpu
     first = first or 0.0
     steady = (samples - first_samples) / (elapsed - first) if elapsed > first else 0.0
     record = {"loader": name, "samples": samples, "epoch_s": round(elapsed, 3),
               "samples_per_s": round(samples / elapsed, 1),
               "time_to_first_batch_s": round(first, 3),
               "steady_samples_per_s": round(steady, 1),
-              "peak_pss_added_mib": round(max(0, peak - before) / 2**20, 1)}
+              "peak_pss_added_mib": round(max(0, peak - before) / 2**20, 1),
+              "loader_cpu_s": round(cpu, 2)}
     if total_bytes:
         record["mb_per_s"] = round(total_bytes / elapsed / 1e6, 2)
     return record
@@ -203,6 +222,10 @@ def main() -> None:
                         help="decode + crop each image (stoker's loaders, torch's per-file "
                         "one and the decode bound; the peers read bytes only)")
     parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--server-in-process", action="store_true",
+                        help="run moto and the proxy on threads of this process (sharing its "
+                        "GIL with the loop that receives batches) instead of a process of "
+                        "their own")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="stoker-remote-bench-"))
     try:
@@ -230,7 +253,7 @@ def measure(tmp: Path, args: Any) -> list[dict[str, Any]]:
          workers=1, progress=False)
     transform = _decoded if args.decode else _jpg_len
     results: list[dict[str, Any]] = []
-    with S3Server() as s3:
+    with (S3Server() if args.server_in_process else S3ServerProcess()) as s3:
         s3.upload_dir(str(tmp / "files"), "bucket-files", "files")
         s3.upload_dir(str(tmp / "packed"), "bench", "packed")
         peers = [] if args.no_peers or args.decode else remote_peers.peer_loaders(
@@ -241,9 +264,12 @@ def measure(tmp: Path, args: Any) -> list[dict[str, Any]]:
         urls = [f"s3://bucket-files/files/{names[i]}" for i in sorted(subset)]
         common = {"batch_size": args.batch, "shuffle": True, "num_workers": args.workers}
 
+        server_cpu = getattr(s3, "cpu_s", lambda: 0.0)
+
         def measured(name: str, make: Callable[[], Iterable[Any]]) -> None:
-            gets = s3.faults.gets
-            results.append(run(name, make) | {"gets": s3.faults.gets - gets})
+            gets, cpu = s3.faults.gets, server_cpu()
+            results.append(run(name, make) | {"gets": s3.faults.gets - gets,
+                                              "server_cpu_s": round(server_cpu() - cpu, 2)})
 
         measured("torch_per_file", lambda: TorchDataLoader(
             PerFile(urls, options, args.decode), generator=torch.Generator().manual_seed(0),
@@ -284,7 +310,7 @@ def measure(tmp: Path, args: Any) -> list[dict[str, Any]]:
                     measured(name, make)
                 except Exception as exc:  # a peer failing is a result: record it, go on
                     results.append({"loader": name, "error": f"{type(exc).__name__}: {exc}"})
-        results.append(network_bound(shard_urls, options, args.samples))
+        results.append(network_bound(shard_urls, options, args.samples, server_cpu))
         if args.decode:
             results.append(decode_bound(tmp / "files", names, args.workers))
     return results

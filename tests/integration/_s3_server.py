@@ -10,8 +10,12 @@ connection closed). It counts requests, so tests can say how many GETs a read to
 from __future__ import annotations
 
 import http.client
+import json
 import os
+import select
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -156,6 +160,12 @@ class _ProxyServer(ThreadingHTTPServer):
                     pass
 
 
+def _fake_credentials() -> None:
+    for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                       ("AWS_DEFAULT_REGION", "us-east-1")):
+        os.environ.setdefault(key, value)
+
+
 class S3Server:
     """moto + the proxy. ``with S3Server() as s3: s3.storage_options`` for fsspec/s3fs."""
 
@@ -166,9 +176,7 @@ class S3Server:
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
 
-        for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                           ("AWS_DEFAULT_REGION", "us-east-1")):
-            os.environ.setdefault(key, value)
+        _fake_credentials()
         self.faults = Faults()
         self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self._moto.start()
@@ -219,3 +227,99 @@ class S3Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class _FaultsOverPipe:
+    """``Faults``' latency and counters, for a server in another process."""
+
+    def __init__(self, ask: Any) -> None:
+        object.__setattr__(self, "_ask", ask)
+
+    def __getattr__(self, name: str) -> Any:
+        return self._ask("get", name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._ask("set", name, value)
+
+
+def _serve_stdio() -> None:
+    """The child of ``S3ServerProcess``: a server, then one JSON command per stdin line."""
+    with S3Server() as s3:
+        print(json.dumps([s3.endpoint_url, s3._moto.get_host_and_port()]), flush=True)
+        for line in sys.stdin:
+            command, *args = json.loads(line)
+            if command == "stop":
+                return
+            if command == "set":
+                setattr(s3.faults, args[0], args[1])
+            reply = getattr(s3.faults, args[0]) if command == "get" else None
+            print(json.dumps(reply), flush=True)
+
+
+class S3ServerProcess:
+    """``S3Server`` in a process of its own, for benchmarks: a real store does not share the
+    loader's interpreter, and in-process moto and proxy threads would hold the GIL of the
+    process that receives batches. ``faults`` offers ``latency_s`` and the counters."""
+
+    def __init__(self) -> None:
+        _fake_credentials()
+        self._process = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
+        self.endpoint_url, self._moto = self._reply("start")
+        self.faults = _FaultsOverPipe(self._ask)
+
+    def _reply(self, what: str) -> Any:
+        assert self._process.stdout is not None
+        if not select.select([self._process.stdout], [], [], 120)[0]:
+            self._process.kill()
+            raise RuntimeError(f"the S3 server process did not answer {what!r} within 120 s")
+        line = self._process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the S3 server process ended (exit {self._process.wait()})")
+        return json.loads(line)
+
+    def _ask(self, *command: Any) -> Any:
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps(command) + "\n")
+        self._process.stdin.flush()
+        return self._reply(command[0])
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return {"client_kwargs": {"endpoint_url": self.endpoint_url}}
+
+    def client(self) -> Any:
+        import boto3
+
+        host, port = self._moto
+        return boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
+
+    upload_dir = S3Server.upload_dir
+
+    def cpu_s(self) -> float:
+        """CPU seconds the server process has used so far (user + system)."""
+        with open(f"/proc/{self._process.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self._process.poll() is None:
+            assert self._process.stdin is not None
+            self._process.stdin.write('["stop"]\n')
+            self._process.stdin.close()
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(timeout=10)
+
+    def __enter__(self) -> S3ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":
+    _serve_stdio()
