@@ -21,7 +21,9 @@ Bounds: ``network_bound`` (every shard fetched whole by a connected client, at t
 2-16 GETs at a time) and, with ``--decode``, ``decode_bound`` (the transform on bytes in memory,
 one core's rate times ``--workers``); ``steady_fraction_of_bound`` compares against the smaller.
 Loaders: stoker's ``TarShards`` by whole shards (``stoker_packed_shards``) and by ranges,
-``TarShardStream`` (whole shards in order, a 1,000-sample buffer), and the peers (bytes only):
+``TarShardStream`` (whole shards in order, a 1,000-sample buffer) over the pack's indexes
+(``stoker_stream``) and over the bare shard list, each shard's tar parsed
+(``stoker_stream_unindexed``: plain WebDataset shards), and the peers (bytes only):
 ``webdataset_http`` (presigned HTTP URLs, its curl pipe, torch's DataLoader) and those of
 ``remote_peers.py`` (litdata, mosaicml-streaming), each when installed.
 """
@@ -292,14 +294,17 @@ def measure(tmp: Path, args: Any) -> list[dict[str, Any]]:
         shard_urls = [f"s3://bench/packed/{n}" for n in sorted(os.listdir(tmp / "packed"))
                       if n.endswith(".tar")]
 
-        def stoker_stream() -> Iterable[Any]:
-            source = open_source(shard_urls[0], storage_options=options, fetch="shard",
-                                 cache_dir=str(tmp / "c3"), cache_bytes=1 << 34)
-            stream = TarShardStream(shard_urls, source=source, transform=transform,
-                                    shuffle_buffer=1000)
-            return stoker.DataLoader(stream, batch_size=args.batch, num_workers=args.workers)
+        def stoker_stream(shards: str | list[str], cache: str) -> Callable[[], Iterable[Any]]:
+            def make() -> Iterable[Any]:
+                source = open_source(shard_urls[0], storage_options=options, fetch="shard",
+                                     cache_dir=cache, cache_bytes=1 << 34)
+                stream = TarShardStream(shards, source=source, transform=transform,
+                                        shuffle_buffer=1000)
+                return stoker.DataLoader(stream, batch_size=args.batch, num_workers=args.workers)
+            return make
 
-        measured("stoker_stream", stoker_stream)
+        measured("stoker_stream", stoker_stream("s3://bench/packed/index.json", str(tmp / "c3")))
+        measured("stoker_stream_unindexed", stoker_stream(shard_urls, str(tmp / "c4")))
         if not args.decode and not args.no_peers:
             web = webdataset_http(s3.endpoint_url, [u.rsplit("/", 1)[1] for u in shard_urls],
                                   args)

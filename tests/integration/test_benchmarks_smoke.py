@@ -71,13 +71,16 @@ def test_remote_shards_benchmark_reads_every_sample_with_each_loader() -> None:
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     records = {r["loader"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    streams = ("stoker_stream", "stoker_stream_unindexed")
     assert set(records) == {"torch_per_file", "stoker_packed_shards", "stoker_packed_ranges",
-                            "stoker_stream", "network_bound"}
+                            *streams, "network_bound"}
     assert records["torch_per_file"]["samples"] == 40
-    for name in ("stoker_packed_shards", "stoker_packed_ranges", "stoker_stream"):
+    for name in ("stoker_packed_shards", "stoker_packed_ranges", *streams):
         record = records[name]
         assert record["samples"] == 200 and record["gets"] > 0, record
         assert 0 < record["time_to_first_batch_s"] < record["epoch_s"], record
         assert record["steady_fraction_of_bound"] > 0, record
         assert record["loader_cpu_s"] > 0 and "server_cpu_s" in record, record
     assert records["stoker_packed_shards"]["gets"] == 3 + 4  # manifest, listing, indexes, shards
+    assert records["stoker_stream"]["gets"] == 2 + 4  # manifest, indexes, shards
+    assert records["stoker_stream_unindexed"]["gets"] == 4

@@ -174,10 +174,14 @@ def test_plan_fetches_the_next_shards_ahead(s3, tmp_path) -> None:
     remote.source.close()  # type: ignore[attr-defined]
 
 
-def test_a_streamed_tar_dataset_reads_each_shard_once_through_the_cache(s3, tmp_path) -> None:
+@pytest.mark.parametrize("given", ["shard list", "pack"])
+def test_a_streamed_tar_dataset_reads_each_shard_once_through_the_cache(
+    s3, tmp_path, given
+) -> None:
     """TarShardStream from the server: each worker plans its own shards, so the next ones
     download while it reads; every shard is fetched whole once into the cache, a second epoch
-    reads none again, each epoch yields each sample once, and no size is asked per shard."""
+    reads none again, each epoch yields each sample once, and no size is asked per shard.
+    Given the pack, its manifest and file of indexes are read once, when the stream is built."""
     from stoker.formats import TarShards, TarShardStream, pack
 
     packed = tmp_path / "packed"
@@ -188,15 +192,20 @@ def test_a_streamed_tar_dataset_reads_each_shard_once_through_the_cache(s3, tmp_
     heads = s3.faults.heads
     source = open_source(urls[0], storage_options=s3.storage_options, retry=FAST_RETRY,
                          cache_dir=str(tmp_path / "cache"), cache_bytes=10**7, fetch="shard")
-    stream = TarShardStream(urls, source=source, transform=label, shuffle_buffer=5, seed=2)
-    source.close()  # type: ignore[attr-defined]  # the listing's connection: workers open theirs
+    stream = TarShardStream(urls if given == "shard list" else "s3://bucket/tars/index.json",
+                            source=source, transform=label, shuffle_buffer=5, seed=2)
+    assert stream.shards == urls
+    source.close()  # type: ignore[attr-defined]  # the pack's connection: workers open theirs
     loader = stoker.DataLoader(stream, batch_size=3, num_workers=2, timeout=60)
+    expected = {f"/bucket/tars/{n}": 1 for n in names}
+    if given == "pack":
+        expected |= {"/bucket/tars/index.json": 1, "/bucket/tars/index.tables.npz": 1}
     for epoch in range(2):  # the second from the cache alone
         stream.set_epoch(epoch)
         got = [x for batch in loader for x in batch.tolist()]
         assert sorted(got) == list(range(29))
         gets = {p: n for p, n in s3.faults.gets_by_path.items() if p.startswith("/bucket/tars/")}
-        assert gets == {f"/bucket/tars/{n}": 1 for n in names}
+        assert gets == expected
     assert s3.faults.heads == heads  # sizes from one listing when the stream was built
 
 

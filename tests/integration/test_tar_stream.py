@@ -1,14 +1,18 @@
-"""``TarShardStream`` through stoker's loader with 2 worker processes: the workers split the
-shards, and together they yield each sample of the dataset exactly once per epoch."""
+"""``TarShardStream`` over packs: through stoker's loader with 2 worker processes the workers
+split the shards and together yield each sample of the dataset exactly once per epoch; given
+the pack itself, its indexes replace the tar parsing."""
 
 from __future__ import annotations
 
+import json
+import zlib
 from pathlib import Path
 
+import pytest
 import torch
 
 import stoker
-from stoker.formats import TarShards, TarShardStream, pack
+from stoker.formats import ShardError, TarShards, TarShardStream, pack, tar_stream
 
 
 class Numbers(torch.utils.data.Dataset[dict[str, int]]):
@@ -34,3 +38,58 @@ def test_workers_split_the_shards_and_read_everything_once(tmp_path: Path) -> No
         epochs.append([x for batch in loader for x in batch.tolist()])
         assert sorted(epochs[-1]) == list(range(29))
     assert epochs[0] != epochs[1]
+
+
+def test_stream_over_a_pack_uses_its_indexes_and_checks_the_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a pack, the stream yields what the shard list yields, in the same order, with no
+    tar parsed; a shard changed in place is caught by its CRC-32s (the tar scan cannot see a
+    changed payload), a cut one by its size; a pack without its file of indexes is scanned."""
+    class Blobs(torch.utils.data.Dataset[dict[str, bytes]]):
+        def __len__(self) -> int:
+            return 23
+
+        def __getitem__(self, i: int) -> dict[str, bytes]:
+            return {"bin": bytes([i]) * (100 + i), "cls": str(i).encode()}
+
+    out = tmp_path / "pack"
+    pack(Blobs(), str(out), samples_per_shard=5, workers=1, progress=False)
+    paths = TarShardStream(str(out)).shards
+    assert len(paths) == 5 and all(p.endswith(".tar") for p in paths)
+    scanned = [(s["__key__"], s["bin"], s["cls"])
+               for s in TarShardStream(paths, shuffle_buffer=7, seed=4)]
+    scans: list[str] = []
+    real_scan = tar_stream.scan_bytes
+    monkeypatch.setattr(tar_stream, "scan_bytes",
+                        lambda view, path: scans.append(path) or real_scan(view, path))
+    indexed = [(s["__key__"], s["bin"], s["cls"])
+               for s in TarShardStream(str(out / "index.json"), shuffle_buffer=7, seed=4)]
+    assert indexed == scanned and len(indexed) == 23 and scans == []
+
+    table = TarShards(str(out)).table(1)
+    raw = bytearray(Path(paths[1]).read_bytes())
+    field = list(table.fields).index("bin")
+    raw[int(table.offsets[field])] ^= 0xFF
+    Path(paths[1]).write_bytes(bytes(raw))
+    key = str(table.keys[0])
+    with pytest.raises(ShardError) as info:
+        list(TarShardStream(str(out), shuffle_buffer=0))
+    assert str(info.value) == (
+        f"{paths[1]}: key {key!r}, member {key}.bin: CRC-32 "
+        f"{zlib.crc32(bytes(raw[int(table.offsets[field]):][:int(table.sizes[field])])):08x}, "
+        f"the index says {int(table.crc32[field]):08x}: the shard was corrupted or changed "
+        "after it was indexed; re-create it")
+    assert len(list(TarShardStream(str(out), verify_crc=False))) == 23
+    assert len(list(TarShardStream(paths))) == 23  # the scan sees a valid tar
+
+    cut = int(table.offsets[-1] + table.sizes[-1]) - 10  # inside the last member
+    Path(paths[1]).write_bytes(bytes(raw[:cut]))
+    with pytest.raises(ShardError, match=f"{paths[1]}: the shard is {cut} bytes"):
+        list(TarShardStream(str(out)))
+    manifest = json.loads((out / "index.json").read_text())
+    del manifest["tables"]
+    (out / "index.json").write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match="not a readable tar shard|truncated"):
+        list(TarShardStream(str(out)))
+    assert scans  # without the file of indexes, shards are scanned

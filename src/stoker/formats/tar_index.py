@@ -113,6 +113,19 @@ class ShardTable:
             ) from exc
 
 
+def check_crc(value: bytes, expected: int, path: str, key: str, field: str,
+              sample: int | None = None) -> None:
+    """Raise if a member's bytes are not the ones indexed (``sample``: its index, if any)."""
+    actual = zlib.crc32(value)
+    if actual != expected:
+        which = f"key {key!r}" if sample is None else f"sample {sample} (key {key!r})"
+        raise ShardError(
+            f"{path}: {which}, member {key}.{field}: CRC-32 {actual:08x}, the index says "
+            f"{expected:08x}: the shard was corrupted or changed after it was indexed; "
+            "re-create it"
+        )
+
+
 def tables_to_bytes(tables: list[ShardTable]) -> bytes:
     """Many shards' indexes as one file (the sidecars' arrays, concatenated in shard order),
     so a dataset of many remote shards learns every index with one read."""

