@@ -162,6 +162,40 @@ def test_cache_stays_within_its_budget_and_evicts(s3, tmp_path) -> None:
     assert gets == {f"/bucket/data/shard-{s:04d}.bin": 1 for s in range(SHARDS)}
 
 
+@pytest.mark.parametrize("room", ["ample", "tight"])
+def test_shuffled_reads_open_each_cached_shard_once_when_the_budget_has_room(
+    s3, tmp_path, room
+) -> None:
+    """NOTE [ Shard prefetch order ]: with room in the budget, a process keeps the cached
+    shards it reads open (pinned), so a shuffled pass opens each one once instead of once per
+    sample; with a budget of a few shards it pins only lookahead_shards + 1 of them, so the
+    others stay evictable, and every sample is still right."""
+    shard_bytes = PER_SHARD * RECORD_BYTES
+    budget = 10**9 if room == "ample" else 3 * shard_bytes
+    remote = _remote(s3, tmp_path, fetch="shard", cache_dir=str(tmp_path / "c"),
+                     cache_bytes=budget, lookahead_shards=1)
+    source = remote.source
+    opened: list[str] = []  # cached files opened (a miss before a download is not one)
+    real_open = source.cache.open_pinned  # type: ignore[attr-defined]
+
+    def counted(url: str) -> int | None:
+        fd = real_open(url)
+        if fd is not None:
+            opened.append(url)
+        return fd
+
+    source.cache.open_pinned = counted  # type: ignore[attr-defined]
+    order = torch.randperm(N, generator=torch.Generator().manual_seed(1)).tolist()
+    for _ in range(2):
+        assert [remote[i][0].item() for i in order] == order
+    pinned = len(source._prefetcher._pins)  # type: ignore[attr-defined]
+    source.close()  # type: ignore[attr-defined]
+    if room == "ample":
+        assert sorted(opened) == sorted(s3.urls) and pinned == SHARDS
+    else:
+        assert len(opened) > 2 * N * 0.5 and pinned == 2
+
+
 def test_plan_fetches_the_next_shards_ahead(s3, tmp_path) -> None:
     remote = _remote(s3, tmp_path, fetch="shard", cache_dir=str(tmp_path / "c"),
                      cache_bytes=10**6, lookahead_shards=2)

@@ -18,10 +18,14 @@ A worker learns the upcoming shards from two places, both known before the bytes
 ``RemoteSource.prefetch(paths)`` schedules any order explicitly. A prefetch that fails is
 dropped silently: the read that needs the shard fetches it itself, with retries, and reports.
 
-A process pins the shards it read last (``lookahead_shards + 1`` of them: a shared lock on the
-cached file, NOTE [ Shard cache ]), so the shard in use is never evicted under it; when a
+A process pins the shards it read last (a shared lock on the cached file, NOTE [ Shard
+cache ]), so the shard in use is never evicted under it: ``lookahead_shards + 1`` of them, and
+more while they take at most 1/``_PIN_SHARE`` of the budget (and ``_MAX_PINS`` files). Under a
+global shuffle each batch reads from many shards, and re-opening and re-locking a shard for each
+sample cost more CPU than the read itself (~40% of a cached epoch of 6 KB samples). When a
 download finds no room, it lets its own pins go and tries once more. A budget of
-``workers x (2 x lookahead_shards + 1)`` shards per node keeps every download cached.
+``workers x (2 x lookahead_shards + 1)`` shards plus 1/``_PIN_SHARE`` per worker keeps every
+download cached.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ if TYPE_CHECKING:
     from stoker.storage.remote import RemoteSource
 
 _PREFETCH_THREADS = 2
+_PIN_SHARE = 64  # beyond its lookahead, a process pins at most this fraction of the budget
+_MAX_PINS = 256  # and keeps at most this many cached files open
 
 
 class Prefetcher:
@@ -51,7 +57,8 @@ class Prefetcher:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._pins: OrderedDict[str, int] = OrderedDict()
+        self._pins: OrderedDict[str, tuple[int, int]] = OrderedDict()  # path -> (fd, size)
+        self._pinned_bytes = 0
         self._executor: ThreadPoolExecutor | None = None
         self._scheduled: set[str] = set()
 
@@ -66,7 +73,7 @@ class Prefetcher:
     def forget_after_fork(self) -> None:
         """In a forked child: close the inherited pins (the parent keeps its own locks), drop
         the parent's threads without touching them (NOTE [ Remote handles after fork ])."""
-        for fd in self._pins.values():
+        for fd, _ in self._pins.values():
             os.close(fd)
         self._reset()
 
@@ -107,18 +114,20 @@ class Prefetcher:
 
     def _unpin_all(self) -> None:
         with self._lock:
-            for fd in self._pins.values():
+            for fd, _ in self._pins.values():
                 os.close(fd)
             self._pins.clear()
+            self._pinned_bytes = 0
 
     def _pread_pinned(self, path: str, offset: int, length: int | None) -> bytes | None:
         with self._lock:  # a pin is closed only under this lock: the fd stays ours meanwhile
-            fd = self._pins.get(path)
-            if fd is None:
+            pin = self._pins.get(path)
+            if pin is None:
                 return None
             self._pins.move_to_end(path)
+            fd, size = pin
             if length is None:
-                length = os.fstat(fd).st_size - offset
+                length = size - offset
             data = os.pread(fd, length, offset)
         if len(data) != length:
             raise OSError(
@@ -128,13 +137,20 @@ class Prefetcher:
         return data
 
     def _pin(self, path: str, fd: int) -> None:
+        size = os.fstat(fd).st_size
+        cache = self.source.cache
+        assert cache is not None
+        spare = cache.budget_bytes // _PIN_SHARE
         with self._lock:
             if path in self._pins:  # another thread pinned it meanwhile
                 os.close(fd)
                 return
-            self._pins[path] = fd
-            while len(self._pins) > self.lookahead + 1:
-                _, old = self._pins.popitem(last=False)
+            self._pins[path] = (fd, size)
+            self._pinned_bytes += size
+            while len(self._pins) > self.lookahead + 1 and (
+                    len(self._pins) > _MAX_PINS or self._pinned_bytes > spare):
+                _, (old, old_size) = self._pins.popitem(last=False)
+                self._pinned_bytes -= old_size
                 os.close(old)
 
     def _ahead_of(self, path: str) -> None:
