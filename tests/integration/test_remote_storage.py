@@ -208,6 +208,38 @@ def test_plan_fetches_the_next_shards_ahead(s3, tmp_path) -> None:
     remote.source.close()  # type: ignore[attr-defined]
 
 
+def _prefetch_in_child(source: Any, url: str, conn: Any) -> None:
+    source.prefetch([url])
+    source._prefetcher.close()  # waits for the download
+    conn.send(source.local_path(url) is not None)
+
+
+def test_a_forked_child_prefetches_with_threads_of_its_own(s3, tmp_path) -> None:
+    """A child forked after its parent started download threads gets threads of its own
+    (the parent's do not run in it): what it schedules is downloaded."""
+    import multiprocessing
+
+    remote = _remote(s3, tmp_path, fetch="shard", cache_dir=str(tmp_path / "c"),
+                     cache_bytes=10**6)
+    source = remote.source
+    source.prefetch([s3.urls[0]])  # type: ignore[attr-defined]
+    ctx = multiprocessing.get_context("fork")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=_prefetch_in_child, args=(source, s3.urls[1], theirs))
+    child.start()
+    try:
+        assert ours.poll(30), "the child's prefetch did not finish"
+        assert ours.recv() is True
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+            child.join(timeout=10)
+    assert child.exitcode == 0
+    source.close()  # type: ignore[attr-defined]
+    assert source.local_path(s3.urls[0]) is not None  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("given", ["shard list", "pack"])
 def test_a_streamed_tar_dataset_reads_each_shard_once_through_the_cache(
     s3, tmp_path, given

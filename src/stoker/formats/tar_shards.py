@@ -281,9 +281,8 @@ class TarShards(Dataset[Any]):
         if len(missing) > 1:
             self._load_tables(missing)
         prefetch = getattr(self.source, "prefetch", None)
-        if prefetch is not None and len(shard_ids) > 1:
-            paths = [self.shards[s].path for s in sorted(shard_ids)]
-            prefetch([p for p in paths if self.source.local_path(p) is None])
+        if prefetch is not None and len(shard_ids) > 1:  # it skips the ones it holds open
+            prefetch([self.shards[s].path for s in sorted(shard_ids)])
 
     def read(self, index: int) -> dict[str, Any]:
         """Sample ``index`` as raw bytes per field, before ``transform``."""

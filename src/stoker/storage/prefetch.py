@@ -162,8 +162,10 @@ class Prefetcher:
         cache = self.source.cache
         if cache is None:
             return
-        with self._lock:
-            todo = [p for p in paths if p not in self._scheduled]
+        if self._pid != os.getpid():  # a parent's threads: they do not run here
+            self.forget_after_fork()
+        with self._lock:  # a pinned shard is cached and stays so: no disk check for it
+            todo = [p for p in paths if p not in self._scheduled and p not in self._pins]
             self._scheduled.update(todo)
             if todo and self._executor is None:
                 self._executor = ThreadPoolExecutor(
