@@ -240,6 +240,46 @@ def test_a_forked_child_prefetches_with_threads_of_its_own(s3, tmp_path) -> None
     assert source.local_path(s3.urls[0]) is not None  # type: ignore[attr-defined]
 
 
+def _read_in_child(source: Any, url: str, conn: Any) -> None:
+    import botocore.loaders
+
+    parsed: list[str] = []
+    real = botocore.loaders.JSONFileLoader.load_file
+
+    def counted(self: Any, file_path: str) -> Any:
+        parsed.append(file_path)
+        return real(self, file_path)
+
+    botocore.loaders.JSONFileLoader.load_file = counted  # type: ignore[method-assign]
+    conn.send((source.get_whole(url), parsed))
+
+
+def test_a_forked_child_creates_its_s3_client_from_the_parents_parsed_models(
+    s3, tmp_path
+) -> None:
+    """NOTE [ S3 clients after fork ]: a worker's S3 client reuses the service models its
+    parent parsed (no JSON file is read again), and reads the same bytes."""
+    import multiprocessing
+
+    source = _remote(s3, tmp_path, fetch="range").source
+    first = source.get_whole(s3.urls[0])  # type: ignore[attr-defined]
+    ctx = multiprocessing.get_context("fork")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=_read_in_child, args=(source, s3.urls[1], theirs))
+    child.start()
+    try:
+        assert ours.poll(30), "the child's read did not finish"
+        data, parsed = ours.recv()
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+            child.join(timeout=10)
+    source.close()  # type: ignore[attr-defined]
+    assert data == Path(s3.local_urls[1]).read_bytes() and len(first) > 0
+    assert parsed == []
+
+
 @pytest.mark.parametrize("given", ["shard list", "pack"])
 def test_a_streamed_tar_dataset_reads_each_shard_once_through_the_cache(
     s3, tmp_path, given
