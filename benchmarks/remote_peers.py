@@ -31,21 +31,24 @@ _caches = itertools.count()
 _torchvision_ops: Any = None  # see _import_streaming
 
 
-def peer_loaders(s3: Any, tmp: Path, folder: Path, names: list[str], args: Any, *,
-                 mosaic_worker_clients: bool = False) -> list[tuple[str, Factory]]:
+def peer_loaders(s3: Any, tmp: Path, folder: Path, names: list[str],
+                 args: Any) -> list[tuple[str, Factory]]:
     """``(name, make_loader)`` per installed peer, its shards already in the bucket "bench"
     (which must exist); ``make_loader()`` builds the peer's loader over a new, empty cache.
+    mosaicml-streaming comes twice: as shipped, and with its workers' own S3 clients
+    (``mosaic_streaming_own_clients``, see ``_mosaic``).
 
     ``folder / names[i]`` is an image ``cK/NNNNNN.jpg`` of label K; ``args`` has ``per_shard``,
-    ``batch`` and ``workers``. ``mosaic_worker_clients``: see ``_mosaic`` (off: mosaic as is)."""
+    ``batch`` and ``workers``."""
     samples = [(str(folder / n), int(n.split("/", 1)[0][1:])) for n in sorted(names)]
-    loaders = []
-    builds = (("litdata", _litdata),
-              ("mosaic_streaming", partial(_mosaic, worker_clients=mosaic_worker_clients)))
-    for name, build in builds:
-        make = build(s3, tmp, samples, args)
-        if make is not None:
-            loaders.append((name, make))
+    loaders: list[tuple[str, Factory]] = []
+    litdata = _litdata(s3, tmp, samples, args)
+    if litdata is not None:
+        loaders.append(("litdata", litdata))
+    mosaic = _mosaic(s3, tmp, samples, args)
+    if mosaic is not None:
+        loaders += [("mosaic_streaming", partial(mosaic, False)),
+                    ("mosaic_streaming_own_clients", partial(mosaic, True))]
     return loaders
 
 
@@ -134,13 +137,14 @@ def _import_streaming() -> Any:
     return streaming
 
 
-def _mosaic(s3: Any, tmp: Path, samples: list[tuple[str, int]], args: Any,
-            worker_clients: bool = False) -> Factory | None:
+def _mosaic(s3: Any, tmp: Path, samples: list[tuple[str, int]],
+            args: Any) -> Callable[[bool], Iterable] | None:
     """Mosaic's parent process reads index.json with a boto3 client that its forked workers
     inherit, open keep-alive connection included; two workers sending on one socket cost a
     failed GET and a retry after botocore's backoff (~0.5-1.5 s to the first batch, one more
-    GET). ``worker_clients`` drops the parent's client before the fork, so each worker opens
-    its own: what mosaic would need to do itself, so off by default."""
+    GET), and at times a shard that fails to read ("Relative sample index 0 is not present").
+    ``make(worker_clients=True)`` drops the parent's client before the fork, so each worker
+    opens its own: what mosaic would need to do itself."""
     streaming = _import_streaming()
     if streaming is None:
         return None
@@ -161,7 +165,10 @@ def _mosaic(s3: Any, tmp: Path, samples: list[tuple[str, int]], args: Any,
         def __getitem__(self, index: int) -> int:  # the subclassing mosaic's docs show
             return _jpg_len(super().__getitem__(index))
 
-    def make() -> Iterable:
+    def make(worker_clients: bool) -> Iterable:
+        # A dataset's shared memory outlives it in this process; the next one (a new epoch
+        # with a new cache) would see the last one's shard states without this mosaic call.
+        streaming.base.util.clean_stale_shared_memory()
         # batch_size lets mosaic partition samples per batch across workers, as it recommends.
         dataset = Lengths(remote="s3://bench/mosaic_streaming/",
                           local=_cold_cache(tmp, "mosaic_streaming"), shuffle=True,

@@ -13,10 +13,12 @@ and the server (``server_cpu_s``) used. The server's Python is one GIL: about on
 
 Each loader reads the raw JPEG bytes and returns their length (this isolates the storage
 path), or with ``--decode`` a random 224x224 crop of the decoded image. Every loader's epoch
-starts cold (clients, manifest, indexes, an empty cache). One JSON record per loader:
-samples/s over the epoch and after its first batch (``steady``), time to the first batch, GETs,
-the peak PSS its processes added, and the ratio against torch's per-file loader (which reads a
-shuffled subset of ``--per-file-limit`` files: its rate does not depend on the dataset's size).
+starts cold (clients, manifest, indexes, an empty cache). Each loader runs two epochs: one
+timed, one sampling memory (reading PSS costs CPU). One JSON record per loader: samples/s over
+the epoch and after its first batch (``steady``), time to the first batch, GETs, the CPU seconds
+of its processes and of the server, the peak PSS its processes added, and the ratio against
+torch's per-file loader (which reads a shuffled subset of ``--per-file-limit`` files: its rate
+does not depend on the dataset's size).
 Bounds: ``network_bound`` (every shard fetched whole by a connected client, at the best of
 2-16 GETs at a time) and, with ``--decode``, ``decode_bound`` (the transform on bytes in memory,
 one core's rate times ``--workers``); ``steady_fraction_of_bound`` compares against the smaller.
@@ -40,7 +42,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -174,30 +176,38 @@ def _cpu_s() -> float:
     return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
-def run(name: str, make_loader: Callable[[], Iterable[Any]]) -> dict[str, Any]:
-    """One cold epoch: samples/s over all of it, time to the first batch, the rate after it
-    (steady), the peak PSS the loader's processes added to this process tree, and the CPU
-    seconds they used."""
+def _epoch(make_loader: Callable[[], Iterable[Any]]) -> tuple[float, float, int, int, int]:
+    """One cold epoch: (seconds, seconds to the first batch, its size, samples, bytes)."""
+    start = time.perf_counter()
+    loader = make_loader()
+    first, first_samples = 0.0, 0
+    samples = total_bytes = 0
+    for batch in loader:
+        if not first_samples:
+            first, first_samples = time.perf_counter() - start, len(batch)
+        samples += len(batch)
+        if batch.ndim == 1:
+            total_bytes += int(batch.sum())
+    elapsed = time.perf_counter() - start
+    del loader
+    gc.collect()  # a loader's workers are joined (and their CPU counted) once it is gone
+    return elapsed, first, first_samples, samples, total_bytes
+
+
+def run(name: str, make_loader: Callable[[], Iterable[Any]],
+        exclude: Collection[int] = ()) -> dict[str, Any]:
+    """Two cold epochs. The first is timed: samples/s over all of it, time to the first
+    batch, the rate after it (steady), the CPU seconds the loader's processes used. The second
+    samples memory: the peak PSS the loader's processes added to this process tree but
+    ``exclude`` (the server); reading PSS costs CPU, so that epoch is not timed."""
     gc.collect()
     cpu = _cpu_s()
-    with TreeMemorySampler(interval_s=0.05) as memory:
-        before = tree_pss_bytes()
-        start = time.perf_counter()
-        loader = make_loader()
-        first = None
-        samples = total_bytes = 0
-        for batch in loader:
-            if first is None:
-                first, first_samples = time.perf_counter() - start, len(batch)
-            samples += len(batch)
-            if batch.ndim == 1:
-                total_bytes += int(batch.sum())
-        elapsed = time.perf_counter() - start
-        del loader
-        gc.collect()  # a loader's workers are joined (and their CPU counted) once it is gone
-        peak = memory.peak_mib * 2**20
+    elapsed, first, first_samples, samples, total_bytes = _epoch(make_loader)
     cpu = _cpu_s() - cpu
-    first = first or 0.0
+    with TreeMemorySampler(interval_s=0.05, exclude=exclude) as memory:
+        before = tree_pss_bytes(exclude=exclude)
+        _epoch(make_loader)
+        peak = memory.peak_mib * 2**20
     steady = (samples - first_samples) / (elapsed - first) if elapsed > first else 0.0
     record = {"loader": name, "samples": samples, "epoch_s": round(elapsed, 3),
               "samples_per_s": round(samples / elapsed, 1),
@@ -267,19 +277,25 @@ def measure(tmp: Path, args: Any) -> list[dict[str, Any]]:
         common = {"batch_size": args.batch, "shuffle": True, "num_workers": args.workers}
 
         server_cpu = getattr(s3, "cpu_s", lambda: 0.0)
+        server_pids = getattr(s3, "pids", ())
 
         def measured(name: str, make: Callable[[], Iterable[Any]]) -> None:
             gets, cpu = s3.faults.gets, server_cpu()
-            results.append(run(name, make) | {"gets": s3.faults.gets - gets,
-                                              "server_cpu_s": round(server_cpu() - cpu, 2)})
+            record = run(name, make, exclude=server_pids)
+            results.append(record | {"gets": (s3.faults.gets - gets) // 2,  # per epoch
+                                     "server_cpu_s": round((server_cpu() - cpu) / 2, 2)})
 
         measured("torch_per_file", lambda: TorchDataLoader(
             PerFile(urls, options, args.decode), generator=torch.Generator().manual_seed(0),
             **common))
 
-        def stoker_shards(fetch: str, cache: str) -> Callable[[], Iterable[Any]]:
+        def cold_cache() -> str:  # every epoch starts with an empty one
+            return tempfile.mkdtemp(prefix="cache-", dir=tmp)
+
+        def stoker_shards(fetch: str) -> Callable[[], Iterable[Any]]:
             def make() -> Iterable[Any]:
-                disk = {"cache_dir": cache, "cache_bytes": 1 << 34} if fetch == "shard" else {}
+                disk = {"cache_dir": cold_cache(), "cache_bytes": 1 << 34} if fetch == "shard" \
+                    else {}
                 source = open_source("s3://bench/packed/index.json", storage_options=options,
                                      fetch=fetch, **disk)
                 ds = TarShards("s3://bench/packed/index.json", source=source,
@@ -288,23 +304,23 @@ def measure(tmp: Path, args: Any) -> list[dict[str, Any]]:
                                          **common)
             return make
 
-        measured("stoker_packed_shards", stoker_shards("shard", str(tmp / "c1")))
+        measured("stoker_packed_shards", stoker_shards("shard"))
         if len(names) <= 5000:  # a GET per sample, as slow as per-file: minutes beyond
-            measured("stoker_packed_ranges", stoker_shards("range", str(tmp / "c2")))
+            measured("stoker_packed_ranges", stoker_shards("range"))
         shard_urls = [f"s3://bench/packed/{n}" for n in sorted(os.listdir(tmp / "packed"))
                       if n.endswith(".tar")]
 
-        def stoker_stream(shards: str | list[str], cache: str) -> Callable[[], Iterable[Any]]:
+        def stoker_stream(shards: str | list[str]) -> Callable[[], Iterable[Any]]:
             def make() -> Iterable[Any]:
                 source = open_source(shard_urls[0], storage_options=options, fetch="shard",
-                                     cache_dir=cache, cache_bytes=1 << 34)
+                                     cache_dir=cold_cache(), cache_bytes=1 << 34)
                 stream = TarShardStream(shards, source=source, transform=transform,
                                         shuffle_buffer=1000)
                 return stoker.DataLoader(stream, batch_size=args.batch, num_workers=args.workers)
             return make
 
-        measured("stoker_stream", stoker_stream("s3://bench/packed/index.json", str(tmp / "c3")))
-        measured("stoker_stream_unindexed", stoker_stream(shard_urls, str(tmp / "c4")))
+        measured("stoker_stream", stoker_stream("s3://bench/packed/index.json"))
+        measured("stoker_stream_unindexed", stoker_stream(shard_urls))
         if not args.decode and not args.no_peers:
             web = webdataset_http(s3.endpoint_url, [u.rsplit("/", 1)[1] for u in shard_urls],
                                   args)

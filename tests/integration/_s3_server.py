@@ -297,6 +297,11 @@ class S3ServerProcess:
 
     upload_dir = S3Server.upload_dir
 
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """The server's process (to leave out of the loaders' memory)."""
+        return (self._process.pid,)
+
     def cpu_s(self) -> float:
         """CPU seconds the server process has used so far (user + system)."""
         with open(f"/proc/{self._process.pid}/stat") as f:
