@@ -208,6 +208,32 @@ def test_plan_fetches_the_next_shards_ahead(s3, tmp_path) -> None:
     remote.source.close()  # type: ignore[attr-defined]
 
 
+def test_objects_of_known_size_stream_to_disk_and_one_of_another_size_is_named(
+    s3, tmp_path
+) -> None:
+    """A whole object of known size goes to the cache through one streamed GET (the bytes
+    are never returned whole in memory); one whose size is not what the manifest said fails
+    at once (no retries: it is another object), naming it, and is not cached."""
+    source = _remote(s3, tmp_path, fetch="shard", cache_dir=str(tmp_path / "c"),
+                     cache_bytes=10**6).source
+    sizes = [Path(p).stat().st_size for p in s3.local_urls]
+    source.expect_sizes({s3.urls[0]: sizes[0], s3.urls[1]: sizes[1] + 1})  # type: ignore
+    source.get_whole = lambda path: pytest.fail("read into memory")  # type: ignore
+    gets = s3.faults.gets
+    assert source.read(s3.urls[0]) == Path(s3.local_urls[0]).read_bytes()
+    assert s3.faults.gets == gets + 1
+    with pytest.raises(RemoteReadError) as info:
+        source.read(s3.urls[1])
+    assert info.value.attempts == 1 and s3.faults.gets == gets + 2
+    assert str(info.value) == (
+        f"reading {s3.urls[1]} (bytes 0..{sizes[1] + 1}) failed after a permanent error, not "
+        f"retried: ValueError: the object is {sizes[1]} bytes, its listing or the dataset's "
+        f"manifest says {sizes[1] + 1}: it changed since; index it again (stoker pack)")
+    assert source.local_path(s3.urls[1]) is None  # type: ignore[attr-defined]
+    assert source.cache.used_bytes() == sizes[0]  # type: ignore[attr-defined]
+    source.close()  # type: ignore[attr-defined]
+
+
 def _prefetch_in_child(source: Any, url: str, conn: Any) -> None:
     source.prefetch([url])
     source._prefetcher.close()  # waits for the download

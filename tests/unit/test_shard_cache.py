@@ -68,7 +68,12 @@ def test_an_object_of_unknown_size_is_reserved_once_downloaded(tmp_path: Path) -
     assert cache.open_pinned("huge") is None and _on_disk(cache) == 2000
 
 
-def test_concurrent_fills_never_exceed_the_budget_and_download_each_object_once(tmp_path) -> None:
+@pytest.mark.parametrize("streamed", [False, True])
+def test_concurrent_fills_never_exceed_the_budget_and_download_each_object_once(
+    tmp_path, streamed
+) -> None:
+    """Also when downloads stream into their reserved files: a file half written still
+    counts at its reserved size."""
     cache = ShardCache(str(tmp_path), budget_bytes=5000)
     in_flight: dict[str, int] = {}
     most_at_once: dict[str, int] = {}
@@ -85,6 +90,14 @@ def test_concurrent_fills_never_exceed_the_budget_and_download_each_object_once(
             in_flight[url] -= 1
         return data
 
+    def download_into(url: str, k: int, file: str) -> int:
+        data = download(url, k)
+        with open(file, "wb") as f:
+            for start in range(0, len(data), 250):
+                f.write(data[start : start + 250])
+                f.flush()
+        return len(data)
+
     def watch() -> None:  # counts the directory between the cache's own steps
         while not stop.is_set():
             used = cache.used_bytes_locked()
@@ -94,7 +107,9 @@ def test_concurrent_fills_never_exceed_the_budget_and_download_each_object_once(
     def worker(t: int) -> None:
         for k in list(range(4)) * 2 + [4 + t, 8 + t]:  # 0..3 wanted by every thread
             url = f"s3://b/{k}"
-            assert cache.fill(url, 1000, lambda url=url, k=k: download(url, k))
+            into = (lambda file, url=url, k=k: download_into(url, k, file)) if streamed \
+                else None
+            assert cache.fill(url, 1000, lambda url=url, k=k: download(url, k), into)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -124,6 +139,36 @@ def test_a_failed_download_leaves_nothing_behind(tmp_path: Path) -> None:
         cache.fill("s3://b/x", 1000, lambda: b"short")
     assert str(info.value) == "s3://b/x: downloaded 5 bytes, the object is 1000"
     assert cache.used_bytes() == 0
+
+
+def test_a_download_streams_into_its_reservation_and_a_dead_ones_is_cleared(
+    tmp_path: Path
+) -> None:
+    """A download of known size writes straight into its reserved file, which counts at the
+    reserved size while it fills; a reservation left by a process that died is removed by the
+    next fill of that object, and one of another object is left alone."""
+    cache = ShardCache(str(tmp_path), budget_bytes=5000)
+    dead = cache.path_for("s3://b/x") + ".1000.partial"  # a killed download's, half written
+    other = cache.path_for("s3://b/y") + ".3000.partial"  # another's, in flight
+    for path in (dead, other):
+        with open(path, "wb") as f:
+            f.write(b"x" * 100)
+    assert cache.used_bytes() == 4000
+    seen: list[int] = []
+
+    def into(file: str) -> int:
+        assert file.endswith(".1000.partial") and os.path.getsize(file) == 0
+        seen.append(cache.used_bytes())
+        with open(file, "wb") as f:
+            return f.write(_blob(3))
+
+    assert cache.fill("s3://b/x", 1000, lambda: pytest.fail("not streamed"), into)
+    assert seen == [4000]  # the dead one gone, this one counted at 1000 while empty
+    assert not os.path.exists(dead) and os.path.exists(other)
+    assert cache.used_bytes() == 4000 and _on_disk(cache) == 1100
+    fd = cache.open_pinned("s3://b/x")
+    assert fd is not None and os.pread(fd, 2000, 0) == _blob(3)
+    os.close(fd)
 
 
 def test_a_bad_budget_says_what_to_do(tmp_path: Path) -> None:

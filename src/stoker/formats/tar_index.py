@@ -187,12 +187,18 @@ def scan_shard(source: ByteSource, path: str, meta: dict[str, Any] | None = None
 
 @contextlib.contextmanager
 def shard_bytes(source: ByteSource, path: str) -> Iterator[memoryview]:
-    """The whole shard: a read-only map of the local file, or its bytes read through."""
-    local = source.local_path(path)
-    if local is None:
+    """The whole shard: a read-only map of the local file (or of a remote source's cached
+    copy, fetched first), or its bytes read through."""
+    fetch_local = getattr(source, "fetch_local", None)
+    local = fetch_local(path) if fetch_local is not None else source.local_path(path)
+    try:
+        f = open(local, "rb") if local is not None else None
+    except FileNotFoundError:  # evicted meanwhile: read it through
+        f = None
+    if f is None:
         yield memoryview(source.read(path))
         return
-    with open(local, "rb") as f:
+    with f:
         if f.seek(0, io.SEEK_END) == 0:
             yield memoryview(b"")
             return

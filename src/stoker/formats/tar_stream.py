@@ -98,6 +98,9 @@ class TarShardStream(IterableDataset[Any]):
     def _open_pack(self, manifest_file: str) -> list[str]:
         manifest = read_manifest(self.source, manifest_file)
         paths = [s.path for s in manifest.shards]
+        expect_sizes = getattr(self.source, "expect_sizes", None)
+        if expect_sizes is not None:  # a remote source streams shards of known size to disk
+            expect_sizes({s.path: s.size_bytes for s in manifest.shards})
         if manifest.tables is not None:  # a pack from before the file of indexes: scanned
             self._tables = dict(zip(paths, read_tables(self.source, manifest), strict=True))
         return paths

@@ -14,9 +14,11 @@ when a process dies, so a killed worker never wedges the cache):
   never evicted.
 
 Bytes on disk never exceed the budget: a download first reserves its full size (a
-``.partial`` file truncated to that length, counted by size like every file here), evicting
-least recently used unpinned files, and is skipped (the caller reads by range instead) when no
-room can be made. A file appears under its final name only once complete (``os.replace``).
+``<name>.<size>.partial`` file, counted at the size its name gives however much has been
+written to it), evicting least recently used unpinned files, and is skipped (the caller reads
+by range instead) when no room can be made. The download streams into that file (a shard is
+never held in memory whole) and it appears under its final name only once complete
+(``os.replace``).
 """
 
 from __future__ import annotations
@@ -69,32 +71,38 @@ class ShardCache:
         os.utime(fd)  # recently used: last in line for eviction
         return fd
 
-    def fill(self, url: str, size_bytes: int | None, download: Callable[[], bytes]) -> bool:
-        """Make ``url`` cached, downloading it (``download()`` returns its ``size_bytes``
-        bytes) unless another process or thread has; False when it does not fit. A size not
-        known beforehand (None) is reserved once the bytes are here."""
+    def fill(self, url: str, size_bytes: int | None, download: Callable[[], bytes],
+             download_into: Callable[[str], int] | None = None) -> bool:
+        """Make ``url`` cached, downloading it unless another process or thread has; False
+        when it does not fit. ``download_into(file)`` writes the object into a local file and
+        returns its length: used when the size is known beforehand, so the bytes go straight
+        to disk. Otherwise ``download()`` returns them, and a size not known (None) is
+        reserved once they are here."""
         if size_bytes is not None and size_bytes > self.budget_bytes:
             return False
         final = self.path_for(url)
         with self._locked(os.path.join(self.directory, _LOCK_DIR, os.path.basename(final))):
             if os.path.exists(final):
                 return True
-            partial = final + _PARTIAL
             data = None
-            if size_bytes is None:
+            if size_bytes is None or download_into is None:
                 data = download()
-                size_bytes = len(data)
-            if size_bytes > self.budget_bytes or not self._reserve(partial, size_bytes):
+                if size_bytes is None:
+                    size_bytes = len(data)
+            partial = f"{final}.{size_bytes}{_PARTIAL}"
+            if size_bytes > self.budget_bytes or not self._reserve(final, partial, size_bytes):
                 return False
             try:
                 if data is None:
-                    data = download()
-                if len(data) != size_bytes:
+                    assert download_into is not None
+                    written = download_into(partial)
+                else:
+                    with open(partial, "r+b") as f:
+                        written = f.write(data)
+                if written != size_bytes:
                     raise OSError(
-                        f"{url}: downloaded {len(data)} bytes, the object is {size_bytes}"
+                        f"{url}: downloaded {written} bytes, the object is {size_bytes}"
                     )
-                with open(partial, "r+b") as f:
-                    f.write(data)
                 with self._locked(os.path.join(self.directory, _DIR_LOCK)):
                     os.replace(partial, final)  # under the lock: a count never sees both names
             except BaseException:
@@ -121,9 +129,10 @@ class ShardCache:
         finally:
             os.close(fd)
 
-    def _reserve(self, partial: str, size_bytes: int) -> bool:
+    def _reserve(self, final: str, partial: str, size_bytes: int) -> bool:
         with self._locked(os.path.join(self.directory, _DIR_LOCK)):
-            _unlink(partial)  # we hold the object's lock: a partial left here is a dead one's
+            for dead in self._partials_of(final):  # we hold the object's lock: a dead one's
+                _unlink(dead)
             used = self.used_bytes()
             for path, size, _ in sorted(self._entries(), key=lambda e: e[2]):
                 if used + size_bytes <= self.budget_bytes:
@@ -132,9 +141,15 @@ class ShardCache:
                     used -= size
             if used + size_bytes > self.budget_bytes:
                 return False
-            with open(partial, "wb") as f:
-                f.truncate(size_bytes)
+            with open(partial, "wb"):  # its name holds the reservation
+                pass
         return True
+
+    def _partials_of(self, final: str) -> list[str]:
+        name = os.path.basename(final)
+        with os.scandir(self.directory) as it:
+            return [e.path for e in it
+                    if e.name.startswith(name + ".") and e.name.endswith(_PARTIAL)]
 
     def _entries(self, include_partial: bool = False) -> list[tuple[str, int, float]]:
         out = []
@@ -148,8 +163,17 @@ class ShardCache:
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                out.append((entry.path, st.st_size, st.st_mtime))
+                size = st.st_size
+                if entry.name.endswith(_PARTIAL):  # counted at its reserved size
+                    size = max(size, _reserved_size(entry.name))
+                out.append((entry.path, size, st.st_mtime))
         return out
+
+
+def _reserved_size(partial_name: str) -> int:
+    """The size a ``<name>.<size>.partial`` file reserves (0 for one without it)."""
+    digits = partial_name[: -len(_PARTIAL)].rsplit(".", 1)[-1]
+    return int(digits) if digits.isdigit() else 0
 
 
 def _evict(path: str) -> bool:

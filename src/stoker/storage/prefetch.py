@@ -101,16 +101,44 @@ class Prefetcher:
         self._pin(path, fd)
         return self._pread_pinned(path, offset, length)
 
+    def cached_file(self, path: str) -> str | None:
+        """The local path of the cached copy (fetched whole first in ``"shard"`` mode), pinned
+        while this process reads it, or None when it is not cached and cannot be."""
+        if self._pid != os.getpid():
+            self.forget_after_fork()
+        cache = self.source.cache
+        assert cache is not None
+        with self._lock:
+            if path in self._pins:
+                self._pins.move_to_end(path)
+                return cache.path_for(path)
+        fd = cache.open_pinned(path)
+        if fd is None and self.source.fetch == "shard":
+            fd = self._fill_and_pin(path)
+        self._ahead_of(path)
+        if fd is None:
+            return None
+        self._pin(path, fd)
+        return cache.path_for(path)
+
     def _fill_and_pin(self, path: str) -> int | None:
         cache = self.source.cache
         assert cache is not None
-        size = self.source.known_size(path)  # unknown: no request to ask it, the GET tells
         for attempt in range(2):
-            if cache.fill(path, size, lambda: self.source.get_whole(path)):
+            if self._fill(path):
                 return cache.open_pinned(path)
             if attempt == 0:  # maybe our own pins fill the budget: let them go, try once more
                 self._unpin_all()
         return None
+
+    def _fill(self, path: str) -> bool:
+        """The whole object into the cache: streamed to disk when its size is known, else
+        one GET into memory (no request to ask the size: the GET tells)."""
+        cache = self.source.cache
+        assert cache is not None
+        return cache.fill(path, self.source.known_size(path),
+                          lambda: self.source.get_whole(path),
+                          lambda file: self.source.get_into(path, file))
 
     def _unpin_all(self) -> None:
         with self._lock:
@@ -182,7 +210,7 @@ class Prefetcher:
         try:
             if os.path.exists(cache.path_for(path)):
                 return
-            cache.fill(path, self.source.known_size(path), lambda: self.source.get_whole(path))
+            self._fill(path)
         except Exception:  # NOTE [ Shard prefetch order ]: the read that needs it reports
             pass
         finally:

@@ -46,6 +46,15 @@ _BACKENDS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs")
 _LIST_AT_LEAST = 4  # objects of unknown size worth a directory listing
 _INHERITED: list[object] = []  # NOTE [ Remote handles after fork ]: never closed in a child
 _BOTOCORE_DATA: list[Any] = []  # NOTE [ S3 clients after fork ]: the process's data loader
+_LOCKS_LOCK = threading.Lock()  # guards replacing a source's inherited lock; new in a child
+
+
+def _new_locks_lock() -> None:
+    global _LOCKS_LOCK
+    _LOCKS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_locks_lock)
 
 
 def _protocol(url: str) -> str:
@@ -137,7 +146,7 @@ class RemoteSource:
         # workers forked or unpickled after the dataset was opened never ask again.
         self._sizes: dict[str, int] = {}
         self._handle: _Handle | None = None
-        self._lock = threading.Lock()
+        self._lock, self._lock_pid = threading.Lock(), os.getpid()
         from stoker.storage.prefetch import Prefetcher
 
         self._prefetcher = Prefetcher(self, lookahead_shards)
@@ -151,7 +160,16 @@ class RemoteSource:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._lock, self._lock_pid = threading.Lock(), os.getpid()
+
+    def _process_lock(self) -> threading.Lock:
+        """This process's lock: one inherited through fork may have been held by a parent's
+        thread (opening the filesystem), which does not exist here to release it."""
+        if self._lock_pid != os.getpid():
+            with _LOCKS_LOCK:
+                if self._lock_pid != os.getpid():
+                    self._lock, self._lock_pid = threading.Lock(), os.getpid()
+        return self._lock
 
     def __repr__(self) -> str:
         cache = "" if self.cache is None else f", cache={self.cache!r}"
@@ -161,7 +179,7 @@ class RemoteSource:
         handle = self._handle
         if handle is not None and handle.pid == os.getpid():
             return handle
-        with self._lock:
+        with self._process_lock():
             if self._handle is not None and self._handle.pid != os.getpid():
                 _INHERITED.append(self._handle)  # a parent's: leave it be
                 self._handle = None
@@ -193,7 +211,7 @@ class RemoteSource:
     def close(self) -> None:
         """Close this process's connections and loop thread (reopened on next use)."""
         self._prefetcher.close()
-        with self._lock:
+        with self._process_lock():
             handle, self._handle = self._handle, None
         if handle is None or handle.pid != os.getpid() or handle.loop is None:
             return
@@ -245,6 +263,12 @@ class RemoteSource:
                 if entry.get("type") == "file":
                     self._sizes[stripped.get(name, prefix + name)] = int(entry["size"])
 
+    def expect_sizes(self, sizes: dict[str, int]) -> None:
+        """Sizes the caller knows (e.g. from a manifest), so whole objects stream straight to
+        the cache; an object found to be of another size is an error naming it."""
+        for path, size in sizes.items():
+            self._sizes.setdefault(path, int(size))
+
     def read(self, path: str) -> bytes:
         """The whole object: through the cache when there is one (in ``"shard"`` mode fetched
         into it first, and the plan's next objects fetched ahead), else one GET."""
@@ -253,6 +277,14 @@ class RemoteSource:
             if data is not None:
                 return data
         return self.get_whole(path)
+
+    def fetch_local(self, path: str) -> str | None:
+        """A local file holding the whole object, for reading it in place (e.g. mapped): its
+        cached copy, fetched first in ``"shard"`` mode (and the plan's next objects fetched
+        ahead); None without a cache, or when it cannot be cached (read it instead)."""
+        if self.cache is None:
+            return None
+        return self._prefetcher.cached_file(path)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         if self.cache is not None:
@@ -287,6 +319,27 @@ class RemoteSource:
             self.retry,
             size,
         )
+
+    def get_into(self, path: str, file: str) -> int:
+        """The whole object streamed into the local ``file`` by one GET, never held in
+        memory whole (retried; its length checked against its size when that is known, else
+        remembered); returns its length."""
+        handle = self._fs()
+        size = self._sizes.get(path)
+
+        def fetch() -> int:
+            handle.fs.get_file(path, file)  # a body cut short raises (its Content-Length)
+            got = os.path.getsize(file)
+            if size is not None and got != size:  # a whole other object: not retried
+                raise ValueError(
+                    f"the object is {got} bytes, its listing or the dataset's manifest says "
+                    f"{size}: it changed since; index it again (stoker pack)")
+            return got
+
+        request = ReadRequest(path) if size is None else ReadRequest(path, 0, size)
+        got: int = read_with_retries(request, fetch, self.retry, None)
+        self._sizes[path] = got
+        return got
 
     def known_size(self, path: str) -> int | None:
         """The object's size if already known (asked, listed, or read whole), else None."""
