@@ -30,6 +30,7 @@ import posixpath
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 _LOCK_DIR = ".locks"
 _DIR_LOCK = ".dir.lock"
@@ -113,7 +114,7 @@ class ShardCache:
 
     def used_bytes(self) -> int:
         """Bytes the cache's files take (reservations of downloads in flight included)."""
-        return sum(size for _, size, _ in self._entries(include_partial=True))
+        return sum(e.size for e in self._entries())
 
     def used_bytes_locked(self) -> int:
         """``used_bytes`` counted while no process reserves, evicts or renames."""
@@ -130,44 +131,52 @@ class ShardCache:
             os.close(fd)
 
     def _reserve(self, final: str, partial: str, size_bytes: int) -> bool:
+        # One pass over the directory (this runs once per download): the bytes used, and
+        # what a reservation left by a dead download of this object holds (we hold the
+        # object's lock: nobody else's); cached files are sorted only when room is needed.
+        dead_prefix = os.path.basename(final) + "."
         with self._locked(os.path.join(self.directory, _DIR_LOCK)):
-            for dead in self._partials_of(final):  # we hold the object's lock: a dead one's
-                _unlink(dead)
-            used = self.used_bytes()
-            for path, size, _ in sorted(self._entries(), key=lambda e: e[2]):
-                if used + size_bytes <= self.budget_bytes:
-                    break
-                if _evict(path):
-                    used -= size
+            used, cached = 0, []
+            for entry in self._entries():
+                if not entry.partial:
+                    cached.append(entry)
+                elif os.path.basename(entry.path).startswith(dead_prefix):
+                    _unlink(entry.path)
+                    continue
+                used += entry.size
+            if used + size_bytes > self.budget_bytes:
+                for entry in sorted(cached, key=lambda e: e.mtime):
+                    if _evict(entry.path):
+                        used -= entry.size
+                        if used + size_bytes <= self.budget_bytes:
+                            break
             if used + size_bytes > self.budget_bytes:
                 return False
             with open(partial, "wb"):  # its name holds the reservation
                 pass
         return True
 
-    def _partials_of(self, final: str) -> list[str]:
-        name = os.path.basename(final)
-        with os.scandir(self.directory) as it:
-            return [e.path for e in it
-                    if e.name.startswith(name + ".") and e.name.endswith(_PARTIAL)]
-
-    def _entries(self, include_partial: bool = False) -> list[tuple[str, int, float]]:
+    def _entries(self) -> list[_Entry]:
         out = []
         with os.scandir(self.directory) as it:
             for entry in it:
                 if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
                     continue
-                if entry.name.endswith(_PARTIAL) and not include_partial:
-                    continue
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                size = st.st_size
-                if entry.name.endswith(_PARTIAL):  # counted at its reserved size
-                    size = max(size, _reserved_size(entry.name))
-                out.append((entry.path, size, st.st_mtime))
+                partial = entry.name.endswith(_PARTIAL)  # counted at its reserved size
+                size = max(st.st_size, _reserved_size(entry.name)) if partial else st.st_size
+                out.append(_Entry(entry.path, size, st.st_mtime, partial))
         return out
+
+
+class _Entry(NamedTuple):
+    path: str
+    size: int
+    mtime: float
+    partial: bool
 
 
 def _reserved_size(partial_name: str) -> int:
