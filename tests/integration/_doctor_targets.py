@@ -79,8 +79,22 @@ def cpu() -> tuple[Any, dict[str, Any]]:
     return Burns(), {"batch_size": 8, "num_workers": 1, "timeout": 60}
 
 
+class LongBurns(Dataset):
+    """~6 ms of Python per sample: longer than the interpreter's 5 ms GIL switch interval,
+    so threads fetching at once are seen waiting for each other. Burns' ~1.3 ms fetches
+    mostly finish within one turn of the GIL; their waits fall between fetches, where a
+    fetch's wall time does not see them, and the verdict then hung on the few fetches cut
+    by a switch (about one run in eight came out "cpu")."""
+
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((16,), _spin(100_000) + i)
+
+
 def gil() -> tuple[Any, dict[str, Any]]:
-    return Burns(), {"batch_size": 8, "worker_type": "thread", "worker_concurrency": 4}
+    return LongBurns(), {"batch_size": 8, "worker_type": "thread", "worker_concurrency": 4}
 
 
 def collate() -> tuple[Any, dict[str, Any]]:
