@@ -13,7 +13,11 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class ByteSource(Protocol):
-    """Bytes of named objects: whole, by range, or as a local file when one exists."""
+    """Bytes of named objects: whole, by range, or as a local file when one exists.
+
+    Readers also use these when a source has them (``RemoteSource`` does): ``learn_sizes`` and
+    ``expect_sizes`` (sizes from one listing, or from a manifest), ``fetch_local`` (a local
+    copy made on demand), ``prefetch`` and ``plan`` (objects to fetch ahead)."""
 
     def size(self, path: str) -> int:
         """Length of the object in bytes."""
