@@ -81,6 +81,6 @@ def test_remote_shards_benchmark_reads_every_sample_with_each_loader() -> None:
         assert 0 < record["time_to_first_batch_s"] < record["epoch_s"], record
         assert record["steady_fraction_of_bound"] > 0, record
         assert record["loader_cpu_s"] > 0 and "server_cpu_s" in record, record
-    assert records["stoker_packed_shards"]["gets"] == 3 + 4  # manifest, listing, indexes, shards
+    assert records["stoker_packed_shards"]["gets"] == 2 + 4  # manifest, indexes, shards
     assert records["stoker_stream"]["gets"] == 2 + 4  # manifest, indexes, shards
     assert records["stoker_stream_unindexed"]["gets"] == 4

@@ -349,7 +349,7 @@ def test_remote_tar_shards_equal_the_local_ones_with_each_shard_fetched_once(
     pack's one file of indexes, or each shard's sidecar read when the dataset is built, or
     (over _EAGER_REMOTE_INDEXES shards) each batch's missing ones side by side; either way the
     shuffled epoch through 2 workers equals the local one, each shard and each index is
-    fetched from the server exactly once, and no object's size is asked (one listing)."""
+    fetched from the server exactly once, and no object's size is asked (the manifest's)."""
     from stoker.formats import TarShards, pack, tar_shards
 
     if indexes != "one file":
@@ -376,7 +376,7 @@ def test_remote_tar_shards_equal_the_local_ones_with_each_shard_fetched_once(
     finally:
         source.close()  # type: ignore[attr-defined]
     assert got == epoch(local) and sorted(got) == list(range(29))
-    assert s3.faults.heads == heads  # sizes came from one listing, inherited by the workers
+    assert s3.faults.heads == heads  # sizes from the manifest, inherited by the workers
     gets = Counter(p for p, n in s3.faults.gets_by_path.items() if p.startswith("/bucket/tars/")
                    for _ in range(n))
     shards = [Path(s.path).name for s in local.shards]
@@ -391,6 +391,32 @@ def test_remote_tar_shards_equal_the_local_ones_with_each_shard_fetched_once(
     else:  # per batch, each worker reads the indexes it needs itself
         per_batch = indexes == "per batch"
         assert len(idx) == len(shards) and all(n <= (2 if per_batch else 1) for n in idx.values())
+
+
+def test_a_shard_changed_after_packing_is_named_when_it_is_downloaded(s3, tmp_path) -> None:
+    """In shard mode the manifest's sizes are taken without asking the store; a shard that
+    is not the size the manifest says fails on its download, at once, naming the shard."""
+    from stoker.formats import ShardError, TarShards, pack
+
+    packed = tmp_path / "packed"
+    pack(Numbers(), str(packed), samples_per_shard=4, workers=1, progress=False)
+    shard = sorted(packed.glob("*.tar"))[1]
+    shard.write_bytes(shard.read_bytes()[:-512])
+    s3.upload_dir(str(packed), "bucket", "changed")
+    url = "s3://bucket/changed/index.json"
+    source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
+                         cache_dir=str(tmp_path / "cache"), cache_bytes=10**7, fetch="shard")
+    try:
+        remote = TarShards(url, source=source, transform=label)
+        assert [remote[i] for i in range(4)] == [0, 1, 2, 3]  # shard 0 is whole
+        with pytest.raises(ShardError) as info:
+            remote[4]
+    finally:
+        source.close()  # type: ignore[attr-defined]
+    message = str(info.value)
+    assert message.startswith(f"s3://bucket/changed/{shard.name}: sample 4 ")
+    assert "failed after a permanent error, not retried" in message
+    assert "it changed since; index it again (stoker pack)" in message
 
 
 def test_a_store_that_refuses_listings_is_read_with_a_size_request_per_shard(

@@ -173,9 +173,9 @@ class TarShards(Dataset[Any]):
         self.shards, self.meta = manifest.shards, manifest.meta
         paths = [s.path for s in self.shards]
         self._remote = bool(paths) and self.source.local_path(paths[0]) is None
-        learn_sizes = getattr(self.source, "learn_sizes", None)
-        if self._remote and learn_sizes is not None:
-            learn_sizes(paths)  # one listing, not a size request per shard
+        expect_sizes = getattr(self.source, "expect_sizes", None)
+        if self._remote and expect_sizes is not None:  # no size request per shard
+            expect_sizes({s.path: s.size_bytes for s in self.shards})
         if manifest.tables is not None and (
                 not self._remote or manifest.tables_bytes <= _EAGER_TABLES_BYTES):
             tables = read_tables(self.source, manifest)

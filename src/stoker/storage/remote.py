@@ -264,8 +264,13 @@ class RemoteSource:
                     self._sizes[stripped.get(name, prefix + name)] = int(entry["size"])
 
     def expect_sizes(self, sizes: dict[str, int]) -> None:
-        """Sizes the caller knows (e.g. from a manifest), so whole objects stream straight to
-        the cache; an object found to be of another size is an error naming it."""
+        """Sizes a dataset's manifest gives. In ``"shard"`` mode they are taken as they are:
+        each object is checked when it is downloaded whole (one of another size fails then,
+        named), and no request is spent on them. By range, a shorter object would only show
+        as reads cut short, so its real size is learnt now (``learn_sizes``: one listing)."""
+        if self.fetch == "range":
+            self.learn_sizes(list(sizes))
+            return
         for path, size in sizes.items():
             self._sizes.setdefault(path, int(size))
 
