@@ -88,17 +88,8 @@ class Prefetcher:
         if self._pid != os.getpid():
             self.forget_after_fork()
         data = self._pread_pinned(path, offset, length)
-        if data is not None:
+        if data is not None or not self._pin_cached(path):
             return data
-        cache = self.source.cache
-        assert cache is not None
-        fd = cache.open_pinned(path)
-        if fd is None and self.source.fetch == "shard":
-            fd = self._fill_and_pin(path)
-        self._ahead_of(path)
-        if fd is None:
-            return None
-        self._pin(path, fd)
         return self._pread_pinned(path, offset, length)
 
     def cached_file(self, path: str) -> str | None:
@@ -109,17 +100,25 @@ class Prefetcher:
         cache = self.source.cache
         assert cache is not None
         with self._lock:
-            if path in self._pins:
+            pinned = path in self._pins
+            if pinned:
                 self._pins.move_to_end(path)
-                return cache.path_for(path)
+        return cache.path_for(path) if pinned or self._pin_cached(path) else None
+
+    def _pin_cached(self, path: str) -> bool:
+        """Pin the cached copy of a shard this process holds no pin on (fetched whole first
+        in ``"shard"`` mode), and schedule the plan's next shards; False when it is not cached
+        and cannot be."""
+        cache = self.source.cache
+        assert cache is not None
         fd = cache.open_pinned(path)
         if fd is None and self.source.fetch == "shard":
             fd = self._fill_and_pin(path)
         self._ahead_of(path)
         if fd is None:
-            return None
+            return False
         self._pin(path, fd)
-        return cache.path_for(path)
+        return True
 
     def _fill_and_pin(self, path: str) -> int | None:
         cache = self.source.cache
