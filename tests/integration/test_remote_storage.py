@@ -234,6 +234,26 @@ def test_objects_of_known_size_stream_to_disk_and_one_of_another_size_is_named(
     source.close()  # type: ignore[attr-defined]
 
 
+def _in_forked_child(target: Any, *args: Any) -> Any:
+    """Run ``target(*args, conn)`` in a forked child and return what it sent on ``conn``."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=target, args=(*args, theirs))
+    child.start()
+    try:
+        assert ours.poll(30), f"{target.__name__} in the child did not finish"
+        answer = ours.recv()
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+            child.join(timeout=10)
+    assert child.exitcode == 0
+    return answer
+
+
 def _prefetch_in_child(source: Any, url: str, conn: Any) -> None:
     source.prefetch([url])
     source._prefetcher.close()  # waits for the download
@@ -243,25 +263,11 @@ def _prefetch_in_child(source: Any, url: str, conn: Any) -> None:
 def test_a_forked_child_prefetches_with_threads_of_its_own(s3, tmp_path) -> None:
     """A child forked after its parent started download threads gets threads of its own
     (the parent's do not run in it): what it schedules is downloaded."""
-    import multiprocessing
-
     remote = _remote(s3, tmp_path, fetch="shard", cache_dir=str(tmp_path / "c"),
                      cache_bytes=10**6)
     source = remote.source
     source.prefetch([s3.urls[0]])  # type: ignore[attr-defined]
-    ctx = multiprocessing.get_context("fork")
-    ours, theirs = ctx.Pipe()
-    child = ctx.Process(target=_prefetch_in_child, args=(source, s3.urls[1], theirs))
-    child.start()
-    try:
-        assert ours.poll(30), "the child's prefetch did not finish"
-        assert ours.recv() is True
-    finally:
-        child.join(timeout=30)
-        if child.is_alive():
-            child.kill()
-            child.join(timeout=10)
-    assert child.exitcode == 0
+    assert _in_forked_child(_prefetch_in_child, source, s3.urls[1]) is True
     source.close()  # type: ignore[attr-defined]
     assert source.local_path(s3.urls[0]) is not None  # type: ignore[attr-defined]
 
@@ -285,22 +291,9 @@ def test_a_forked_child_creates_its_s3_client_from_the_parents_parsed_models(
 ) -> None:
     """NOTE [ S3 clients after fork ]: a worker's S3 client reuses the service models its
     parent parsed (no JSON file is read again), and reads the same bytes."""
-    import multiprocessing
-
     source = _remote(s3, tmp_path, fetch="range").source
     first = source.get_whole(s3.urls[0])  # type: ignore[attr-defined]
-    ctx = multiprocessing.get_context("fork")
-    ours, theirs = ctx.Pipe()
-    child = ctx.Process(target=_read_in_child, args=(source, s3.urls[1], theirs))
-    child.start()
-    try:
-        assert ours.poll(30), "the child's read did not finish"
-        data, parsed = ours.recv()
-    finally:
-        child.join(timeout=30)
-        if child.is_alive():
-            child.kill()
-            child.join(timeout=10)
+    data, parsed = _in_forked_child(_read_in_child, source, s3.urls[1])
     source.close()  # type: ignore[attr-defined]
     assert data == Path(s3.local_urls[1]).read_bytes() and len(first) > 0
     assert parsed == []
