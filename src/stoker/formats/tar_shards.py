@@ -121,6 +121,14 @@ def size_mismatch(path: str, actual: int, table: ShardTable,
     )
 
 
+def expect_manifest_sizes(source: ByteSource, shards: list[TarShard]) -> None:
+    """Tell a source that takes them the shards' sizes the manifest gives, so no request asks
+    them one by one (``RemoteSource.expect_sizes``)."""
+    expect_sizes = getattr(source, "expect_sizes", None)
+    if expect_sizes is not None:
+        expect_sizes({s.path: s.size_bytes for s in shards})
+
+
 def manifest_path(path: str) -> str | None:
     """The manifest a path names (itself, or ``index.json`` in it), or None for one shard."""
     if path.endswith(".json"):
@@ -173,9 +181,8 @@ class TarShards(Dataset[Any]):
         self.shards, self.meta = manifest.shards, manifest.meta
         paths = [s.path for s in self.shards]
         self._remote = bool(paths) and self.source.local_path(paths[0]) is None
-        expect_sizes = getattr(self.source, "expect_sizes", None)
-        if self._remote and expect_sizes is not None:  # no size request per shard
-            expect_sizes({s.path: s.size_bytes for s in self.shards})
+        if self._remote:
+            expect_manifest_sizes(self.source, self.shards)
         if manifest.tables is not None and (
                 not self._remote or manifest.tables_bytes <= _EAGER_TABLES_BYTES):
             tables = read_tables(self.source, manifest)

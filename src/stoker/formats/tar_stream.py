@@ -48,7 +48,13 @@ from torch.utils.data import IterableDataset
 from stoker.distributed import shard_info, shard_list
 from stoker.formats._common import default_source
 from stoker.formats.tar_index import ShardTable, check_crc, scan_bytes, shard_bytes
-from stoker.formats.tar_shards import manifest_path, read_manifest, read_tables, size_mismatch
+from stoker.formats.tar_shards import (
+    expect_manifest_sizes,
+    manifest_path,
+    read_manifest,
+    read_tables,
+    size_mismatch,
+)
 from stoker.storage import ByteSource
 
 
@@ -98,9 +104,7 @@ class TarShardStream(IterableDataset[Any]):
     def _open_pack(self, manifest_file: str) -> list[str]:
         manifest = read_manifest(self.source, manifest_file)
         paths = [s.path for s in manifest.shards]
-        expect_sizes = getattr(self.source, "expect_sizes", None)
-        if expect_sizes is not None:  # a remote source streams shards of known size to disk
-            expect_sizes({s.path: s.size_bytes for s in manifest.shards})
+        expect_manifest_sizes(self.source, manifest.shards)  # streamed to disk, not asked
         if manifest.tables is not None:  # a pack from before the file of indexes: scanned
             self._tables = dict(zip(paths, read_tables(self.source, manifest), strict=True))
         return paths
