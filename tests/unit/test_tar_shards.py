@@ -332,3 +332,35 @@ def test_pack_options_are_checked() -> None:
     with pytest.raises(ValueError) as info:
         PackOptions(name="a/b")
     assert str(info.value) == "name='a/b': expected a file name prefix such as 'shard'"
+
+
+def test_random_reads_keep_no_per_sample_objects(tmp_path: Path) -> None:
+    """NOTE [ Index columns per process ]: a worker reading samples here and there holds
+    views of the index's arrays, not a Python object per sample (lists were ~280 bytes a
+    sample, for every shard read, in every worker)."""
+    import tracemalloc
+
+    import numpy as np
+
+    n = 20_000
+    shard = write_tar(tmp_path / "big.tar", [(f"k{i:06d}", {"cls": b"%d" % (i % 7)})
+                                             for i in range(n)])
+    ds = TarShards(str(shard))
+    table = ds.table(0)
+    picks = np.random.default_rng(0).integers(0, n, 50).tolist()
+    tracemalloc.start()
+    try:
+        got = [ds[i] for i in picks]
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got == [{"__key__": f"k{i:06d}", "__url__": str(shard), "cls": b"%d" % (i % 7)}
+                   for i in picks]
+    assert all(type(s["__key__"]) is str for s in got)
+    assert held < 20 * n, f"{held} bytes held after 50 reads of a {n}-sample shard"
+    assert np.shares_memory(np.asarray(table.columns.offsets), table.offsets)
+    lists = table.as_lists()  # the stream's way: the same values
+    columns = table.columns
+    for j in (0, n // 2, n - 1):
+        assert [columns.starts[j], columns.keys[j], columns.fields[j], columns.offsets[j],
+                columns.sizes[j], columns.crc32[j]] == [column[j] for column in lists]

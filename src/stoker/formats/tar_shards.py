@@ -295,7 +295,7 @@ class TarShards(Dataset[Any]):
         """Sample ``index`` as raw bytes per field, before ``transform``."""
         s, j = self._position(index)
         path = self.shards[s].path
-        starts, keys, fields, offsets, sizes, crcs = self.table(s).lists
+        starts, keys, fields, offsets, sizes, crcs = self.table(s).columns
         first, end = starts[j], starts[j + 1]
         offset = offsets[first] if end > first else 0
         length = offsets[end - 1] + sizes[end - 1] - offset if end > first else 0

@@ -117,7 +117,7 @@ class TarShardStream(IterableDataset[Any]):
                 table = scan_bytes(view, path)  # validates the whole shard before any sample
             elif len(view) != table.size_bytes:
                 raise size_mismatch(path, len(view), table)
-            starts, keys, fields, offsets, sizes, crcs = table.lists
+            starts, keys, fields, offsets, sizes, crcs = table.as_lists()
             for j, key in enumerate(keys):
                 sample: dict[str, Any] = {"__key__": key, "__url__": path}
                 for m in range(starts[j], starts[j + 1]):
