@@ -78,21 +78,21 @@ class TarShardStream(IterableDataset[Any]):
         seed: int = 0,
         verify_crc: bool = True,
     ) -> None:
-        self._tables: dict[str, ShardTable] = {}
-        manifest = manifest_path(shards) if isinstance(shards, str) else None
-        if isinstance(shards, str):
-            self.source = default_source(shards, source)
-            shards = [shards] if manifest is None else self._open_pack(manifest)
-        if not shards:
-            raise ValueError("no shards given: pass a list of .tar paths or URLs")
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer={shuffle_buffer}: expected 0 (no shuffle) or more")
         if shuffle_initial < 1:
             raise ValueError(f"shuffle_initial={shuffle_initial}: expected 1 or more (samples "
                              "buffered before the first one is yielded)")
+        self._tables: dict[str, ShardTable] = {}
+        if isinstance(shards, str):
+            self.source = default_source(shards, source)
+            manifest = manifest_path(shards)
+            shards = [shards] if manifest is None else self._open_pack(manifest)
+        elif shards:
+            self.source = default_source(shards[0], source)
+        if not shards:
+            raise ValueError("no shards given: pass a list of .tar paths or URLs")
         self.shards = list(shards)
-        if manifest is None:
-            self.source = default_source(self.shards[0], source)
         self.transform, self.shuffle_buffer, self.seed = transform, shuffle_buffer, seed
         self.verify_crc = verify_crc
         self.shuffle_initial = min(shuffle_initial, max(1, shuffle_buffer))
