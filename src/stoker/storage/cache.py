@@ -19,6 +19,16 @@ written to it), evicting least recently used unpinned files, and is skipped (the
 by range instead) when no room can be made. The download streams into that file (a shard is
 never held in memory whole) and it appears under its final name only once complete
 (``os.replace``).
+
+NOTE [ Cache locks across fork ]
+A ``flock`` belongs to the open file, and a forked child inherits every open file of its
+parent: forked while a parent's thread downloads (say, a shard fetched ahead after
+``dataset[0]``, then ``DataLoader(num_workers=2)``), a worker holds a copy of that download's
+lock which nothing in it will ever close, so the lock outlives the download and the worker
+that wants the object waits on it forever. A process's exclusive lock files are therefore
+recorded while open (``_HELD``) and a forked child closes its copies at once: the lock is then
+the parent's alone and goes with the parent's close. Forking waits for no lock file to be
+opened or closed meanwhile (``_HELD_GUARD``), so the record matches the open files.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import hashlib
 import os
 import posixpath
 import re
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -35,6 +46,21 @@ from typing import NamedTuple
 _LOCK_DIR = ".locks"
 _DIR_LOCK = ".dir.lock"
 _PARTIAL = ".partial"
+_HELD: set[int] = set()  # NOTE [ Cache locks across fork ]: this process's lock files, open
+_HELD_GUARD = threading.Lock()
+
+
+def _close_inherited_locks() -> None:
+    global _HELD_GUARD
+    _HELD_GUARD = threading.Lock()  # the parent's was held across the fork
+    for fd in _HELD:
+        os.close(fd)  # the parent's copy keeps the lock until its own download ends
+    _HELD.clear()
+
+
+os.register_at_fork(before=lambda: _HELD_GUARD.acquire(),
+                    after_in_parent=lambda: _HELD_GUARD.release(),
+                    after_in_child=_close_inherited_locks)
 
 
 class ShardCache:
@@ -123,12 +149,16 @@ class ShardCache:
 
     @contextmanager
     def _locked(self, path: str) -> Iterator[None]:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        with _HELD_GUARD:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            _HELD.add(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
-            os.close(fd)
+            with _HELD_GUARD:
+                _HELD.discard(fd)
+                os.close(fd)
 
     def _reserve(self, final: str, partial: str, size_bytes: int) -> bool:
         # One pass over the directory (this runs once per download): the bytes used, and
