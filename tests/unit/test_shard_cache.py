@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,12 @@ from stoker.storage import ShardCache
 
 def _blob(k: int, size: int = 1000) -> bytes:
     return bytes([k % 256]) * size
+
+
+def _ledger(cache: ShardCache) -> int:
+    """The bytes the cache's ledger says are in use (NOTE [ Shard cache ])."""
+    with open(os.path.join(cache.directory, ".usage"), "rb") as f:
+        return int(f.read())
 
 
 def _on_disk(cache: ShardCache) -> int:
@@ -124,6 +131,7 @@ def test_concurrent_fills_never_exceed_the_budget_and_download_each_object_once(
     assert cache.used_bytes() <= 5000
     assert set(most_at_once) == {f"s3://b/{k}" for k in range(12)}
     assert set(most_at_once.values()) == {1}  # never two downloads of one object at once
+    assert _ledger(cache) == cache.used_bytes()  # nobody died: the ledger is exact
 
 
 def test_a_failed_download_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -139,6 +147,7 @@ def test_a_failed_download_leaves_nothing_behind(tmp_path: Path) -> None:
         cache.fill("s3://b/x", 1000, lambda: b"short")
     assert str(info.value) == "s3://b/x: downloaded 5 bytes, the object is 1000"
     assert cache.used_bytes() == 0
+    assert _ledger(cache) == 0  # each failed reservation given back
 
 
 def test_a_download_streams_into_its_reservation_and_a_dead_ones_is_cleared(
@@ -169,6 +178,38 @@ def test_a_download_streams_into_its_reservation_and_a_dead_ones_is_cleared(
     fd = cache.open_pinned("s3://b/x")
     assert fd is not None and os.pread(fd, 2000, 0) == _blob(3)
     os.close(fd)
+
+
+def test_a_reservation_with_room_lists_no_directory_and_a_stale_ledger_is_recounted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing the directory per download grew with the cache: with room to spare the ledger
+    alone decides. Files removed behind the cache's back leave it counting more than the
+    disk holds; when it then says the budget is full, one pass counts the truth."""
+    cache = ShardCache(str(tmp_path), budget_bytes=5000)
+    assert cache.fill("s3://b/0", 1000, lambda: _blob(0))  # no ledger yet: counted once
+    listings: list[str] = []
+    real_scandir = os.scandir
+
+    def scandir(path: str) -> Any:
+        listings.append(path)
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    for k in (1, 2, 3):
+        assert cache.fill(f"s3://b/{k}", 1000, lambda k=k: _blob(k))
+    assert listings == [] and _ledger(cache) == 4000
+    for k in (0, 1, 2):  # gone behind the cache's back: the ledger still says 4000
+        os.unlink(cache.path_for(f"s3://b/{k}"))
+    assert cache.fill("s3://b/4", 1000, lambda: _blob(4))  # 4000 + 1000 fits: no pass
+    assert listings == [] and _ledger(cache) == 5000
+    assert cache.fill("s3://b/5", 1000, lambda: _blob(5))  # "full": counted, 2000 in use
+    assert listings == [cache.directory]
+    assert _ledger(cache) == cache.used_bytes() == 3000
+    for k in (3, 4, 5):
+        fd = cache.open_pinned(f"s3://b/{k}")
+        assert fd is not None and os.pread(fd, 2000, 0) == _blob(k)
+        os.close(fd)
 
 
 def test_a_bad_budget_says_what_to_do(tmp_path: Path) -> None:

@@ -15,9 +15,17 @@ when a process dies, so a killed worker never wedges the cache):
 
 Bytes on disk never exceed the budget: a download first reserves its full size (a
 ``<name>.<size>.partial`` file, counted at the size its name gives however much has been
-written to it), evicting least recently used unpinned files, and is skipped (the caller reads
-by range instead) when no room can be made. The download streams into that file (a shard is
-never held in memory whole) and it appears under its final name only once complete
+written to it), evicting least recently used unpinned files, and is skipped (the caller
+reads by range instead) when no room can be made. The bytes in use are kept in a ledger
+(``.usage``, read and written under ``.dir.lock``), so a reservation with room to spare
+costs no listing of the directory (listing and stating every cached file per download: a
+fill of a 600 KB object took 1.44 ms of CPU with 200 files cached, 5.5 ms with 2,000; 0.69
+and 1.6 now). The ledger never counts less than the disk holds: it is raised before a
+reservation's file is made and lowered after a file is removed, so a process killed between
+the two leaves it counting more. When it says the budget is full, or is missing, one pass
+over the directory counts the truth (clearing what a dead download of this object left),
+evicts, and writes it again. The download streams into its reserved file (a shard is never
+held in memory whole) and it appears under its final name only once complete
 (``os.replace``).
 
 NOTE [ Cache locks across fork ]
@@ -45,6 +53,7 @@ from typing import NamedTuple
 
 _LOCK_DIR = ".locks"
 _DIR_LOCK = ".dir.lock"
+_LEDGER = ".usage"
 _PARTIAL = ".partial"
 _HELD: set[int] = set()  # NOTE [ Cache locks across fork ]: this process's lock files, open
 _HELD_GUARD = threading.Lock()
@@ -134,7 +143,8 @@ class ShardCache:
                     os.replace(partial, final)  # under the lock: a count never sees both names
             except BaseException:
                 with self._locked(os.path.join(self.directory, _DIR_LOCK)):
-                    _unlink(partial)
+                    if _unlink(partial):
+                        self._add_to_ledger(-size_bytes)
                 raise
         return True
 
@@ -161,30 +171,57 @@ class ShardCache:
                 os.close(fd)
 
     def _reserve(self, final: str, partial: str, size_bytes: int) -> bool:
-        # One pass over the directory (this runs once per download): the bytes used, and
-        # what a reservation left by a dead download of this object holds (we hold the
-        # object's lock: nobody else's); cached files are sorted only when room is needed.
-        dead_prefix = os.path.basename(final) + "."
         with self._locked(os.path.join(self.directory, _DIR_LOCK)):
-            used, cached = 0, []
-            for entry in self._entries():
-                if not entry.partial:
-                    cached.append(entry)
-                elif os.path.basename(entry.path).startswith(dead_prefix):
-                    _unlink(entry.path)
-                    continue
-                used += entry.size
-            if used + size_bytes > self.budget_bytes:
-                for entry in sorted(cached, key=lambda e: e.mtime):
-                    if _evict(entry.path):
-                        used -= entry.size
-                        if used + size_bytes <= self.budget_bytes:
-                            break
-            if used + size_bytes > self.budget_bytes:
-                return False
+            used = self._read_ledger()
+            if used is None or used + size_bytes > self.budget_bytes:
+                used = self._recount_and_evict(final, size_bytes)
+                if used + size_bytes > self.budget_bytes:
+                    self._write_ledger(used)
+                    return False
+            self._write_ledger(used + size_bytes)  # first: a death now leaves it counting more
             with open(partial, "wb"):  # its name holds the reservation
                 pass
         return True
+
+    def _recount_and_evict(self, final: str, size_bytes: int) -> int:
+        """The bytes in use, counted from the directory (under ``.dir.lock``) after clearing
+        what a dead download of this object left (we hold the object's lock: nobody else's)
+        and evicting least recently used unpinned files until ``size_bytes`` fit, if they
+        can. Cached files are sorted only when room is needed."""
+        dead_prefix = os.path.basename(final) + "."
+        used, cached = 0, []
+        for entry in self._entries():
+            if not entry.partial:
+                cached.append(entry)
+            elif os.path.basename(entry.path).startswith(dead_prefix):
+                _unlink(entry.path)
+                continue
+            used += entry.size
+        if used + size_bytes > self.budget_bytes:
+            for entry in sorted(cached, key=lambda e: e.mtime):
+                if _evict(entry.path):
+                    used -= entry.size
+                    if used + size_bytes <= self.budget_bytes:
+                        break
+        return used
+
+    def _read_ledger(self) -> int | None:
+        try:
+            with open(os.path.join(self.directory, _LEDGER), "rb") as f:
+                return int(f.read())
+        except (FileNotFoundError, ValueError):  # none yet, or cut short: count instead
+            return None
+
+    def _write_ledger(self, used: int) -> None:
+        path = os.path.join(self.directory, _LEDGER)
+        with open(path + ".new", "wb") as f:
+            f.write(b"%d" % max(0, used))
+        os.replace(path + ".new", path)  # never seen half written
+
+    def _add_to_ledger(self, delta: int) -> None:
+        used = self._read_ledger()
+        if used is not None:
+            self._write_ledger(used + delta)
 
     def _entries(self) -> list[_Entry]:
         out = []
@@ -233,8 +270,9 @@ def _evict(path: str) -> bool:
     return True
 
 
-def _unlink(path: str) -> None:
+def _unlink(path: str) -> bool:
     try:
         os.unlink(path)
     except FileNotFoundError:
-        pass
+        return False
+    return True
