@@ -386,6 +386,66 @@ def test_remote_tar_shards_equal_the_local_ones_with_each_shard_fetched_once(
         assert len(idx) == len(shards) and all(n <= (2 if per_batch else 1) for n in idx.values())
 
 
+class _LabelAndClient:
+    """A sample's label, and whether the process reading it opened its own S3 client."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __call__(self, sample: dict[str, bytes]) -> tuple[int, bool]:
+        return label(sample), self.source.connected
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_the_main_process_downloads_the_shards_its_workers_wait_for(
+    s3, tmp_path, failing
+) -> None:
+    """NOTE [ The main process fetches for its workers ]: shuffled TarShards in shard mode
+    through 2 workers: each batch's shards are downloaded once, by the loader's main process,
+    and no worker makes an S3 client of its own. When the main process's download of a shard
+    fails for good (503 on each of its 5 tries), the worker that waits for it downloads it
+    itself: the epoch is the local one either way."""
+    from stoker.formats import TarShards, pack
+
+    packed = tmp_path / "packed"
+    pack(Numbers(), str(packed), samples_per_shard=4, workers=1, progress=False)
+    s3.upload_dir(str(packed), "bucket", "tars")
+    url = "s3://bucket/tars/index.json"
+    source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
+                         cache_dir=str(tmp_path / "cache"), cache_bytes=10**7, fetch="shard")
+    remote = TarShards(url, source=source, transform=_LabelAndClient(source))
+    local = TarShards(str(packed / "index.json"), transform=label)
+    assert source.connected  # type: ignore[attr-defined]  # the manifest, read here
+    if failing:
+        s3.faults.fail("status", "shard-000003.tar", times=FAST_RETRY.attempts)
+
+    def epoch(dataset: Any) -> list[Any]:
+        loader = stoker.DataLoader(dataset, batch_size=5, shuffle=True, num_workers=2,
+                                   timeout=60, generator=torch.Generator().manual_seed(4))
+        return [x for batch in loader for x in
+                (zip(*batch, strict=True) if isinstance(batch, list) else batch.tolist())]
+
+    try:
+        got = epoch(remote)
+    finally:
+        source.close()  # type: ignore[attr-defined]
+    labels = [int(x) for x, _ in got]
+    assert labels == epoch(local) and sorted(labels) == list(range(29))
+    shards = {f"/bucket/tars/{Path(s.path).name}" for s in local.shards}
+    gets = {p: n for p, n in s3.faults.gets_by_path.items() if p in shards}
+    faulty = "/bucket/tars/shard-000003.tar"
+    assert set(gets) == shards
+    assert all(n == 1 for p, n in gets.items() if p != faulty)
+    if failing:
+        assert s3.faults.injected == FAST_RETRY.attempts
+        assert gets[faulty] == FAST_RETRY.attempts + 1  # the main's 5 tries, a worker's one
+        clients = {int(x): c for x, c in got}
+        assert any(clients.values())  # the worker that needed it made its own client
+    else:
+        assert gets[faulty] == 1
+        assert not any(c for _, c in got)  # no worker opened a client
+
+
 def test_a_shard_changed_after_packing_is_named_when_it_is_downloaded(s3, tmp_path) -> None:
     """In shard mode the manifest's sizes are taken without asking the store; a shard that
     is not the size the manifest says fails on its download, at once, naming the shard."""

@@ -212,6 +212,35 @@ def test_a_reservation_with_room_lists_no_directory_and_a_stale_ledger_is_recoun
         os.close(fd)
 
 
+def test_a_claimed_object_is_downloaded_once_by_its_claimer_while_others_wait(
+    tmp_path: Path,
+) -> None:
+    """NOTE [ The main process fetches for its workers ]: a claim takes the object's lock
+    before its download starts; a reader meanwhile waits for that download and never makes
+    its own; a claim given up lets the next reader download it."""
+    from stoker.storage.cache import release_claim
+
+    cache = ShardCache(str(tmp_path), budget_bytes=5000)
+    claim = cache.claim("s3://b/0")
+    assert claim is not None and cache.claim("s3://b/0") is None  # held: one claimer
+    answers: list[bool] = []
+    reader = threading.Thread(target=lambda: answers.append(
+        cache.fill("s3://b/0", 1000, lambda: pytest.fail("the claimer downloads it"))))
+    reader.start()
+
+    def into(file: str) -> int:
+        with open(file, "wb") as f:
+            return f.write(_blob(0))
+
+    assert cache.fill_claimed("s3://b/0", claim, 1000, into)
+    reader.join(timeout=60)
+    assert answers == [True] and cache.claim("s3://b/0") is None  # cached: nothing to claim
+    given_up = cache.claim("s3://b/1")
+    assert given_up is not None
+    release_claim(given_up)
+    assert cache.fill("s3://b/1", 1000, lambda: _blob(1)) and _ledger(cache) == 2000
+
+
 def test_a_bad_budget_says_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as info:
         ShardCache(str(tmp_path), budget_bytes=0)

@@ -79,6 +79,10 @@ class ProcessIterator(BaseIterator):
         # taken over its seeds (NOTE [ Seeds set in worker_init_fn stay ]). Assuming no let
         # an idle worker exit while a task still queued behind a straggler could move to it.
         self._gives_back = [loader.worker_init_fn is None] * self._num_workers
+        # A map-style dataset may ask to see each batch here as it is sent, e.g. to download
+        # what the worker will read (stoker.formats.TarShards); the samples do not change.
+        self._fetch_for_batch = None if self._is_iterable else getattr(
+            self._dataset, "stoker_fetch_for_batch", None)
         self._init_dispatch()
         start_workers(self._group, ctx, self._specs(loader, ctx), self._prime)
         self._worker_pids = self._group.pids
@@ -195,6 +199,11 @@ class ProcessIterator(BaseIterator):
         self._send_task(wid, position, index)
 
     def _send_task(self, wid: int, position: int, index: Any) -> None:
+        if self._fetch_for_batch is not None:
+            try:  # NOTE [ The main process fetches for its workers ] in storage.prefetch
+                self._fetch_for_batch(index if isinstance(index, list) else [index])
+            except Exception:  # the worker reads the batch as always, and reports there
+                pass
         self._group.collect_released()
         self._send(wid, msg.Task(self._epoch, position, index, self._group.take_release(wid)))
         if self._book.sent(wid, position):

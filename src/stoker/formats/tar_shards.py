@@ -272,6 +272,15 @@ class TarShards(Dataset[Any]):
             except Exception:  # the sample that needs it reads it again and reports
                 pass
 
+    def stoker_fetch_for_batch(self, indices: list[int]) -> None:
+        """Called by stoker's loader in its main process with each batch's indices as it
+        sends the batch to a worker: from object storage in shard mode, the main process
+        downloads the shards the batch needs and the worker waits for them instead of making
+        its own S3 client (NOTE [ The main process fetches for its workers ])."""
+        fetch = getattr(self.source, "fetch_for_workers", None)
+        if self._remote and fetch is not None:
+            fetch([self.shards[s].path for s in sorted({self._position(i)[0] for i in indices})])
+
     # NOTE [ A batch's shards at once ]
     # Remote indexes are read on first use, and in "shard" mode a sample's shard is fetched
     # whole before its bytes are returned. Sample by sample, the first shuffled batch of a

@@ -116,36 +116,69 @@ class ShardCache:
         reserved once they are here."""
         if size_bytes is not None and size_bytes > self.budget_bytes:
             return False
+        with self._locked(self._object_lock(url)):
+            return self._fill_locked(url, size_bytes, download, download_into)
+
+    def claim(self, url: str) -> int | None:
+        """Take the object's download lock now, without waiting, for a download another
+        thread makes later (``fill_claimed``): whoever wants the object meanwhile waits for
+        that download. None when the object is cached or its lock is held (downloading)."""
         final = self.path_for(url)
-        with self._locked(os.path.join(self.directory, _LOCK_DIR, os.path.basename(final))):
-            if os.path.exists(final):
-                return True
-            data = None
-            if size_bytes is None or download_into is None:
-                data = download()
-                if size_bytes is None:
-                    size_bytes = len(data)
-            partial = f"{final}.{size_bytes}{_PARTIAL}"
-            if size_bytes > self.budget_bytes or not self._reserve(final, partial, size_bytes):
+        if os.path.exists(final):
+            return None
+        fd = _open_held(self._object_lock(url))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _release(fd)
+            return None
+        if os.path.exists(final):  # completed between the check and the lock
+            _release(fd)
+            return None
+        return fd
+
+    def fill_claimed(self, url: str, claim: int, size_bytes: int,
+                     download_into: Callable[[str], int]) -> bool:
+        """``fill`` under the lock ``claim`` took, which is released here whatever happens."""
+        try:
+            if size_bytes > self.budget_bytes:
                 return False
-            try:
-                if data is None:
-                    assert download_into is not None
-                    written = download_into(partial)
-                else:
-                    with open(partial, "r+b") as f:
-                        written = f.write(data)
-                if written != size_bytes:
-                    raise OSError(
-                        f"{url}: downloaded {written} bytes, the object is {size_bytes}"
-                    )
-                with self._locked(os.path.join(self.directory, _DIR_LOCK)):
-                    os.replace(partial, final)  # under the lock: a count never sees both names
-            except BaseException:
-                with self._locked(os.path.join(self.directory, _DIR_LOCK)):
-                    if _unlink(partial):
-                        self._add_to_ledger(-size_bytes)
-                raise
+            return self._fill_locked(url, size_bytes, _no_download, download_into)
+        finally:
+            _release(claim)
+
+    def _object_lock(self, url: str) -> str:
+        return os.path.join(self.directory, _LOCK_DIR, os.path.basename(self.path_for(url)))
+
+    def _fill_locked(self, url: str, size_bytes: int | None, download: Callable[[], bytes],
+                     download_into: Callable[[str], int] | None) -> bool:
+        final = self.path_for(url)
+        if os.path.exists(final):
+            return True
+        data = None
+        if size_bytes is None or download_into is None:
+            data = download()
+            if size_bytes is None:
+                size_bytes = len(data)
+        partial = f"{final}.{size_bytes}{_PARTIAL}"
+        if size_bytes > self.budget_bytes or not self._reserve(final, partial, size_bytes):
+            return False
+        try:
+            if data is None:
+                assert download_into is not None
+                written = download_into(partial)
+            else:
+                with open(partial, "r+b") as f:
+                    written = f.write(data)
+            if written != size_bytes:
+                raise OSError(f"{url}: downloaded {written} bytes, the object is {size_bytes}")
+            with self._locked(os.path.join(self.directory, _DIR_LOCK)):
+                os.replace(partial, final)  # under the lock: a count never sees both names
+        except BaseException:
+            with self._locked(os.path.join(self.directory, _DIR_LOCK)):
+                if _unlink(partial):
+                    self._add_to_ledger(-size_bytes)
+            raise
         return True
 
     def used_bytes(self) -> int:
@@ -159,16 +192,12 @@ class ShardCache:
 
     @contextmanager
     def _locked(self, path: str) -> Iterator[None]:
-        with _HELD_GUARD:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            _HELD.add(fd)
+        fd = _open_held(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
-            with _HELD_GUARD:
-                _HELD.discard(fd)
-                os.close(fd)
+            _release(fd)
 
     def _reserve(self, final: str, partial: str, size_bytes: int) -> bool:
         with self._locked(os.path.join(self.directory, _DIR_LOCK)):
@@ -244,6 +273,30 @@ class _Entry(NamedTuple):
     size: int
     mtime: float
     partial: bool
+
+
+def _open_held(path: str) -> int:
+    """A lock file opened and recorded (NOTE [ Cache locks across fork ])."""
+    with _HELD_GUARD:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        _HELD.add(fd)
+    return fd
+
+
+def release_claim(fd: int) -> None:
+    """Give up a ``ShardCache.claim`` without downloading."""
+    _release(fd)
+
+
+def _release(fd: int) -> None:
+    """Close a lock file ``_open_held`` opened, and with it its lock."""
+    with _HELD_GUARD:
+        _HELD.discard(fd)
+        os.close(fd)
+
+
+def _no_download() -> bytes:
+    raise AssertionError("a claimed fill knows its size: it streams into its file")
 
 
 def _reserved_size(partial_name: str) -> int:

@@ -26,6 +26,27 @@ sample cost more CPU than the read itself (~40% of a cached epoch of 6 KB sample
 download finds no room, it lets its own pins go and tries once more. A budget of
 ``workers x (2 x lookahead_shards + 1)`` shards plus 1/``_PIN_SHARE`` per worker keeps every
 download cached.
+
+NOTE [ The main process fetches for its workers ]
+Under stoker's loader a map-style dataset defining ``stoker_fetch_for_batch(indices)`` sees
+each batch in the main process as it is sent to a worker (the engine's ``_send_task``).
+``TarShards`` hands the batch's shards to ``RemoteSource.fetch_for_workers``: each shard not
+cached is claimed at once (``ShardCache.claim``: its download lock, taken before the worker
+has the batch) and downloaded on ``_FETCH_FOR_OTHERS_THREADS`` threads of the main process.
+The worker reading the batch finds its shards cached, or waits on the lock for the download
+in flight; it never makes a request, so it never creates an S3 client: one client per node's
+loader instead of one per worker (a botocore client stack is ~20 MiB of private memory and
+~60-100 ms of CPU to start in each worker), and the first batch's downloads start before
+its worker has started. A shard the main process could not claim (cached, or another process
+downloads it) is skipped; one whose download fails for good is released to the worker
+waiting for it, which downloads it itself with retries and reports as before. Measured
+(20,000 samples in 200 shards of 600 KB from moto with 10 ms per request, shuffled, 2
+workers, 3 cold epochs each, before -> after): workers' CPU 1.47-1.65 -> 0.55-0.57 s an
+epoch, the main process's 0.31-0.38 -> 1.25-1.38 s (the downloads' botocore work moves
+there), peak memory added 56-58 -> 39-43 MiB, samples/s 11.5-12.4k -> 12.2-13.6k, first
+batch 0.48-0.53 -> 0.36-0.47 s. 8 threads measured best of 2, 4, 8 and 16 (2: 7.8-8.1k
+samples/s). With many small shards the main process's GIL is the limit: each download costs
+it ~5 ms of CPU here (botocore, the cache), ~200 downloads a second on one core.
 """
 
 from __future__ import annotations
@@ -36,10 +57,13 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from stoker.storage.cache import release_claim
+
 if TYPE_CHECKING:
     from stoker.storage.remote import RemoteSource
 
 _PREFETCH_THREADS = 2
+_FETCH_FOR_OTHERS_THREADS = 8  # NOTE [ The main process fetches for its workers ]
 _PIN_SHARE = 64  # beyond its lookahead, a process pins at most this fraction of the budget
 _MAX_PINS = 256  # and keeps at most this many cached files open
 
@@ -60,6 +84,8 @@ class Prefetcher:
         self._pins: OrderedDict[str, tuple[int, int]] = OrderedDict()  # path -> (fd, size)
         self._pinned_bytes = 0
         self._executor: ThreadPoolExecutor | None = None
+        self._fetchers: ThreadPoolExecutor | None = None  # downloads claimed for others
+        self._claims: dict[str, int] = {}  # path -> its claim, until its download starts
         self._scheduled: set[str] = set()
 
     def __getstate__(self) -> dict[str, object]:
@@ -203,6 +229,46 @@ class Prefetcher:
             assert executor is not None
             executor.submit(self._fetch, path)
 
+    def fetch_claimed(self, paths: list[str]) -> None:
+        """Claim each of these objects that is not cached and download it on this process's
+        threads: whoever wants it meanwhile waits for that download (NOTE [ The main process
+        fetches for its workers ]). Objects of unknown size are left to their readers."""
+        cache = self.source.cache
+        if cache is None:
+            return
+        if self._pid != os.getpid():
+            self.forget_after_fork()
+        for path in paths:
+            size = self.source.known_size(path)
+            if size is None or path in self._scheduled or path in self._pins:
+                continue
+            claim = cache.claim(path)
+            if claim is None:  # cached, or another thread or process downloads it
+                continue
+            with self._lock:
+                self._scheduled.add(path)
+                self._claims[path] = claim
+                if self._fetchers is None:
+                    self._fetchers = ThreadPoolExecutor(_FETCH_FOR_OTHERS_THREADS,
+                                                        thread_name_prefix="stoker-fetch")
+                fetchers = self._fetchers
+            fetchers.submit(self._fetch_claimed, path, size)
+
+    def _fetch_claimed(self, path: str, size: int) -> None:
+        cache = self.source.cache
+        assert cache is not None
+        with self._lock:
+            claim = self._claims.pop(path, None)
+        if claim is None:  # given up by close()
+            return
+        try:
+            cache.fill_claimed(path, claim, size, lambda file: self.source.get_into(path, file))
+        except Exception:  # the reader that needs it, now unblocked, fetches it and reports
+            pass
+        finally:
+            with self._lock:
+                self._scheduled.discard(path)
+
     def _fetch(self, path: str) -> None:
         cache = self.source.cache
         assert cache is not None
@@ -222,7 +288,13 @@ class Prefetcher:
             self.forget_after_fork()
             return
         with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+            executors = (self._executor, self._fetchers)
+            self._executor = self._fetchers = None
+        for executor in executors:
+            if executor is not None:
+                executor.shutdown(wait=True, cancel_futures=True)
+        with self._lock:  # claims whose download never started: let others download them
+            claims, self._claims = list(self._claims.values()), {}
+        for claim in claims:
+            release_claim(claim)
         self._unpin_all()

@@ -175,6 +175,14 @@ class RemoteSource:
         cache = "" if self.cache is None else f", cache={self.cache!r}"
         return f"RemoteSource({self.protocol!r}, fetch={self.fetch!r}{cache})"
 
+    @property
+    def connected(self) -> bool:
+        """Whether this process has opened its own filesystem (its client and connections):
+        a worker the main process fetches for never does (NOTE [ The main process fetches
+        for its workers ])."""
+        handle = self._handle
+        return handle is not None and handle.pid == os.getpid()
+
     def _fs(self) -> _Handle:
         handle = self._handle
         if handle is not None and handle.pid == os.getpid():
@@ -361,6 +369,14 @@ class RemoteSource:
         """The order shards will be read in: reading one fetches the next ``lookahead_shards``
         of this list into the cache in the background (NOTE [ Shard prefetch order ])."""
         self._prefetcher.set_plan(paths)
+
+    def fetch_for_workers(self, paths: list[str]) -> None:
+        """In ``"shard"`` mode, download these whole objects into the cache in the background
+        on this process's threads, each claimed first, so that a process wanting one meanwhile
+        waits for this download instead of making its own (NOTE [ The main process fetches for
+        its workers ]). Objects cached, being downloaded, or of unknown size are skipped."""
+        if self.fetch == "shard":
+            self._prefetcher.fetch_claimed(paths)
 
     def prefetch(self, paths: list[str]) -> None:
         """Fetch these whole objects into the cache in the background, in this order."""
