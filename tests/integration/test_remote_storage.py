@@ -208,12 +208,17 @@ def test_plan_fetches_the_next_shards_ahead(s3, tmp_path) -> None:
     remote.source.close()  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("streamed", [False, True])
 def test_objects_of_known_size_stream_to_disk_and_one_of_another_size_is_named(
-    s3, tmp_path
+    s3, tmp_path, monkeypatch, streamed
 ) -> None:
-    """A whole object of known size goes to the cache through one streamed GET (the bytes
-    are never returned whole in memory); one whose size is not what the manifest said fails
-    at once (no retries: it is another object), naming it, and is not cached."""
+    """A whole object of known size goes to the cache through one GET straight to its file
+    (streamed when large); one whose size is not what the manifest said, shorter or longer,
+    fails at once (no retries: it is another object), naming it, and is not cached."""
+    from stoker.storage import remote
+
+    if streamed:  # every object is "large": fsspec's streamed get
+        monkeypatch.setattr(remote, "_READ_WHOLE_MAX", 0)
     source = _remote(s3, tmp_path, fetch="shard", cache_dir=str(tmp_path / "c"),
                      cache_bytes=10**6).source
     sizes = [Path(p).stat().st_size for p in s3.local_urls]
@@ -231,6 +236,14 @@ def test_objects_of_known_size_stream_to_disk_and_one_of_another_size_is_named(
         f"manifest says {sizes[1] + 1}: it changed since; index it again (stoker pack)")
     assert source.local_path(s3.urls[1]) is None  # type: ignore[attr-defined]
     assert source.cache.used_bytes() == sizes[0]  # type: ignore[attr-defined]
+    source.expect_sizes({s3.urls[2]: sizes[2] - 1})  # type: ignore[attr-defined]
+    with pytest.raises(RemoteReadError) as info:
+        source.read(s3.urls[2])
+    assert info.value.attempts == 1 and str(info.value).endswith(
+        f"ValueError: the object is {sizes[2] if streamed else f'over {sizes[2] - 1}'} "
+        "bytes, its listing or the dataset's "
+        f"manifest says {sizes[2] - 1}: it changed since; index it again (stoker pack)")
+    assert source.local_path(s3.urls[2]) is None  # type: ignore[attr-defined]
     source.close()  # type: ignore[attr-defined]
 
 

@@ -44,6 +44,7 @@ _BACKENDS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs")
              "gcs": ("gcsfs", "gcs"), "http": ("aiohttp", "remote"),
              "https": ("aiohttp", "remote")}
 _LIST_AT_LEAST = 4  # objects of unknown size worth a directory listing
+_READ_WHOLE_MAX = 16 << 20  # get_into reads objects up to this size at once
 _INHERITED: list[object] = []  # NOTE [ Remote handles after fork ]: never closed in a child
 _BOTOCORE_DATA: list[Any] = []  # NOTE [ S3 clients after fork ]: the process's data loader
 _LOCKS_LOCK = threading.Lock()  # guards replacing a source's inherited lock; new in a child
@@ -334,19 +335,27 @@ class RemoteSource:
         )
 
     def get_into(self, path: str, file: str) -> int:
-        """The whole object streamed into the local ``file`` by one GET, never held in
-        memory whole (retried; its length checked against its size when that is known, else
-        remembered); returns its length."""
+        """The whole object into the local ``file`` by one GET (retried; its length checked
+        against its size when that is known, else remembered); returns its length. Streamed,
+        never held in memory whole, unless it is known to be at most ``_READ_WHOLE_MAX``
+        bytes: then read at once and written (fsspec's streamed get reads 64 KiB at a time,
+        which took ~1.5-2x the CPU of one read for a 600 KB object)."""
         handle = self._fs()
         size = self._sizes.get(path)
 
         def fetch() -> int:
+            if size is not None and size <= _READ_WHOLE_MAX:
+                # One byte past the end: a longer object shows. A body cut short raises (its
+                # Content-Length), so fewer bytes mean a shorter object.
+                data = handle.fs.cat_file(path, start=0, end=size + 1)
+                if len(data) != size:
+                    raise _changed(len(data) if len(data) < size else f"over {size}", size)
+                with open(file, "wb") as f:
+                    return f.write(data)
             handle.fs.get_file(path, file)  # a body cut short raises (its Content-Length)
             got = os.path.getsize(file)
             if size is not None and got != size:  # a whole other object: not retried
-                raise ValueError(
-                    f"the object is {got} bytes, its listing or the dataset's manifest says "
-                    f"{size}: it changed since; index it again (stoker pack)")
+                raise _changed(got, size)
             return got
 
         request = ReadRequest(path) if size is None else ReadRequest(path, 0, size)
@@ -381,6 +390,14 @@ class RemoteSource:
     def prefetch(self, paths: list[str]) -> None:
         """Fetch these whole objects into the cache in the background, in this order."""
         self._prefetcher.schedule(paths)
+
+
+def _changed(got: int | str, expected: int) -> ValueError:
+    """An object of another size than its listing or manifest said: another object, so a
+    permanent error (not retried)."""
+    return ValueError(
+        f"the object is {got} bytes, its listing or the dataset's manifest says {expected}: "
+        "it changed since; index it again (stoker pack)")
 
 
 _OPTIONS = ("storage_options", "retry", "cache_dir", "cache_bytes", "fetch", "lookahead_shards")
