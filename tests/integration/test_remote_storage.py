@@ -459,6 +459,42 @@ def test_the_main_process_downloads_the_shards_its_workers_wait_for(
         assert not any(c for _, c in got)  # no worker opened a client
 
 
+def test_the_main_process_downloads_the_shards_of_a_stream_ahead_of_its_workers(
+    s3, tmp_path
+) -> None:
+    """NOTE [ The main process fetches for its workers ], iterable: a stream over a remote
+    pack through 2 workers, each told how many samples were asked of it; the main process
+    keeps ahead of where each worker can have read (its buffer's policy), so no worker makes
+    an S3 client, each shard is downloaded once, and the stream is the local one's."""
+    from stoker.formats import TarShards, TarShardStream, pack
+
+    packed = tmp_path / "packed"
+    pack(Numbers(), str(packed), samples_per_shard=4, workers=1, progress=False)
+    s3.upload_dir(str(packed), "bucket", "tars")
+    source = open_source("s3://bucket/tars/index.json", storage_options=s3.storage_options,
+                         retry=FAST_RETRY, cache_dir=str(tmp_path / "cache"),
+                         cache_bytes=10**7, fetch="shard")
+    options = {"shuffle_buffer": 5, "shuffle_initial": 2, "seed": 2}
+    remote = TarShardStream("s3://bucket/tars/index.json", source=source,
+                            transform=_LabelAndClient(source), **options)
+    local = TarShardStream(str(packed), transform=label, **options)
+
+    def epoch(dataset: Any) -> list[Any]:
+        loader = stoker.DataLoader(dataset, batch_size=3, num_workers=2, timeout=60)
+        return [x for batch in loader for x in
+                (zip(*batch, strict=True) if isinstance(batch, list) else batch.tolist())]
+
+    try:
+        got = epoch(remote)
+    finally:
+        source.close()  # type: ignore[attr-defined]
+    assert [int(x) for x, _ in got] == epoch(local)
+    assert not any(c for _, c in got)  # no worker opened a client
+    shards = {f"/bucket/tars/{Path(s.path).name}" for s in TarShards(str(packed)).shards}
+    assert {p: n for p, n in s3.faults.gets_by_path.items() if p in shards} == dict.fromkeys(
+        shards, 1)
+
+
 def test_a_shard_changed_after_packing_is_named_when_it_is_downloaded(s3, tmp_path) -> None:
     """In shard mode the manifest's sizes are taken without asking the store; a shard that
     is not the size the manifest says fails on its download, at once, naming the shard."""

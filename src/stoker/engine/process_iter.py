@@ -79,10 +79,13 @@ class ProcessIterator(BaseIterator):
         # taken over its seeds (NOTE [ Seeds set in worker_init_fn stay ]). Assuming no let
         # an idle worker exit while a task still queued behind a straggler could move to it.
         self._gives_back = [loader.worker_init_fn is None] * self._num_workers
-        # A map-style dataset may ask to see each batch here as it is sent, e.g. to download
-        # what the worker will read (stoker.formats.TarShards); the samples do not change.
+        # A dataset may ask to see each batch here as it is sent (an iterable one: the samples
+        # asked of the worker so far), e.g. to download what the worker will read
+        # (stoker.formats.TarShards, TarShardStream); the samples do not change.
         self._fetch_for_batch = None if self._is_iterable else getattr(
             self._dataset, "stoker_fetch_for_batch", None)
+        self._fetch_for_stream = getattr(self._dataset, "stoker_fetch_for_stream", None) \
+            if self._is_iterable else None
         self._init_dispatch()
         start_workers(self._group, ctx, self._specs(loader, ctx), self._prime)
         self._worker_pids = self._group.pids
@@ -140,6 +143,7 @@ class ProcessIterator(BaseIterator):
             self._try_put_index()
 
     def _init_dispatch(self) -> None:
+        self._asked = [0] * self._num_workers  # samples asked of each worker this epoch
         self._book = TaskBook(self._num_workers, self._prefetch, self._in_order,
                               self._gives_back)
         self._moves = MovePolicy(self._book, StragglerWatch(self._num_workers), self._may_move)
@@ -199,11 +203,14 @@ class ProcessIterator(BaseIterator):
         self._send_task(wid, position, index)
 
     def _send_task(self, wid: int, position: int, index: Any) -> None:
-        if self._fetch_for_batch is not None:
-            try:  # NOTE [ The main process fetches for its workers ] in storage.prefetch
+        try:  # NOTE [ The main process fetches for its workers ] in storage.prefetch
+            if self._fetch_for_batch is not None:
                 self._fetch_for_batch(index if isinstance(index, list) else [index])
-            except Exception:  # the worker reads the batch as always, and reports there
-                pass
+            elif self._fetch_for_stream is not None:
+                self._asked[wid] += self._step_samples
+                self._fetch_for_stream(wid, self._num_workers, self._asked[wid])
+        except Exception:  # the worker reads the batch as always, and reports there
+            pass
         self._group.collect_released()
         self._send(wid, msg.Task(self._epoch, position, index, self._group.take_release(wid)))
         if self._book.sent(wid, position):

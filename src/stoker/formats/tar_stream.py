@@ -27,7 +27,12 @@ Shuffle quality (what the order is, exactly):
 
 From object storage with a cache, each reader hands its shard list to the source's ``plan``:
 while it reads shard k, shards k+1 .. k+lookahead_shards download in the background (NOTE
-[ Shard prefetch order ]).
+[ Shard prefetch order ]). Over a pack, stoker's loader has its main process download them
+instead: each time it asks a worker for a batch it tells the dataset how many samples it has
+asked of that worker (``stoker_fetch_for_stream``), from which the dataset knows how far into
+its shard list the worker has read at most (its buffer's policy, the manifest's sample counts)
+and has the main process claim and fetch the shards up to there and ``lookahead_shards`` past
+(NOTE [ The main process fetches for its workers ]).
 
 Guarantees the map-style readers have and this one has not: ranks may read different numbers of
 samples (when shards differ in size or their count does not divide evenly; under DDP that can
@@ -39,13 +44,15 @@ world size and ``num_workers``. It is deterministic for a given seed, epoch, wor
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from stoker.distributed import shard_info, shard_list
+from stoker.distributed import ShardInfo, detect, shard_info, shard_list
 from stoker.formats._common import default_source
 from stoker.formats.tar_index import ShardTable, check_crc, scan_bytes, shard_bytes
 from stoker.formats.tar_shards import (
@@ -84,6 +91,8 @@ class TarShardStream(IterableDataset[Any]):
             raise ValueError(f"shuffle_initial={shuffle_initial}: expected 1 or more (samples "
                              "buffered before the first one is yielded)")
         self._tables: dict[str, ShardTable] = {}
+        self._counts: dict[str, int] = {}  # a pack's samples per shard
+        self._plans: dict[tuple[int, ...], tuple[list[str], list[int]]] = {}
         if isinstance(shards, str):
             self.source = default_source(shards, source)
             manifest = manifest_path(shards)
@@ -104,6 +113,7 @@ class TarShardStream(IterableDataset[Any]):
     def _open_pack(self, manifest_file: str) -> list[str]:
         manifest = read_manifest(self.source, manifest_file)
         paths = [s.path for s in manifest.shards]
+        self._counts = {s.path: s.samples for s in manifest.shards}
         expect_manifest_sizes(self.source, manifest.shards)  # streamed to disk, not asked
         if manifest.tables is not None:  # a pack from before the file of indexes: scanned
             self._tables = dict(zip(paths, read_tables(self.source, manifest), strict=True))
@@ -127,13 +137,44 @@ class TarShardStream(IterableDataset[Any]):
                     sample[fields[m]] = value
                 yield sample
 
-    def __iter__(self) -> Iterator[Any]:
+    def _mine(self, info: ShardInfo) -> list[str]:
+        """The shards reader ``info`` reads this epoch, in order."""
         order = list(self.shards)
         random.Random(f"{self.seed}/{self.epoch}/shards").shuffle(order)
+        return shard_list(order, info)
+
+    def stoker_fetch_for_stream(self, worker_id: int, num_workers: int, samples: int) -> None:
+        """Called by stoker's loader in its main process each time it asks worker
+        ``worker_id`` (of ``num_workers``) for a batch, with the samples asked of it so far
+        this epoch: over a remote pack in shard mode, the main process downloads the shards
+        that worker reads next, and the worker waits for them instead of making its own S3
+        client (NOTE [ The main process fetches for its workers ]). The samples are the same
+        without it (torch's DataLoader does not call it)."""
+        fetch = getattr(self.source, "fetch_for_workers", None)
+        if fetch is None or not self._counts:
+            return
+        ctx = detect()
+        key = (self.seed, self.epoch, ctx.rank, ctx.world_size, worker_id, num_workers)
+        plan = self._plans.get(key)
+        if plan is None:
+            mine = self._mine(ShardInfo(ctx.rank, ctx.world_size, worker_id, num_workers))
+            plan = self._plans[key] = (mine, list(itertools.accumulate(
+                self._counts[p] for p in mine)))
+            if len(self._plans) > 64:  # epochs long gone
+                self._plans = {key: plan}
+        mine, ends = plan
+        # Read at most: the buffer's first shuffle_initial, then two in per one out until it
+        # holds shuffle_buffer. Shards ending at or before `samples` are read whole.
+        read = min(self.shuffle_initial + 2 * samples, samples + self.shuffle_buffer)
+        done = bisect.bisect_right(ends, samples)
+        reading = bisect.bisect_left(ends, read)
+        fetch(mine[done : reading + 1 + getattr(self.source, "lookahead_shards", 0)])
+
+    def __iter__(self) -> Iterator[Any]:
         info = shard_info()
         rng = random.Random(f"{self.seed}/{self.epoch}/{info.shard_id}/{info.num_shards}")
         buffer: list[dict[str, Any]] = []
-        mine = shard_list(order, info)
+        mine = self._mine(info)
         plan = getattr(self.source, "plan", None)
         if plan is not None:  # a remote source fetches this reader's next shards ahead
             plan(mine)

@@ -29,7 +29,10 @@ download cached.
 
 NOTE [ The main process fetches for its workers ]
 Under stoker's loader a map-style dataset defining ``stoker_fetch_for_batch(indices)`` sees
-each batch in the main process as it is sent to a worker (the engine's ``_send_task``).
+each batch in the main process as it is sent to a worker (the engine's ``_send_task``), and
+an iterable one defining ``stoker_fetch_for_stream(worker_id, num_workers, samples)`` learns
+how many samples have been asked of that worker (``TarShardStream`` over a pack works out the
+shards the worker can have reached and those just past them).
 ``TarShards`` hands the batch's shards to ``RemoteSource.fetch_for_workers``: each shard not
 cached is claimed at once (``ShardCache.claim``: its download lock, taken before the worker
 has the batch) and downloaded on ``_FETCH_FOR_OTHERS_THREADS`` threads of the main process.
@@ -44,9 +47,12 @@ waiting for it, which downloads it itself with retries and reports as before. Me
 workers, 3 cold epochs each, before -> after): workers' CPU 1.47-1.65 -> 0.55-0.57 s an
 epoch, the main process's 0.31-0.38 -> 1.25-1.38 s (the downloads' botocore work moves
 there), peak memory added 56-58 -> 39-43 MiB, samples/s 11.5-12.4k -> 12.2-13.6k, first
-batch 0.48-0.53 -> 0.36-0.47 s. 8 threads measured best of 2, 4, 8 and 16 (2: 7.8-8.1k
-samples/s). With many small shards the main process's GIL is the limit: each download costs
-it ~5 ms of CPU here (botocore, the cache), ~200 downloads a second on one core.
+batch 0.48-0.53 -> 0.36-0.47 s; the stream over the pack: memory added 83-85 -> 58-65 MiB,
+first batch 0.20-0.30 -> 0.17-0.22 s, samples/s 11.5-12.9k -> 10.9-12.1k (its downloads cost
+the main process more CPU than they cost the workers: ~6 against ~5 ms each, its threads
+contending for one GIL). 8 threads measured best of 2, 4, 8 and 16 (2: 7.8-8.1k samples/s).
+With many small shards the main process's GIL is the limit: each download costs it ~5 ms of
+CPU here (botocore, the cache), ~200 downloads a second on one core.
 """
 
 from __future__ import annotations
