@@ -22,6 +22,8 @@ does not depend on the dataset's size).
 Bounds: ``network_bound`` (every shard fetched whole by a connected client, at the best of
 2-16 GETs at a time) and, with ``--decode``, ``decode_bound`` (the transform on bytes in memory,
 one core's rate times ``--workers``); ``steady_fraction_of_bound`` compares against the smaller.
+With ``--decode`` also ``shared_cpu_ceiling``: the decode plus the server's CPU per sample on
+this machine's cores (the server shares them), the most any loader could reach here.
 Loaders: stoker's ``TarShards`` by whole shards (``stoker_packed_shards``) and by ranges,
 ``TarShardStream`` (whole shards in order, a 1,000-sample buffer) over the pack's indexes
 (``stoker_stream``) and over the bare shard list, each shard's tar parsed
@@ -246,6 +248,7 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     base = results[0]["samples_per_s"]
     bounds = [r["samples_per_s"] for r in results if r["loader"].endswith("_bound")]
+    ceiling = [r["samples_per_s"] for r in results if r["loader"] == "shared_cpu_ceiling"]
     for record in results:
         record |= {"workload": "remote_shards", "latency_ms": args.latency_ms,
                    "num_workers": args.workers, "decode": args.decode,
@@ -256,6 +259,9 @@ def main() -> None:
         elif "steady_samples_per_s" in record:
             record["steady_fraction_of_bound"] = round(
                 record["steady_samples_per_s"] / min(bounds), 3)
+            if ceiling:
+                record["steady_fraction_of_shared_cpu_ceiling"] = round(
+                    record["steady_samples_per_s"] / ceiling[0], 3)
         print(json.dumps(record), flush=True)
 
 
@@ -331,10 +337,24 @@ def measure(tmp: Path, args: Any) -> list[dict[str, Any]]:
                     measured(name, make)
                 except Exception as exc:  # a peer failing is a result: record it, go on
                     results.append({"loader": name, "error": f"{type(exc).__name__}: {exc}"})
-        results.append(network_bound(shard_urls, options, args.samples, server_cpu))
+        network = network_bound(shard_urls, options, args.samples, server_cpu)
+        results.append(network)
         if args.decode:
-            results.append(decode_bound(tmp / "files", names, args.workers))
+            decode = decode_bound(tmp / "files", names, args.workers)
+            results += [decode, shared_cpu_bound(decode, network, args.samples)]
     return results
+
+
+def shared_cpu_bound(decode: dict[str, Any], network: dict[str, Any],
+                     samples: int) -> dict[str, Any]:
+    """``--decode``: what this machine's cores allow when the server runs on them too: each
+    sample costs its decode (one core's rate) plus the server's CPU for its bytes (from the
+    network bound's run); no loader overhead at all. Not a goal's bound (those are the network
+    and the decode bound): it says how much of the decode bound any loader could reach here."""
+    cores = min(os.cpu_count() or 1, decode["samples_per_s"] / decode["per_core_samples_per_s"])
+    per_sample = 1 / decode["per_core_samples_per_s"] + network["server_cpu_s"] / samples
+    return {"loader": "shared_cpu_ceiling", "samples_per_s": round(cores / per_sample, 1),
+            "of_decode_bound": round(cores / per_sample / decode["samples_per_s"], 3)}
 
 
 if __name__ == "__main__":
