@@ -390,9 +390,10 @@ def test_remote_tar_shards_equal_the_local_ones_with_each_shard_fetched_once(
     gets = Counter(p for p, n in s3.faults.gets_by_path.items() if p.startswith("/bucket/tars/")
                    for _ in range(n))
     shards = [Path(s.path).name for s in local.shards]
-    expected = {f"/bucket/tars/{n}" for n in shards} | {"/bucket/tars/index.json"}
-    if indexes == "one file":
-        expected.add("/bucket/tars/index.tables.npz")
+    # The file of indexes is asked for alongside the manifest whether it is used or not
+    # (NOTE [ The file of indexes alongside the manifest ]).
+    expected = {f"/bucket/tars/{n}" for n in shards} | {"/bucket/tars/index.json",
+                                                         "/bucket/tars/index.tables.npz"}
     assert {p for p in gets if not p.endswith(".idx.npz")} == expected
     assert all(gets[p] == 1 for p in expected)
     idx = {p: n for p, n in gets.items() if p.endswith(".idx.npz")}
@@ -497,6 +498,33 @@ def test_the_main_process_downloads_the_shards_of_a_stream_ahead_of_its_workers(
     shards = {f"/bucket/tars/{Path(s.path).name}" for s in TarShards(str(packed)).shards}
     assert {p: n for p, n in s3.faults.gets_by_path.items() if p in shards} == dict.fromkeys(
         shards, 1)
+
+
+@pytest.mark.parametrize("guessed", ["whole", "too short"])
+def test_a_remote_pack_reads_its_file_of_indexes_alongside_its_manifest(
+    s3, tmp_path, monkeypatch, guessed
+) -> None:
+    """NOTE [ The file of indexes alongside the manifest ]: its bytes, asked for with the
+    manifest, are used when they are the whole file the manifest names (one GET of each);
+    when the file is larger than what was asked, it is read again, whole, and the dataset is
+    the same."""
+    from stoker.formats import TarShards, pack, tar_shards
+
+    if guessed == "too short":
+        monkeypatch.setattr(tar_shards, "_GUESSED_TABLES_BYTES", 100)
+    packed = tmp_path / "packed"
+    pack(Numbers(), str(packed), samples_per_shard=4, workers=1, progress=False)
+    s3.upload_dir(str(packed), "bucket", "tars")
+    source = open_source("s3://bucket/tars/index.json", storage_options=s3.storage_options,
+                         retry=FAST_RETRY)
+    try:
+        remote = TarShards("s3://bucket/tars/index.json", source=source, transform=label)
+        assert [remote[i] for i in range(len(remote))] == list(range(29))
+    finally:
+        source.close()  # type: ignore[attr-defined]
+    gets = s3.faults.gets_by_path
+    assert gets["/bucket/tars/index.json"] == 1
+    assert gets["/bucket/tars/index.tables.npz"] == (1 if guessed == "whole" else 2)
 
 
 def test_a_shard_changed_after_packing_is_named_when_it_is_downloaded(s3, tmp_path) -> None:

@@ -16,11 +16,12 @@ shard is scanned at open: every byte read once; ``stoker.formats.index_shard`` s
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import posixpath
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from torch.utils.data import Dataset
 from stoker.errors import ShardError
 from stoker.formats._common import default_source, join, parent
 from stoker.formats.tar_index import (
+    TABLES_NAME,
     ShardTable,
     check_crc,
     load_index,
@@ -40,6 +42,7 @@ from stoker.storage import ByteSource
 _INDEX_THREADS = 8  # remote indexes read at once (NOTE [ A batch's shards at once ])
 _EAGER_REMOTE_INDEXES = 256  # up to this many shards, remote indexes are read at construction
 _EAGER_TABLES_BYTES = 256 << 20  # a remote index file up to this size is read at construction
+_GUESSED_TABLES_BYTES = 8 << 20  # NOTE [ The file of indexes alongside the manifest ]
 
 MANIFEST_NAME = "index.json"
 MANIFEST_FORMAT = "stoker-tar-shards"
@@ -76,11 +79,39 @@ class Manifest:
     meta: dict[str, Any]
     tables: str | None = None
     tables_bytes: int = 0
+    tables_data: bytes | None = field(default=None, repr=False)  # read alongside, if it was
+
+
+# NOTE [ The file of indexes alongside the manifest ]
+# Opening a remote pack took two round trips one after the other: the manifest, then the file
+# of indexes it names. `stoker pack` always writes that file as TABLES_NAME beside the manifest,
+# so from object storage its first _GUESSED_TABLES_BYTES are asked for at the same time and
+# kept when the manifest names that file at that size (packs of up to ~40,000 samples at ~200
+# bytes a sample); otherwise they are dropped and the file is read as before. A pack whose
+# index file is larger pays one ranged GET it did not need.
 
 
 def read_manifest(source: ByteSource, path: str) -> Manifest:
+    """The manifest at ``path`` (NOTE [ The file of indexes alongside the manifest ])."""
+    read_prefix = getattr(source, "read_prefix", None)
+    if read_prefix is None:
+        return _parse_manifest(source.read(path), path)
+    guess = join(parent(path), TABLES_NAME)
+    with ThreadPoolExecutor(1) as pool:
+        tables = pool.submit(read_prefix, guess, _GUESSED_TABLES_BYTES)
+        manifest = _parse_manifest(source.read(path), path)
+        try:
+            data = tables.result()
+        except Exception:  # none there (a pack from before it), or failing: read when needed
+            return manifest
+    if manifest.tables == guess and len(data) == manifest.tables_bytes:
+        return dataclasses.replace(manifest, tables_data=data)
+    return manifest
+
+
+def _parse_manifest(raw: bytes, path: str) -> Manifest:
     try:
-        manifest = json.loads(source.read(path))
+        manifest = json.loads(raw)
         if manifest.get("format") != MANIFEST_FORMAT:
             raise ValueError(f"format is {manifest.get('format')!r}")
         base = parent(path)
@@ -102,7 +133,9 @@ def read_manifest(source: ByteSource, path: str) -> Manifest:
 def read_tables(source: ByteSource, manifest: Manifest) -> list[ShardTable]:
     """Every shard's index from the manifest's file of them, one per listed shard."""
     assert manifest.tables is not None
-    tables = tables_from_bytes(source.read(manifest.tables), manifest.tables)
+    data = manifest.tables_data
+    tables = tables_from_bytes(source.read(manifest.tables) if data is None else data,
+                               manifest.tables)
     if len(tables) != len(manifest.shards):
         raise ShardError(
             f"{manifest.tables}: indexes of {len(tables)} shards, the manifest lists "

@@ -317,6 +317,18 @@ class RemoteSource:
             length,
         )
 
+    def read_prefix(self, path: str, length: int) -> bytes:
+        """The object's first ``length`` bytes, or all of it when it is shorter: one GET
+        (retried), not through the cache. A body cut short raises (its Content-Length), so
+        fewer bytes mean a shorter object."""
+        handle = self._fs()
+        data: bytes = read_with_retries(
+            ReadRequest(path, 0, length),
+            lambda: handle.fs.cat_file(path, start=0, end=length), self.retry, None)
+        if len(data) < length:
+            self._sizes.setdefault(path, len(data))
+        return data
+
     def get_whole(self, path: str) -> bytes:
         """The whole object in one GET (retried; its length checked against its size when
         that is known, else remembered)."""
