@@ -414,7 +414,7 @@ class _LabelAndClient:
         return label(sample), self.source.connected
 
 
-@pytest.mark.parametrize("failing", [False, True])
+@pytest.mark.parametrize("failing", [False, True, "opted out"])
 def test_the_main_process_downloads_the_shards_its_workers_wait_for(
     s3, tmp_path, failing
 ) -> None:
@@ -422,7 +422,8 @@ def test_the_main_process_downloads_the_shards_its_workers_wait_for(
     through 2 workers: each batch's shards are downloaded once, by the loader's main process,
     and no worker makes an S3 client of its own. When the main process's download of a shard
     fails for good (503 on each of its 5 tries), the worker that waits for it downloads it
-    itself: the epoch is the local one either way."""
+    itself: the epoch is the local one either way. With ``main_downloads=False`` each worker
+    downloads its own, as before."""
     from stoker.formats import TarShards, pack
 
     packed = tmp_path / "packed"
@@ -430,11 +431,12 @@ def test_the_main_process_downloads_the_shards_its_workers_wait_for(
     s3.upload_dir(str(packed), "bucket", "tars")
     url = "s3://bucket/tars/index.json"
     source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
-                         cache_dir=str(tmp_path / "cache"), cache_bytes=10**7, fetch="shard")
+                         cache_dir=str(tmp_path / "cache"), cache_bytes=10**7, fetch="shard",
+                         main_downloads=failing != "opted out")
     remote = TarShards(url, source=source, transform=_LabelAndClient(source))
     local = TarShards(str(packed / "index.json"), transform=label)
     assert source.connected  # type: ignore[attr-defined]  # the manifest, read here
-    if failing:
+    if failing is True:
         s3.faults.fail("status", "shard-000003.tar", times=FAST_RETRY.attempts)
 
     def epoch(dataset: Any) -> list[Any]:
@@ -454,7 +456,9 @@ def test_the_main_process_downloads_the_shards_its_workers_wait_for(
     faulty = "/bucket/tars/shard-000003.tar"
     assert set(gets) == shards
     assert all(n == 1 for p, n in gets.items() if p != faulty)
-    if failing:
+    if failing == "opted out":
+        assert gets[faulty] == 1 and all(c for _, c in got)  # every worker its own client
+    elif failing:
         assert s3.faults.injected == FAST_RETRY.attempts
         assert gets[faulty] == FAST_RETRY.attempts + 1  # the main's 5 tries, a worker's one
         clients = {int(x): c for x, c in got}

@@ -111,7 +111,10 @@ class RemoteSource:
     ``cache_bytes`` keep whole objects on local disk (shared by all processes naming the same
     directory); ``fetch`` says how a sample is read: ``"shard"`` fetches its whole object into
     the cache first, ``"range"`` GETs just its bytes, ``"auto"`` is ``"shard"`` with a cache
-    and ``"range"`` without.
+    and ``"range"`` without. ``main_downloads``: in ``"shard"`` mode under stoker's loader, its
+    main process downloads the shards its workers read (NOTE [ The main process fetches for
+    its workers ]); False leaves each worker to download its own (a training loop that keeps
+    the main process's GIL busy in Python would slow those downloads).
     """
 
     def __init__(
@@ -124,6 +127,7 @@ class RemoteSource:
         cache_bytes: int | None = None,
         fetch: FetchMode = "auto",
         lookahead_shards: int = 2,
+        main_downloads: bool = True,
     ) -> None:
         _require_fsspec(protocol)
         if fetch not in ("auto", "shard", "range"):
@@ -143,6 +147,7 @@ class RemoteSource:
         self.fetch: FetchMode = fetch if fetch != "auto" else (
             "range" if self.cache is None else "shard")
         self.lookahead_shards = lookahead_shards
+        self.main_downloads = bool(main_downloads)
         # Object sizes, asked once: kept on the source (not the per-process handle), so
         # workers forked or unpickled after the dataset was opened never ask again.
         self._sizes: dict[str, int] = {}
@@ -396,7 +401,7 @@ class RemoteSource:
         on this process's threads, each claimed first, so that a process wanting one meanwhile
         waits for this download instead of making its own (NOTE [ The main process fetches for
         its workers ]). Objects cached, being downloaded, or of unknown size are skipped."""
-        if self.fetch == "shard":
+        if self.fetch == "shard" and self.main_downloads:
             self._prefetcher.fetch_claimed(paths)
 
     def prefetch(self, paths: list[str]) -> None:
@@ -412,7 +417,8 @@ def _changed(got: int | str, expected: int) -> ValueError:
         "it changed since; index it again (stoker pack)")
 
 
-_OPTIONS = ("storage_options", "retry", "cache_dir", "cache_bytes", "fetch", "lookahead_shards")
+_OPTIONS = ("storage_options", "retry", "cache_dir", "cache_bytes", "fetch", "lookahead_shards",
+            "main_downloads")
 
 
 def open_source(url_or_path: str, **options: Any) -> ByteSource:
