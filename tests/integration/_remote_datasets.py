@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,3 +52,14 @@ class Records(Dataset):
         data = self.source.read_range(self.urls[s], j * RECORD_BYTES, RECORD_BYTES)
         index = int.from_bytes(data[:8], "little")
         return torch.tensor([index, zlib.crc32(data[8:])], dtype=torch.int64)
+
+
+class LabelAndClient:
+    """A packed ``Numbers`` sample's label, and whether the process reading it opened its own
+    client to the store (NOTE [ The main process fetches for its workers ])."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __call__(self, sample: dict[str, bytes]) -> tuple[int, bool]:
+        return int(sample["cls"]), self.source.connected

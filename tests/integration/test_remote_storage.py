@@ -20,7 +20,12 @@ import torch.distributed as dist
 pytest.importorskip("moto.server", reason="the S3 server tests need moto[server] (test extra)")
 pytest.importorskip("s3fs", reason="reading s3:// needs s3fs (test extra)")
 
-from _remote_datasets import RECORD_BYTES, Records, write_records  # noqa: E402
+from _remote_datasets import (  # noqa: E402
+    RECORD_BYTES,
+    LabelAndClient,
+    Records,
+    write_records,
+)
 from _s3_server import S3Server  # noqa: E402
 from test_distributed import _free_port, run_ranks  # noqa: E402
 from test_tar_stream import Numbers, label  # noqa: E402
@@ -404,16 +409,6 @@ def test_remote_tar_shards_equal_the_local_ones_with_each_shard_fetched_once(
         assert len(idx) == len(shards) and all(n <= (2 if per_batch else 1) for n in idx.values())
 
 
-class _LabelAndClient:
-    """A sample's label, and whether the process reading it opened its own S3 client."""
-
-    def __init__(self, source: Any) -> None:
-        self.source = source
-
-    def __call__(self, sample: dict[str, bytes]) -> tuple[int, bool]:
-        return label(sample), self.source.connected
-
-
 @pytest.mark.parametrize("failing", [False, True, "opted out"])
 def test_the_main_process_downloads_the_shards_its_workers_wait_for(
     s3, tmp_path, failing
@@ -433,7 +428,7 @@ def test_the_main_process_downloads_the_shards_its_workers_wait_for(
     source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
                          cache_dir=str(tmp_path / "cache"), cache_bytes=10**7, fetch="shard",
                          main_downloads=failing != "opted out")
-    remote = TarShards(url, source=source, transform=_LabelAndClient(source))
+    remote = TarShards(url, source=source, transform=LabelAndClient(source))
     local = TarShards(str(packed / "index.json"), transform=label)
     assert source.connected  # type: ignore[attr-defined]  # the manifest, read here
     if failing is True:
@@ -485,7 +480,7 @@ def test_the_main_process_downloads_the_shards_of_a_stream_ahead_of_its_workers(
                          cache_bytes=10**7, fetch="shard")
     options = {"shuffle_buffer": 5, "shuffle_initial": 2, "seed": 2}
     remote = TarShardStream("s3://bucket/tars/index.json", source=source,
-                            transform=_LabelAndClient(source), **options)
+                            transform=LabelAndClient(source), **options)
     local = TarShardStream(str(packed), transform=label, **options)
 
     def epoch(dataset: Any) -> list[Any]:
