@@ -1,0 +1,138 @@
+"""Time to the first batch in a fresh process: what a training job's first epoch pays, where
+``remote_shards.py`` measures loaders one after another in one process (so imports, botocore's
+parsed S3 models and the process's first fork are paid once, before its timers).
+
+Each loader runs in a new Python process that imports ``torch`` and the loader's own package
+(``stoker``, or ``webdataset`` and, for presigning its URLs, ``boto3``), then times from
+opening the dataset to its first batch: anything imported lazily on the way (stoker's s3fs),
+the S3 client, the manifest, the workers' start and the downloads count. Same server as
+``remote_shards.py`` (moto + 10 ms per request in a process of its own), same pack, cold
+cache, 2 workers, batch 32, shuffled.
+
+    .venv/bin/python benchmarks/remote_first_batch.py [--samples 20000] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+KINDS = ("stoker_packed_shards", "stoker_stream", "stoker_stream_unindexed", "webdataset_http")
+
+
+def child(kind: str, endpoint: str, shard_names: list[str], cache: str,
+          main_downloads: bool = True) -> float:
+    """In a fresh process: seconds from opening the dataset to its first batch."""
+    import torch  # noqa: F401  (what every training script has imported)
+
+    def length(sample: dict[str, Any]) -> int:
+        return len(sample["jpg"])
+
+    if kind == "webdataset_http":
+        import boto3
+        import webdataset as wds
+        from torch.utils.data import DataLoader
+
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        urls = [client.generate_presigned_url("get_object", ExpiresIn=3600, Params={
+            "Bucket": "bench", "Key": f"packed/{n}"}) for n in shard_names]
+        start = time.perf_counter()
+        dataset = (wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=None,
+                                  empty_check=False).shuffle(1000).map(length))
+        next(iter(DataLoader(dataset, batch_size=32, num_workers=2)))
+        return time.perf_counter() - start
+    import stoker
+    from stoker.formats import TarShards, TarShardStream
+    from stoker.storage import open_source
+
+    options = {"client_kwargs": {"endpoint_url": endpoint}}
+    manifest = "s3://bench/packed/index.json"
+    start = time.perf_counter()
+    source = open_source(manifest, storage_options=options, fetch="shard", cache_dir=cache,
+                         cache_bytes=1 << 34, main_downloads=main_downloads)
+    if kind == "stoker_packed_shards":
+        loader: Any = stoker.DataLoader(TarShards(manifest, source=source, transform=length),
+                                        batch_size=32, num_workers=2, shuffle=True)
+    else:
+        shards = manifest if kind == "stoker_stream" else [
+            f"s3://bench/packed/{n}" for n in shard_names]
+        loader = stoker.DataLoader(TarShardStream(shards, source=source, transform=length),
+                                   batch_size=32, num_workers=2)
+    next(iter(loader))
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--samples", type=int, default=20000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--loaders", default=",".join(KINDS), help="comma-separated, of " +
+                        ", ".join(KINDS))
+    parser.add_argument("--no-main-downloads", action="store_true",
+                        help="stoker's workers download their own shards (main_downloads=False)")
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, endpoint, names, cache, main = args.child
+        print(json.dumps(child(kind, endpoint, json.loads(names), cache, main == "1")),
+              flush=True)
+        return
+    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
+    from _harness import machine_info
+    from _s3_server import S3ServerProcess
+    from remote_shards import write_folder
+
+    from stoker.formats import pack
+
+    tmp = Path(tempfile.mkdtemp(prefix="stoker-first-batch-"))
+    try:
+        write_folder(tmp / "files", args.samples)
+        pack(str(tmp / "files"), str(tmp / "packed"), samples_per_shard=100, workers=1,
+             progress=False)
+        names = sorted(n for n in os.listdir(tmp / "packed") if n.endswith(".tar"))
+        with S3ServerProcess() as s3:
+            s3.upload_dir(str(tmp / "packed"), "bench", "packed")
+            s3.faults.latency_s = 0.01
+            env = dict(os.environ, AWS_ACCESS_KEY_ID="testing",
+                       AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+            kinds = [k for k in args.loaders.split(",") if k]
+            unknown = sorted(set(kinds) - set(KINDS))
+            if unknown:
+                raise SystemExit(f"--loaders: unknown {unknown}; expected some of {KINDS}")
+            times: dict[str, list[float]] = {k: [] for k in kinds}
+            for _ in range(args.runs):  # interleaved: drift hits every loader alike
+                for kind in kinds:
+                    cache = tempfile.mkdtemp(prefix="cache-", dir=tmp)
+                    done = subprocess.run(
+                        [sys.executable, __file__, "--child", kind, s3.endpoint_url,
+                         json.dumps(names), cache, "0" if args.no_main_downloads else "1"],
+                        env=env, capture_output=True, text=True, timeout=300)
+                    if done.returncode != 0 or not done.stdout.strip():
+                        if "No module named" in done.stderr:
+                            break  # webdataset not installed here
+                        raise RuntimeError(f"{kind}: {done.stderr[-2000:]}")
+                    times[kind].append(float(done.stdout.strip().splitlines()[-1]))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for kind, seconds in times.items():
+        if seconds:
+            print(json.dumps({
+                "workload": "remote_first_batch", "loader": kind, "samples": args.samples,
+                "fresh_process_first_batch_s": round(statistics.median(seconds), 3),
+                "main_downloads": not args.no_main_downloads,
+                "runs_s": [round(s, 3) for s in seconds], "machine": machine_info()}))
+
+
+if __name__ == "__main__":
+    main()
