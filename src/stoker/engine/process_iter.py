@@ -205,7 +205,8 @@ class ProcessIterator(BaseIterator):
     def _send_task(self, wid: int, position: int, index: Any) -> None:
         try:  # NOTE [ The main process fetches for its workers ] in storage.prefetch
             if self._fetch_for_batch is not None:
-                self._fetch_for_batch(index if isinstance(index, list) else [index])
+                self._fetch_for_batch(list(index) if self._fetch_spec.auto_collation
+                                      else [index])
             elif self._fetch_for_stream is not None:
                 self._asked[wid] += self._step_samples
                 self._fetch_for_stream(wid, self._num_workers, self._asked[wid])

@@ -301,7 +301,7 @@ class TarShards(Dataset[Any]):
         without it (torch's DataLoader does not call it)."""
         if self._remote:
             try:
-                self._warm({self._position(i)[0] for i in indices})
+                self._warm(self._shard_ids(indices))
             except Exception:  # the sample that needs it reads it again and reports
                 pass
 
@@ -312,7 +312,11 @@ class TarShards(Dataset[Any]):
         its own S3 client (NOTE [ The main process fetches for its workers ])."""
         fetch = getattr(self.source, "fetch_for_workers", None)
         if self._remote and fetch is not None:
-            fetch([self.shards[s].path for s in sorted({self._position(i)[0] for i in indices})])
+            fetch([self.shards[s].path for s in self._shard_ids(indices)])
+
+    def _shard_ids(self, indices: list[int]) -> list[int]:
+        """The shards holding these samples, each once, in order."""
+        return sorted({self._position(i)[0] for i in indices})
 
     # NOTE [ A batch's shards at once ]
     # Remote indexes are read on first use, and in "shard" mode a sample's shard is fetched
@@ -325,13 +329,13 @@ class TarShards(Dataset[Any]):
     # batch needs are handed to the source's download threads before its first sample is
     # read, which then waits only for its own shard.
 
-    def _warm(self, shard_ids: set[int]) -> None:
-        missing = [s for s in sorted(shard_ids) if s not in self._tables]
+    def _warm(self, shard_ids: list[int]) -> None:
+        missing = [s for s in shard_ids if s not in self._tables]
         if len(missing) > 1:
             self._load_tables(missing)
         prefetch = getattr(self.source, "prefetch", None)
         if prefetch is not None and len(shard_ids) > 1:  # it skips the ones it holds open
-            prefetch([self.shards[s].path for s in sorted(shard_ids)])
+            prefetch([self.shards[s].path for s in shard_ids])
 
     def read(self, index: int) -> dict[str, Any]:
         """Sample ``index`` as raw bytes per field, before ``transform``."""
