@@ -63,3 +63,10 @@ class LabelAndClient:
 
     def __call__(self, sample: dict[str, bytes]) -> tuple[int, bool]:
         return int(sample["cls"]), self.source.connected
+
+
+def epoch_samples(loader: Any) -> list[Any]:
+    """One epoch's samples in order: ``(label, connected)`` pairs for a dataset transformed
+    by ``LabelAndClient`` (its batches collate to two lists), else the labels."""
+    return [x for batch in loader for x in
+            (zip(*batch, strict=True) if isinstance(batch, list) else batch.tolist())]

@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("aiohttp", reason="reading http:// needs aiohttp (remote extra)")
 
 from _http_server import HTTPFiles  # noqa: E402
-from _remote_datasets import LabelAndClient  # noqa: E402
+from _remote_datasets import LabelAndClient, epoch_samples  # noqa: E402
 from test_tar_stream import Numbers, label  # noqa: E402
 
 import stoker  # noqa: E402
@@ -32,9 +32,8 @@ def served(tmp_path: Path):
 
 
 def _labels(dataset: Any, **kwargs: Any) -> list[Any]:
-    loader = stoker.DataLoader(dataset, batch_size=5, num_workers=2, timeout=60, **kwargs)
-    return [x for batch in loader for x in
-            (zip(*batch, strict=True) if isinstance(batch, list) else batch.tolist())]
+    return epoch_samples(stoker.DataLoader(dataset, batch_size=5, num_workers=2, timeout=60,
+                                           **kwargs))
 
 
 @pytest.mark.parametrize("fetch", ["shard", "range"])

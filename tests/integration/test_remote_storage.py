@@ -24,6 +24,7 @@ from _remote_datasets import (  # noqa: E402
     RECORD_BYTES,
     LabelAndClient,
     Records,
+    epoch_samples,
     write_records,
 )
 from _s3_server import S3Server  # noqa: E402
@@ -435,10 +436,9 @@ def test_the_main_process_downloads_the_shards_its_workers_wait_for(
         s3.faults.fail("status", "shard-000003.tar", times=FAST_RETRY.attempts)
 
     def epoch(dataset: Any) -> list[Any]:
-        loader = stoker.DataLoader(dataset, batch_size=5, shuffle=True, num_workers=2,
-                                   timeout=60, generator=torch.Generator().manual_seed(4))
-        return [x for batch in loader for x in
-                (zip(*batch, strict=True) if isinstance(batch, list) else batch.tolist())]
+        return epoch_samples(stoker.DataLoader(
+            dataset, batch_size=5, shuffle=True, num_workers=2, timeout=60,
+            generator=torch.Generator().manual_seed(4)))
 
     try:
         got = epoch(remote)
@@ -484,9 +484,8 @@ def test_the_main_process_downloads_the_shards_of_a_stream_ahead_of_its_workers(
     local = TarShardStream(str(packed), transform=label, **options)
 
     def epoch(dataset: Any) -> list[Any]:
-        loader = stoker.DataLoader(dataset, batch_size=3, num_workers=2, timeout=60)
-        return [x for batch in loader for x in
-                (zip(*batch, strict=True) if isinstance(batch, list) else batch.tolist())]
+        return epoch_samples(stoker.DataLoader(dataset, batch_size=3, num_workers=2,
+                                               timeout=60))
 
     try:
         got = epoch(remote)
