@@ -79,6 +79,50 @@ def test_an_abandoned_iterator_stops_its_workers_as_its_last_reference_goes(data
     assert not alive, f"workers {[p.pid for p in alive]} outlived their iterator"
 
 
+class HeldAtBatchOne(torch.utils.data.Dataset):
+    """Notes each index it reads in ``log``; the first index of batch 1 waits for ``go``."""
+
+    def __init__(self, log, go):
+        self.log, self.go = log, go
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        with open(self.log, "a") as f:
+            f.write(f"{i}\n")
+        if i == 4:
+            assert self.go.wait(WAIT_S), "never let go"
+        return i
+
+
+def test_a_worker_asked_to_stop_does_not_start_the_batches_queued_before_the_stop(
+    tmp_path, monkeypatch
+):
+    """Shutdown waits for the batch a worker is in, not for those queued behind it (torch's
+    workers skip every index once their done_event is set): a loader abandoned after its
+    first batch, while its one worker holds batch 1 with batches 2-4 queued, reads nothing
+    past batch 1."""
+    from stoker.workers import launch
+
+    go = torch.multiprocessing.get_context("fork").Event()
+    asked = launch.WorkerHandle.ask_to_stop
+
+    def ask_then_let_go(handle):  # STOP is in the socket, behind the queued tasks
+        asked(handle)
+        go.set()
+
+    monkeypatch.setattr(launch.WorkerHandle, "ask_to_stop", ask_then_let_go)
+    log = tmp_path / "read.log"
+    loader = stoker.DataLoader(HeldAtBatchOne(str(log), go), batch_size=4, num_workers=1,
+                               prefetch_factor=4, multiprocessing_context="fork")
+    it = iter(loader)
+    assert next(it).tolist() == [0, 1, 2, 3]
+    del it
+    assert go.is_set()
+    assert sorted(int(x) for x in log.read_text().split()) == list(range(8))
+
+
 def _process_or_none(pid):
     try:
         return psutil.Process(pid)

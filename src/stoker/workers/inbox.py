@@ -103,6 +103,12 @@ class Inbox:
                 self._withdraw_read_ahead(item.epoch, item.task_id)
         return withdrawn
 
+    def stop_read_ahead(self) -> bool:
+        """True once STOP (or the end of the socket) was read ahead: the main process wants
+        nothing more, so the tasks before it are not started (as torch's workers skip every
+        index once their ``done_event`` is set)."""
+        return any(kind == EOF_ or isinstance(item, msg.Stop) for kind, item in self._read_ahead)
+
     def tasks_ahead(self, epoch: int) -> list[msg.Task]:
         """Tasks of ``epoch`` already read and waiting their turn (by ``read_waiting``)."""
         return [item for kind, item in self._read_ahead if kind == MESSAGE

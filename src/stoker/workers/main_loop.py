@@ -319,6 +319,8 @@ class Worker:
                 if self.pipeline is None and self.inbox.read_waiting(self.epoch, item.task_id):
                     msg.send(self.conn, msg.Cancelled(item.epoch, item.task_id))
                     continue
+                if self.inbox.stop_read_ahead():
+                    return  # shutting down: a queued batch would only delay the exit
                 if self.fetcher is not None:  # None: worker_init_fn failed (run_task says)
                     self.fetcher.upcoming = [  # NOTE [ Batches announced ]
                         ((self.epoch, t.task_id), t.indices)
