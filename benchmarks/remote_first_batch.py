@@ -31,8 +31,9 @@ KINDS = ("stoker_packed_shards", "stoker_stream", "stoker_stream_unindexed", "we
 
 
 def child(kind: str, endpoint: str, shard_names: list[str], cache: str,
-          main_downloads: bool = True) -> float:
-    """In a fresh process: seconds from opening the dataset to its first batch."""
+          main_downloads: bool = True, client: str = "fsspec") -> list[float]:
+    """In a fresh process: seconds from opening the dataset to its first batch, and then to
+    shut its iterator down."""
     import torch  # noqa: F401  (what every training script has imported)
 
     def length(sample: dict[str, Any]) -> int:
@@ -49,8 +50,7 @@ def child(kind: str, endpoint: str, shard_names: list[str], cache: str,
         start = time.perf_counter()
         dataset = (wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=None,
                                   empty_check=False).shuffle(1000).map(length))
-        next(iter(DataLoader(dataset, batch_size=32, num_workers=2)))
-        return time.perf_counter() - start
+        return _first_batch_s(DataLoader(dataset, batch_size=32, num_workers=2), start)
     import stoker
     from stoker.formats import TarShards, TarShardStream
     from stoker.storage import open_source
@@ -59,7 +59,7 @@ def child(kind: str, endpoint: str, shard_names: list[str], cache: str,
     manifest = "s3://bench/packed/index.json"
     start = time.perf_counter()
     source = open_source(manifest, storage_options=options, fetch="shard", cache_dir=cache,
-                         cache_bytes=1 << 34, main_downloads=main_downloads)
+                         cache_bytes=1 << 34, main_downloads=main_downloads, client=client)
     if kind == "stoker_packed_shards":
         loader: Any = stoker.DataLoader(TarShards(manifest, source=source, transform=length),
                                         batch_size=32, num_workers=2, shuffle=True)
@@ -68,8 +68,18 @@ def child(kind: str, endpoint: str, shard_names: list[str], cache: str,
             f"s3://bench/packed/{n}" for n in shard_names]
         loader = stoker.DataLoader(TarShardStream(shards, source=source, transform=length),
                                    batch_size=32, num_workers=2)
-    next(iter(loader))
-    return time.perf_counter() - start
+    return _first_batch_s(loader, start)
+
+
+def _first_batch_s(loader: Any, start: float) -> list[float]:
+    """Seconds to the first batch, then seconds to shut the iterator down (kept apart: a
+    ``next(iter(loader))`` would time the shutdown too, as the iterator is freed)."""
+    it = iter(loader)
+    next(it)
+    first = time.perf_counter() - start
+    began = time.perf_counter()
+    del it
+    return [first, time.perf_counter() - began]
 
 
 def main() -> None:
@@ -80,12 +90,14 @@ def main() -> None:
                         ", ".join(KINDS))
     parser.add_argument("--no-main-downloads", action="store_true",
                         help="stoker's workers download their own shards (main_downloads=False)")
-    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--client", default="fsspec", choices=("fsspec", "obstore"),
+                        help="stoker's S3 client (open_source(client=...))")
+    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        kind, endpoint, names, cache, main = args.child
-        print(json.dumps(child(kind, endpoint, json.loads(names), cache, main == "1")),
-              flush=True)
+        kind, endpoint, names, cache, main, client = args.child
+        print(json.dumps(child(kind, endpoint, json.loads(names), cache, main == "1",
+                               client)), flush=True)
         return
     sys.path.insert(0, str(HERE))
     sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
@@ -111,18 +123,22 @@ def main() -> None:
             if unknown:
                 raise SystemExit(f"--loaders: unknown {unknown}; expected some of {KINDS}")
             times: dict[str, list[float]] = {k: [] for k in kinds}
+            shutdowns: dict[str, list[float]] = {k: [] for k in kinds}
             for _ in range(args.runs):  # interleaved: drift hits every loader alike
                 for kind in kinds:
                     cache = tempfile.mkdtemp(prefix="cache-", dir=tmp)
                     done = subprocess.run(
                         [sys.executable, __file__, "--child", kind, s3.endpoint_url,
-                         json.dumps(names), cache, "0" if args.no_main_downloads else "1"],
+                         json.dumps(names), cache, "0" if args.no_main_downloads else "1",
+                         args.client],
                         env=env, capture_output=True, text=True, timeout=300)
                     if done.returncode != 0 or not done.stdout.strip():
                         if "No module named" in done.stderr:
                             break  # webdataset not installed here
                         raise RuntimeError(f"{kind}: {done.stderr[-2000:]}")
-                    times[kind].append(float(done.stdout.strip().splitlines()[-1]))
+                    first, shutdown = json.loads(done.stdout.strip().splitlines()[-1])
+                    times[kind].append(first)
+                    shutdowns[kind].append(shutdown)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for kind, seconds in times.items():
@@ -130,8 +146,10 @@ def main() -> None:
             print(json.dumps({
                 "workload": "remote_first_batch", "loader": kind, "samples": args.samples,
                 "fresh_process_first_batch_s": round(statistics.median(seconds), 3),
-                "main_downloads": not args.no_main_downloads,
-                "runs_s": [round(s, 3) for s in seconds], "machine": machine_info()}))
+                "main_downloads": not args.no_main_downloads, "client": args.client,
+                "runs_s": [round(s, 3) for s in seconds],
+                "shutdown_s": [round(s, 3) for s in shutdowns[kind]],
+                "machine": machine_info()}))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ this machine's cores (the server shares them), the most any loader could reach h
 Loaders: stoker's ``TarShards`` by whole shards (``stoker_packed_shards``) and by ranges,
 ``TarShardStream`` (whole shards in order, a 1,000-sample buffer) over the pack's indexes
 (``stoker_stream``) and over the bare shard list, each shard's tar parsed
-(``stoker_stream_unindexed``: plain WebDataset shards), and the peers (bytes only):
+(``stoker_stream_unindexed``: plain WebDataset shards), the first two again with
+``client="obstore"`` when obstore is installed (``*_obstore``), and the peers (bytes only):
 ``webdataset_http`` (presigned HTTP URLs, its curl pipe, torch's DataLoader) and those of
 ``remote_peers.py`` (litdata, mosaicml-streaming), each when installed.
 """
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import io
 import json
 import os
@@ -64,6 +66,9 @@ import stoker  # noqa: E402
 from stoker.cli.demo import TreeMemorySampler, tree_pss_bytes  # noqa: E402
 from stoker.formats import TarShards, TarShardStream, pack  # noqa: E402
 from stoker.storage import open_source  # noqa: E402
+
+# stoker's S3 clients here: s3fs always, obstore (client="obstore") when installed.
+CLIENTS = ("fsspec",) + (("obstore",) if importlib.util.find_spec("obstore") else ())
 
 
 def write_folder(root: Path, n: int, classes: int = 10) -> list[str]:
@@ -117,14 +122,15 @@ class PerFile(Dataset):
 def network_bound(urls: list[str], options: dict[str, Any], samples: int,
                   server_cpu: Callable[[], float]) -> dict[str, Any]:
     """What the server gives: every shard fetched whole by one client already connected
-    (its creation is not counted), at the best of several concurrencies. Reading the same
+    (its creation is not counted), at the best of several concurrencies and of the clients
+    installed (``CLIENTS``). Reading the same
     bytes faster is not possible here: the ceiling for the packed readers."""
     from concurrent.futures import ThreadPoolExecutor
 
-    source = open_source(urls[0], storage_options=options, fetch="range")
-    source.size(urls[0])  # connect
     best: dict[str, Any] = {}
-    for threads in (2, 4, 8, 16):
+    for client, threads in [(c, t) for c in CLIENTS for t in (2, 4, 8, 16)]:
+        source = open_source(urls[0], storage_options=options, fetch="range", client=client)
+        source.size(urls[0])  # connect
         cpu, server = _cpu_s(), server_cpu()
         start = time.perf_counter()
         with ThreadPoolExecutor(threads) as pool:
@@ -135,9 +141,9 @@ def network_bound(urls: list[str], options: dict[str, Any], samples: int,
             best = {"loader": "network_bound", "samples": samples, "epoch_s": round(elapsed, 3),
                     "samples_per_s": round(samples / elapsed, 1), "mb_per_s":
                     round(total / elapsed / 1e6, 2), "gets": len(urls),
-                    "concurrent_gets": threads, "loader_cpu_s": round(cpu, 2),
-                    "server_cpu_s": round(server, 2)}
-    source.close()  # type: ignore[attr-defined]
+                    "concurrent_gets": threads, "client": client,
+                    "loader_cpu_s": round(cpu, 2), "server_cpu_s": round(server, 2)}
+        source.close()  # type: ignore[attr-defined]
     return best
 
 
@@ -298,12 +304,12 @@ def measure(tmp: Path, args: Any) -> list[dict[str, Any]]:
         def cold_cache() -> str:  # every epoch starts with an empty one
             return tempfile.mkdtemp(prefix="cache-", dir=tmp)
 
-        def stoker_shards(fetch: str) -> Callable[[], Iterable[Any]]:
+        def stoker_shards(fetch: str, client: str = "fsspec") -> Callable[[], Iterable[Any]]:
             def make() -> Iterable[Any]:
                 disk = {"cache_dir": cold_cache(), "cache_bytes": 1 << 34} if fetch == "shard" \
                     else {}
                 source = open_source("s3://bench/packed/index.json", storage_options=options,
-                                     fetch=fetch, **disk)
+                                     fetch=fetch, client=client, **disk)
                 ds = TarShards("s3://bench/packed/index.json", source=source,
                                transform=transform)
                 return stoker.DataLoader(ds, generator=torch.Generator().manual_seed(0),
@@ -316,10 +322,11 @@ def measure(tmp: Path, args: Any) -> list[dict[str, Any]]:
         shard_urls = [f"s3://bench/packed/{n}" for n in sorted(os.listdir(tmp / "packed"))
                       if n.endswith(".tar")]
 
-        def stoker_stream(shards: str | list[str]) -> Callable[[], Iterable[Any]]:
+        def stoker_stream(shards: str | list[str],
+                          client: str = "fsspec") -> Callable[[], Iterable[Any]]:
             def make() -> Iterable[Any]:
                 source = open_source(shard_urls[0], storage_options=options, fetch="shard",
-                                     cache_dir=cold_cache(), cache_bytes=1 << 34)
+                                     cache_dir=cold_cache(), cache_bytes=1 << 34, client=client)
                 stream = TarShardStream(shards, source=source, transform=transform,
                                         shuffle_buffer=1000)
                 return stoker.DataLoader(stream, batch_size=args.batch, num_workers=args.workers)
@@ -337,6 +344,12 @@ def measure(tmp: Path, args: Any) -> list[dict[str, Any]]:
                     measured(name, make)
                 except Exception as exc:  # a peer failing is a result: record it, go on
                     results.append({"loader": name, "error": f"{type(exc).__name__}: {exc}"})
+        # After the peers: once obstore's runtime started here, a peer's forked workers
+        # that use obstore (litdata does) hang (NOTE [ The obstore client ]).
+        if "obstore" in CLIENTS:
+            measured("stoker_packed_shards_obstore", stoker_shards("shard", "obstore"))
+            measured("stoker_stream_obstore", stoker_stream("s3://bench/packed/index.json",
+                                                            "obstore"))
         network = network_bound(shard_urls, options, args.samples, server_cpu)
         results.append(network)
         if args.decode:
