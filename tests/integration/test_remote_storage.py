@@ -606,3 +606,26 @@ def test_two_ranks_with_two_workers_each_read_their_own_share(s3, tmp_path) -> N
     assert all(shares)
     assert not set(shares[0]) & set(shares[1])
     assert Counter(shares[0] + shares[1]) == Counter(range(N))
+
+
+@pytest.mark.parametrize("client", ["fsspec", "obstore"])
+def test_an_empty_object_of_known_size_is_cached_without_a_request(s3, tmp_path,
+                                                                    client) -> None:
+    """S3 refuses a byte range of an empty object (416), which every try would meet: an
+    object its manifest says is empty is cached empty with no request, as read whole."""
+    if client == "obstore":
+        pytest.importorskip("obstore", reason="client='obstore' needs obstore (test extra)")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "e.bin").write_bytes(b"")
+    s3.upload_dir(str(tmp_path / "empty"), "bucket", "empty")
+    url = "s3://bucket/empty/e.bin"
+    source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
+                         cache_dir=str(tmp_path / "cache"), cache_bytes=10**6, fetch="shard",
+                         client=client)
+    source.expect_sizes({url: 0})  # type: ignore[attr-defined]
+    try:
+        assert source.read(url) == b""
+        assert source.local_path(url) is not None  # type: ignore[attr-defined]
+    finally:
+        source.close()  # type: ignore[attr-defined]
+    assert "/bucket/empty/e.bin" not in s3.faults.gets_by_path

@@ -393,6 +393,9 @@ class RemoteSource:
         size = self._sizes.get(path)
 
         def fetch() -> int:
+            if size == 0:  # as get_whole: no request (a range of an empty object is refused)
+                open(file, "wb").close()
+                return 0
             if size is not None and size <= _READ_WHOLE_MAX:
                 # One byte past the end: a longer object shows. A body cut short raises (its
                 # Content-Length), so fewer bytes mean a shorter object.
