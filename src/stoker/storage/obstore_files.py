@@ -14,8 +14,10 @@ in the process that started obstore's runtime, and in processes that never inher
 (spawned ones); a process forked from one that started it uses s3fs, from the same
 ``storage_options``. Anything else that uses obstore in forked workers of that process hangs
 likewise: seen in ``benchmarks/remote_shards.py``, where litdata's workers (litdata downloads
-with obstore) hung once stoker's obstore loaders had run in the same process. That is an
-assumption about the user's code: hence an opt-in.
+with obstore) hung once stoker's obstore loaders had run in the same process. The other way
+round too: stoker knows only of its own use, so in a child forked after the user's code (or a
+library) started obstore in the parent, stoker's requests would hang. That is an assumption
+about the user's code: hence an opt-in.
 ``storage_options`` keep fsspec's (s3fs's) names, mapped here; credentials not given come from
 obstore's chain (the ``AWS_*`` environment variables, web identity, the instance's metadata),
 which, unlike botocore's, does not read ``~/.aws`` profiles. Retries are stoker's
