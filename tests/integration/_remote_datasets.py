@@ -8,8 +8,12 @@ exactly which samples an epoch yielded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import zlib
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +40,31 @@ def write_records(directory: str, shards: int, per_shard: int, seed: int = 0) ->
             f.write(b"".join(parts))
         names.append(name)
     return names
+
+
+@contextlib.contextmanager
+def records_on_server(tmp_path: Path, shards: int, per_shard: int) -> Iterator[Any]:
+    """``write_records`` under ``tmp_path/local``, uploaded to a fresh S3 server (moto behind
+    the fault proxy) as ``s3://bucket/data/``; the server also names the objects by
+    ``urls`` and their local copies by ``local_urls``."""
+    from _s3_server import S3Server
+
+    local = tmp_path / "local"
+    local.mkdir()
+    names = write_records(str(local), shards, per_shard)
+    server = S3Server()
+    try:
+        server.upload_dir(str(local), "bucket", "data")
+        server.local_urls = [str(local / n) for n in names]  # type: ignore[attr-defined]
+        server.urls = [f"s3://bucket/data/{n}" for n in names]  # type: ignore[attr-defined]
+        yield server
+    finally:
+        server.stop()
+
+
+def record_indices(batches: list[list[int]]) -> Counter:
+    """How often each record index came in batches of ``[indices..., CRCs...]`` rows."""
+    return Counter(i for b in batches for i in b[: len(b) // 2])
 
 
 class Records(Dataset):

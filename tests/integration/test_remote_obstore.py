@@ -17,7 +17,12 @@ pytest.importorskip("moto.server", reason="the S3 server tests need moto[server]
 pytest.importorskip("s3fs", reason="client='obstore' falls back to s3fs in forked workers")
 pytest.importorskip("obstore", reason="client='obstore' needs obstore (test extra)")
 
-from _remote_datasets import Records, epoch_samples, write_records  # noqa: E402
+from _remote_datasets import (  # noqa: E402
+    Records,
+    epoch_samples,
+    record_indices,
+    records_on_server,
+)
 from _s3_server import S3Server  # noqa: E402
 from test_tar_stream import Numbers, label  # noqa: E402
 
@@ -45,17 +50,8 @@ def obstore_runtime() -> None:
 
 @pytest.fixture
 def s3(tmp_path: Path):
-    local = tmp_path / "local"
-    local.mkdir()
-    names = write_records(str(local), SHARDS, PER_SHARD)
-    server = S3Server()
-    try:
-        server.upload_dir(str(local), "bucket", "data")
-        server.local_urls = [str(local / n) for n in names]  # type: ignore[attr-defined]
-        server.urls = [f"s3://bucket/data/{n}" for n in names]  # type: ignore[attr-defined]
+    with records_on_server(tmp_path, SHARDS, PER_SHARD) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _source(s3: S3Server, **options: Any) -> Any:
@@ -72,10 +68,6 @@ def _epoch(dataset: Any, **kwargs: Any) -> list[list[int]]:
 
 def _local_epoch(s3: S3Server, **kwargs: Any) -> list[list[int]]:
     return _epoch(Records(LocalSource(), s3.local_urls, PER_SHARD), **kwargs)
-
-
-def _indices(batches: list[list[int]]) -> Counter:
-    return Counter(i for b in batches for i in b[: len(b) // 2])
 
 
 def _client_kind(source: Any) -> str:
@@ -132,7 +124,7 @@ def test_ranged_reads_equal_the_local_files_through_faults(s3, workers) -> None:
         source.close()
     assert s3.faults.injected == 8
     assert got == _local_epoch(s3, num_workers=workers)
-    assert _indices(got) == Counter(range(N))
+    assert record_indices(got) == Counter(range(N))
 
 
 def test_a_missing_object_is_named_at_once_and_one_that_keeps_failing_after_retries(

@@ -25,7 +25,8 @@ from _remote_datasets import (  # noqa: E402
     LabelAndClient,
     Records,
     epoch_samples,
-    write_records,
+    record_indices,
+    records_on_server,
 )
 from _s3_server import S3Server  # noqa: E402
 from test_distributed import _free_port, run_ranks  # noqa: E402
@@ -42,17 +43,8 @@ FAST_RETRY = RetryPolicy(attempts=5, base_delay_s=0.01, max_delay_s=0.05)
 
 @pytest.fixture
 def s3(tmp_path: Path):
-    local = tmp_path / "local"
-    local.mkdir()
-    names = write_records(str(local), SHARDS, PER_SHARD)
-    server = S3Server()
-    try:
-        server.upload_dir(str(local), "bucket", "data")
-        server.local_urls = [str(local / n) for n in names]  # type: ignore[attr-defined]
-        server.urls = [f"s3://bucket/data/{n}" for n in names]  # type: ignore[attr-defined]
+    with records_on_server(tmp_path, SHARDS, PER_SHARD) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _remote(s3: S3Server, tmp_path: Path, **options: Any) -> Records:
@@ -67,10 +59,6 @@ def _epoch(dataset: Records, **kwargs: Any) -> list[list[int]]:
     return [batch[:, 0].tolist() + batch[:, 1].tolist() for batch in loader]
 
 
-def _indices(batches: list[list[int]]) -> Counter:
-    return Counter(i for b in batches for i in b[: len(b) // 2])
-
-
 @pytest.mark.parametrize("fetch", ["range", "shard"])
 def test_remote_dataset_yields_what_the_local_files_do(s3, tmp_path, fetch) -> None:
     cache = {"cache_dir": str(tmp_path / "cache"), "cache_bytes": 10**6} if fetch == "shard" else {}
@@ -80,7 +68,7 @@ def test_remote_dataset_yields_what_the_local_files_do(s3, tmp_path, fetch) -> N
     got = _epoch(remote, generator=torch.Generator().manual_seed(3), **kwargs)
     want = _epoch(local, generator=torch.Generator().manual_seed(3), **kwargs)
     assert got == want
-    assert _indices(got) == Counter(range(N))
+    assert record_indices(got) == Counter(range(N))
     gets = {p: n for p, n in s3.faults.gets_by_path.items() if p.startswith("/bucket/data/")}
     if fetch == "shard":  # one GET per shard: the workers shared the node's cache
         assert gets == {f"/bucket/data/shard-{s:04d}.bin": 1 for s in range(SHARDS)}
@@ -99,7 +87,7 @@ def test_transient_failures_are_retried_without_losing_or_repeating_a_sample(
     s3.faults.fail("status", "shard-0001", times=1, status=500)
     got = _epoch(remote, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(1))
     assert s3.faults.injected == 13
-    assert _indices(got) == Counter(range(N))  # each sample exactly once
+    assert record_indices(got) == Counter(range(N))  # each sample exactly once
     want = _epoch(Records(LocalSource(), s3.local_urls, PER_SHARD), shuffle=True,
                   generator=torch.Generator().manual_seed(1))
     assert got == want  # and with its own bytes
