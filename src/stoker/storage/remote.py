@@ -258,8 +258,11 @@ class RemoteSource:
             handle, self._handle = self._handle, None
         if handle is None or handle.pid != os.getpid():
             return
-        if handle.loop is None:  # a synchronous filesystem (obstore's: its stores go)
-            getattr(handle.fs, "close", lambda: None)()
+        if handle.loop is None:  # a synchronous filesystem: only obstore's has stores to drop
+            from stoker.storage.obstore_files import ObstoreFiles
+
+            if isinstance(handle.fs, ObstoreFiles):
+                handle.fs.close()
             return
         close_session = getattr(type(handle.fs), "close_session", None)
         session = getattr(handle.fs, "_s3", None) or getattr(handle.fs, "_session", None)
