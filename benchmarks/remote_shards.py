@@ -123,26 +123,27 @@ def network_bound(urls: list[str], options: dict[str, Any], samples: int,
                   server_cpu: Callable[[], float]) -> dict[str, Any]:
     """What the server gives: every shard fetched whole by one client already connected
     (its creation is not counted), at the best of several concurrencies and of the clients
-    installed (``CLIENTS``). Reading the same
-    bytes faster is not possible here: the ceiling for the packed readers."""
+    installed (``CLIENTS``). Reading the same bytes faster is not possible here: the ceiling
+    for the packed readers."""
     from concurrent.futures import ThreadPoolExecutor
 
     best: dict[str, Any] = {}
-    for client, threads in [(c, t) for c in CLIENTS for t in (2, 4, 8, 16)]:
+    for client in CLIENTS:
         source = open_source(urls[0], storage_options=options, fetch="range", client=client)
         source.size(urls[0])  # connect
-        cpu, server = _cpu_s(), server_cpu()
-        start = time.perf_counter()
-        with ThreadPoolExecutor(threads) as pool:
-            total = sum(len(b) for b in pool.map(source.get_whole, urls))  # type: ignore
-        elapsed = time.perf_counter() - start
-        cpu, server = _cpu_s() - cpu, server_cpu() - server
-        if not best or samples / elapsed > best["samples_per_s"]:
-            best = {"loader": "network_bound", "samples": samples, "epoch_s": round(elapsed, 3),
-                    "samples_per_s": round(samples / elapsed, 1), "mb_per_s":
-                    round(total / elapsed / 1e6, 2), "gets": len(urls),
-                    "concurrent_gets": threads, "client": client,
-                    "loader_cpu_s": round(cpu, 2), "server_cpu_s": round(server, 2)}
+        for threads in (2, 4, 8, 16):
+            cpu, server = _cpu_s(), server_cpu()
+            start = time.perf_counter()
+            with ThreadPoolExecutor(threads) as pool:
+                total = sum(len(b) for b in pool.map(source.get_whole, urls))  # type: ignore
+            elapsed = time.perf_counter() - start
+            cpu, server = _cpu_s() - cpu, server_cpu() - server
+            if not best or samples / elapsed > best["samples_per_s"]:
+                best = {"loader": "network_bound", "samples": samples,
+                        "epoch_s": round(elapsed, 3), "samples_per_s": round(samples / elapsed, 1),
+                        "mb_per_s": round(total / elapsed / 1e6, 2), "gets": len(urls),
+                        "concurrent_gets": threads, "client": client,
+                        "loader_cpu_s": round(cpu, 2), "server_cpu_s": round(server, 2)}
         source.close()  # type: ignore[attr-defined]
     return best
 
