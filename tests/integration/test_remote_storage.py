@@ -539,6 +539,37 @@ def test_a_shard_changed_after_packing_is_named_when_it_is_downloaded(s3, tmp_pa
     assert "it changed since; index it again (stoker pack)" in message
 
 
+def test_a_pack_in_a_warm_cache_is_opened_without_asking_the_shards_sizes(s3, tmp_path) -> None:
+    """A second dataset over a cache the first filled reads every shard from disk and asks
+    the store only for its file of indexes: no size request per shard (a
+    warm cache was once taken for a local pack, and each shard's size asked in turn)."""
+    from stoker.formats import TarShards, pack
+
+    pack(Numbers(), str(tmp_path / "packed"), samples_per_shard=4, workers=1, progress=False)
+    s3.upload_dir(str(tmp_path / "packed"), "bucket", "warm")
+    url = "s3://bucket/warm/index.json"
+
+    def epoch() -> list[int]:
+        source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
+                             cache_dir=str(tmp_path / "cache"), cache_bytes=10**7,
+                             fetch="shard")
+        try:
+            loader = stoker.DataLoader(TarShards(url, source=source, transform=label),
+                                       batch_size=5, shuffle=True, num_workers=2, timeout=60)
+            return sorted(x for batch in loader for x in batch.tolist())
+        finally:
+            source.close()  # type: ignore[attr-defined]
+
+    assert epoch() == list(range(29))
+    heads, gets = s3.faults.heads, dict(s3.faults.gets_by_path)
+    assert epoch() == list(range(29))
+    assert s3.faults.heads == heads
+    again = {p: n - gets.get(p, 0) for p, n in s3.faults.gets_by_path.items()
+             if n != gets.get(p, 0)}
+    # The manifest comes from the cache too; the file of indexes is asked for beside it.
+    assert again == {"/bucket/warm/index.tables.npz": 1}
+
+
 def test_a_store_that_refuses_listings_is_read_with_a_size_request_per_shard(
     s3, tmp_path
 ) -> None:

@@ -213,7 +213,11 @@ class TarShards(Dataset[Any]):
         # not re-read by every worker of every epoch (NOTE [ A batch's shards at once ]).
         self.shards, self.meta = manifest.shards, manifest.meta
         paths = [s.path for s in self.shards]
-        self._remote = bool(paths) and self.source.local_path(paths[0]) is None
+        # A warm cache holds local copies of a remote pack: it is still read as remote (sizes
+        # from the manifest, the main process fetching for its workers), else each shard's
+        # size was asked of the store on opening, one request at a time.
+        self._remote = bool(paths) and (hasattr(self.source, "expect_sizes")
+                                        or self.source.local_path(paths[0]) is None)
         if self._remote:
             expect_manifest_sizes(self.source, self.shards)
         if manifest.tables is not None and (
