@@ -570,6 +570,42 @@ def test_a_pack_in_a_warm_cache_is_opened_without_asking_the_shards_sizes(s3, tm
     assert again == {"/bucket/warm/index.tables.npz": 1}
 
 
+def test_the_main_process_fetches_a_shard_again_once_it_was_evicted(s3, tmp_path) -> None:
+    """The main process remembers the shards it saw cached and asks the disk no more about
+    them (NOTE [ The main process fetches for its workers ]) only while the cache evicts
+    nothing: once another process's fill evicted one, asking for it claims and downloads it
+    again, so a worker never finds it missing and downloads it itself."""
+    from stoker.storage import ShardCache
+
+    first, *others = s3.urls[:3]
+    sizes = {url: os.path.getsize(local) for url, local in zip(s3.urls, s3.local_urls, strict=True)}
+    size = sizes[first]
+    assert all(n == size for n in sizes.values())
+    budget = size * 5 // 2  # room for two
+    source = open_source(first, storage_options=s3.storage_options, retry=FAST_RETRY,
+                         cache_dir=str(tmp_path / "cache"), cache_bytes=budget, fetch="shard")
+    elsewhere = ShardCache(str(tmp_path / "cache"), budget)  # another process's view
+
+    def downloaded_by_the_source(url: str) -> bool:  # waits for the source's download
+        return elsewhere.fill(url, size, lambda: pytest.fail(f"{url} was not claimed"))
+
+    def gets(url: str) -> int:
+        return s3.faults.gets_by_path.get("/" + url.split("://", 1)[1], 0)
+
+    try:
+        source.expect_sizes(sizes)  # type: ignore[attr-defined]
+        source.fetch_for_workers([first])  # type: ignore[attr-defined]
+        assert downloaded_by_the_source(first) and gets(first) == 1
+        source.fetch_for_workers([first])  # type: ignore[attr-defined]  # known cached
+        for url in others:  # the least recently used, `first`, makes room for the second
+            assert elsewhere.fill(url, size, lambda url=url: source.get_whole(url))
+        assert elsewhere.evictions() == 1 and not elsewhere.cached(first)
+        source.fetch_for_workers([first])  # type: ignore[attr-defined]
+        assert downloaded_by_the_source(first) and gets(first) == 2
+    finally:
+        source.close()  # type: ignore[attr-defined]
+
+
 def test_a_store_that_refuses_listings_is_read_with_a_size_request_per_shard(
     s3, tmp_path
 ) -> None:

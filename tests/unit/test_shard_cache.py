@@ -40,6 +40,10 @@ def test_fills_evict_the_least_recently_used_and_stay_within_budget(tmp_path: Pa
         assert fd is not None and os.pread(fd, 1000, 0) == _blob(k)
         os.close(fd)
     assert _on_disk(cache) == cache.used_bytes() == 3000
+    assert cache.evictions() == 1  # as every process on the directory counts it
+    assert ShardCache(str(tmp_path), budget_bytes=1500).fill("s3://b/4", 1000, lambda: _blob(4))
+    assert cache.evictions() == 4 and cache.cached("s3://b/4")  # 0, 2 and 3 made room
+    assert not any(cache.cached(f"s3://b/{k}") for k in range(4))
 
 
 def test_a_pinned_file_is_never_evicted_and_a_fill_without_room_is_refused(tmp_path) -> None:

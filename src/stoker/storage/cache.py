@@ -42,6 +42,7 @@ opened or closed meanwhile (``_HELD_GUARD``), so the record matches the open fil
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import posixpath
@@ -54,6 +55,7 @@ from typing import NamedTuple
 _LOCK_DIR = ".locks"
 _DIR_LOCK = ".dir.lock"
 _LEDGER = ".usage"
+_EVICTIONS = ".evictions"  # one byte per file evicted, ever: see ``evictions``
 _PARTIAL = ".partial"
 _HELD: set[int] = set()  # NOTE [ Cache locks across fork ]: this process's lock files, open
 _HELD_GUARD = threading.Lock()
@@ -89,9 +91,7 @@ class ShardCache:
         return f"ShardCache({self.directory!r}, budget_bytes={self.budget_bytes})"
 
     def path_for(self, url: str) -> str:
-        digest = hashlib.sha1(url.encode()).hexdigest()[:16]
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", posixpath.basename(url.rstrip("/")))[-80:]
-        return os.path.join(self.directory, f"{digest}-{name}")
+        return os.path.join(self.directory, _file_name(url))
 
     def open_pinned(self, url: str) -> int | None:
         """A read-only fd of the complete cached copy, pinned (shared lock) until closed; None
@@ -118,6 +118,19 @@ class ShardCache:
             return False
         with self._locked(self._object_lock(url)):
             return self._fill_locked(url, size_bytes, download, download_into)
+
+    def cached(self, url: str) -> bool:
+        """Whether the complete object is in the cache now."""
+        return os.path.exists(self.path_for(url))
+
+    def evictions(self) -> int:
+        """How many files any process has evicted from this directory: a process that
+        remembers which objects were cached can trust that while this number stays the same
+        (one ``stat`` instead of one per object)."""
+        try:
+            return os.stat(os.path.join(self.directory, _EVICTIONS)).st_size
+        except FileNotFoundError:
+            return 0
 
     def claim(self, url: str) -> int | None:
         """Take the object's download lock now, without waiting, for a download another
@@ -226,12 +239,17 @@ class ShardCache:
                 _unlink(entry.path)
                 continue
             used += entry.size
+        evicted = 0
         if used + size_bytes > self.budget_bytes:
             for entry in sorted(cached, key=lambda e: e.mtime):
                 if _evict(entry.path):
                     used -= entry.size
+                    evicted += 1
                     if used + size_bytes <= self.budget_bytes:
                         break
+        if evicted:
+            with open(os.path.join(self.directory, _EVICTIONS), "ab") as f:
+                f.write(b"e" * evicted)
         return used
 
     def _read_ledger(self) -> int | None:
@@ -266,6 +284,15 @@ class ShardCache:
                 size = max(st.st_size, _reserved_size(entry.name)) if partial else st.st_size
                 out.append(_Entry(entry.path, size, st.st_mtime, partial))
         return out
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _file_name(url: str) -> str:
+    """The cached file's name for ``url``: asked for every shard of every batch the main
+    process fetches for (a hash and a regex, ~5 us: 0.1 s of an epoch of 20,000 samples)."""
+    digest = hashlib.sha1(url.encode()).hexdigest()[:16]
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", posixpath.basename(url.rstrip("/")))[-80:]
+    return f"{digest}-{name}"
 
 
 class _Entry(NamedTuple):
