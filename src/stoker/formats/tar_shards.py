@@ -356,13 +356,15 @@ class TarShards(Dataset[Any]):
                 f"{path}: sample {index} (key {keys[j]!r}, bytes {offset}..{offset + length}) "
                 f"could not be read: {exc}"
             ) from exc
-        sample: dict[str, Any] = {"__key__": keys[j], "__url__": path}
+        key = keys[j]
+        sample: dict[str, Any] = {"__key__": key, "__url__": path}
         for m in range(first, end):
-            start = offsets[m] - offset
-            value = data[start : start + sizes[m]]
+            start, size, field = offsets[m] - offset, sizes[m], fields[m]
+            # A sample of one member is the whole range read: no copy of it.
+            value = data if size == length else data[start : start + size]
             if self.verify_crc:
-                check_crc(value, crcs[m], path, keys[j], fields[m], index)
-            sample[fields[m]] = value
+                check_crc(value, crcs[m], path, key, field, index)
+            sample[field] = value
         return sample
 
     def __repr__(self) -> str:
