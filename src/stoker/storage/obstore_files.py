@@ -145,6 +145,14 @@ class ObstoreFiles:
             data = self._call(path, self._obstore.get_range, start=start, end=end)
         return bytes(data)
 
+    def cat_buffer(self, path: str, start: int, end: int) -> Any:
+        """``cat_file``'s bytes left in obstore's buffer (buffer protocol, ``len``): for
+        writing them to a file, where a copy into ``bytes`` would only double the memory a
+        download in flight holds (and the allocator keeps after it)."""
+        if end <= start:
+            return b""
+        return self._call(path, self._obstore.get_range, start=start, end=end)
+
     def get_file(self, path: str, local: str) -> None:
         def stream(store: Any, key: str) -> int:
             result = self._obstore.get(store, key)

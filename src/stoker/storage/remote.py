@@ -402,7 +402,8 @@ class RemoteSource:
             if size is not None and size <= _READ_WHOLE_MAX:
                 # One byte past the end: a longer object shows. A body cut short raises (its
                 # Content-Length), so fewer bytes mean a shorter object.
-                data = handle.fs.cat_file(path, start=0, end=size + 1)
+                read = getattr(handle.fs, "cat_buffer", handle.fs.cat_file)  # obstore: no copy
+                data = read(path, start=0, end=size + 1)
                 if len(data) != size:
                     raise _changed(len(data) if len(data) < size else f"over {size}", size)
                 with open(file, "wb") as f:
