@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -604,6 +606,53 @@ def test_the_main_process_fetches_a_shard_again_once_it_was_evicted(s3, tmp_path
         assert downloaded_by_the_source(first) and gets(first) == 2
     finally:
         source.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A real 32 KiB filesystem (tmpfs), where a cache of 10 MB runs out of disk after two
+    shards of this pack; skipped where mounting is not allowed."""
+    where = tmp_path / "small-disk"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(where)],
+                             capture_output=True, timeout=30)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
+
+
+@pytest.mark.filterwarnings("ignore:stoker. the disk under the shard cache")
+def test_a_cache_on_a_full_disk_reads_the_rest_by_range_with_every_sample(
+    s3, tmp_path, small_disk
+) -> None:
+    """NOTE [ A full disk under the cache ]: a cache_bytes larger than the disk holds is not
+    an error: each download that finds the disk full is read by range instead, and a
+    shuffled epoch through 2 workers, and the stream over the pack, have every sample once
+    (they failed with "No space left on device")."""
+    from stoker.formats import TarShards, TarShardStream, pack
+
+    pack(Numbers(), str(tmp_path / "packed"), samples_per_shard=4, workers=1, progress=False)
+    s3.upload_dir(str(tmp_path / "packed"), "bucket", "full")
+    url = "s3://bucket/full/index.json"
+    for make in (lambda source: stoker.DataLoader(
+                     TarShards(url, source=source, transform=label), batch_size=5,
+                     shuffle=True, num_workers=2, timeout=60),
+                 lambda source: stoker.DataLoader(
+                     TarShardStream(url, source=source, transform=label, shuffle_buffer=5),
+                     batch_size=5, num_workers=2, timeout=60)):
+        cache = small_disk / "cache"
+        source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
+                             cache_dir=str(cache), cache_bytes=10**7, fetch="shard")
+        try:
+            got = sorted(x for batch in make(source) for x in batch.tolist())
+        finally:
+            source.close()  # type: ignore[attr-defined]
+        assert got == list(range(29))
+        assert not [n for n in os.listdir(cache) if n.endswith(".partial")]
+        shutil.rmtree(cache)
 
 
 def test_a_store_that_refuses_listings_is_read_with_a_size_request_per_shard(

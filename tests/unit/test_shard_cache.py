@@ -3,8 +3,10 @@ at once), least recently used first out, pinned files never evicted, one downloa
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +154,46 @@ def test_a_failed_download_leaves_nothing_behind(tmp_path: Path) -> None:
     assert str(info.value) == "s3://b/x: downloaded 5 bytes, the object is 1000"
     assert cache.used_bytes() == 0
     assert _ledger(cache) == 0  # each failed reservation given back
+
+
+def test_a_full_disk_is_a_fill_that_does_not_fit_and_lowers_the_budget(tmp_path) -> None:
+    """NOTE [ A full disk under the cache ]: a download that finds the disk full leaves no
+    partial file and no reservation, is reported as not cached (the reader reads by range),
+    and lowers the budget to what the cache holds (one warning); later fills evict to fit."""
+    from stoker.storage import RemoteReadError
+
+    cache = ShardCache(str(tmp_path), budget_bytes=10_000)
+    assert cache.fill("s3://b/0", 1000, lambda: _blob(0))
+
+    def disk_full(file: str) -> int:  # as a write to a full disk fails, part way through
+        with open(file, "r+b") as f:
+            f.write(_blob(1, 500))
+        raise OSError(errno.ENOSPC, "No space left on device", file)
+
+    def as_a_read_error(file: str) -> int:  # the source's download wraps it, not retried
+        try:
+            disk_full(file)
+        except OSError as exc:
+            raise RemoteReadError("reading s3://b/2 failed: a permanent error") from exc
+        return 0
+
+    with pytest.warns(RuntimeWarning, match="is full") as warned:
+        assert not cache.fill("s3://b/1", 1000, lambda: pytest.fail("streamed"), disk_full)
+    assert "cache_bytes=10000" in str(warned[0].message)
+    assert cache.budget_bytes == 1000 and not cache.cached("s3://b/1")
+    assert _on_disk(cache) == cache.used_bytes() == _ledger(cache) == 1000
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once a process
+        assert cache.fill("s3://b/3", 1000, lambda: _blob(3))  # evicts 0 to make room
+        assert cache.cached("s3://b/3") and not cache.cached("s3://b/0")
+        # The disk full again, seen through the read error the source raises: evicted 3 to
+        # make room, and nothing fits now.
+        assert not cache.fill("s3://b/2", 1000, lambda: pytest.fail("streamed"),
+                              as_a_read_error)
+    assert cache.budget_bytes == 0 and _on_disk(cache) == _ledger(cache) == 0
+    with pytest.raises(ConnectionResetError):  # any other failure is still raised
+        ShardCache(str(tmp_path / "other"), 5000).fill(
+            "s3://b/4", 500, lambda: (_ for _ in ()).throw(ConnectionResetError()))
 
 
 def test_a_download_streams_into_its_reservation_and_a_dead_ones_is_cleared(

@@ -3,6 +3,7 @@ errors; permanent errors are not retried; the final error names the object."""
 
 from __future__ import annotations
 
+import errno
 import pickle
 import random
 
@@ -88,6 +89,8 @@ def test_what_counts_as_transient() -> None:
                                          TruncatedRead("short"), RuntimeError("5xx")])
     assert not any(is_transient(e) for e in [FileNotFoundError(), PermissionError(),
                                              ValueError(), KeyboardInterrupt()])
+    # A full local disk (writing a download to the cache) is not fixed by reading again.
+    assert not any(is_transient(OSError(n, "full")) for n in (errno.ENOSPC, errno.EDQUOT))
 
 
 def test_a_bad_policy_says_what_is_allowed() -> None:

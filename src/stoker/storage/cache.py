@@ -28,6 +28,17 @@ evicts, and writes it again. The download streams into its reserved file (a shar
 held in memory whole) and it appears under its final name only once complete
 (``os.replace``).
 
+NOTE [ A full disk under the cache ]
+``cache_bytes`` is a promise the disk may not keep (other files fill it, or the budget was set
+larger than it). A download or reservation that finds the disk full (ENOSPC, EDQUOT) is not
+an error of the read: its partial file is removed, the process's budget drops to the bytes
+the cache holds then (warned once), and the object is read by range instead, as one that
+does not fit. Later downloads evict least recently used files to make room within that
+budget. Such an error is also never retried as a transient read error (``retry``).
+Measured (20,000 samples in 200 shards of 1.27 MB, a 3 MB tmpfs under a cache of 16 GiB):
+before, the epoch failed with ``[Errno 28] No space left on device``; now it completes with
+every sample.
+
 NOTE [ Cache locks across fork ]
 A ``flock`` belongs to the open file, and a forked child inherits every open file of its
 parent: forked while a parent's thread downloads (say, a shard fetched ahead after
@@ -41,6 +52,7 @@ opened or closed meanwhile (``_HELD_GUARD``), so the record matches the open fil
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import hashlib
@@ -48,6 +60,7 @@ import os
 import posixpath
 import re
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -85,6 +98,7 @@ class ShardCache:
             )
         self.directory = os.path.abspath(directory)
         self.budget_bytes = int(budget_bytes)
+        self._warned_full = False
         os.makedirs(os.path.join(self.directory, _LOCK_DIR), exist_ok=True)
 
     def __repr__(self) -> str:
@@ -174,7 +188,13 @@ class ShardCache:
             if size_bytes is None:
                 size_bytes = len(data)
         partial = f"{final}.{size_bytes}{_PARTIAL}"
-        if size_bytes > self.budget_bytes or not self._reserve(final, partial, size_bytes):
+        try:
+            if size_bytes > self.budget_bytes or not self._reserve(final, partial, size_bytes):
+                return False
+        except OSError as exc:
+            if not disk_full(exc):
+                raise
+            self._shrink_to_disk(url)
             return False
         try:
             if data is None:
@@ -187,12 +207,30 @@ class ShardCache:
                 raise OSError(f"{url}: downloaded {written} bytes, the object is {size_bytes}")
             with self._locked(os.path.join(self.directory, _DIR_LOCK)):
                 os.replace(partial, final)  # under the lock: a count never sees both names
-        except BaseException:
+        except BaseException as exc:
             with self._locked(os.path.join(self.directory, _DIR_LOCK)):
                 if _unlink(partial):
                     self._add_to_ledger(-size_bytes)
-            raise
+            if not disk_full(exc):
+                raise
+            self._shrink_to_disk(url)
+            return False
         return True
+
+    def _shrink_to_disk(self, url: str) -> None:
+        """NOTE [ A full disk under the cache ]: keep at most what the disk holds now."""
+        used = self.used_bytes_locked()
+        if used >= self.budget_bytes:
+            return
+        if not self._warned_full:
+            self._warned_full = True
+            warnings.warn(
+                f"stoker: the disk under the shard cache {self.directory} is full (writing "
+                f"{url}); this process now keeps at most {used} bytes there instead of "
+                f"cache_bytes={self.budget_bytes}, evicting to make room, and reads what does "
+                "not fit by range: free disk space or lower cache_bytes",
+                RuntimeWarning, stacklevel=2)
+        self.budget_bytes = used
 
     def used_bytes(self) -> int:
         """Bytes the cache's files take (reservations of downloads in flight included)."""
@@ -248,8 +286,12 @@ class ShardCache:
                     if used + size_bytes <= self.budget_bytes:
                         break
         if evicted:
-            with open(os.path.join(self.directory, _EVICTIONS), "ab") as f:
-                f.write(b"e" * evicted)
+            try:
+                with open(os.path.join(self.directory, _EVICTIONS), "ab") as f:
+                    f.write(b"e" * evicted)
+            except OSError as exc:  # a full disk: a process trusting its memory of what is
+                if not disk_full(exc):  # cached finds a shard gone and downloads it itself
+                    raise
         return used
 
     def _read_ledger(self) -> int | None:
@@ -261,9 +303,14 @@ class ShardCache:
 
     def _write_ledger(self, used: int) -> None:
         path = os.path.join(self.directory, _LEDGER)
-        with open(path + ".new", "wb") as f:
-            f.write(b"%d" % max(0, used))
-        os.replace(path + ".new", path)  # never seen half written
+        try:
+            with open(path + ".new", "wb") as f:
+                f.write(b"%d" % max(0, used))
+            os.replace(path + ".new", path)  # never seen half written
+        except OSError as exc:
+            if not disk_full(exc):
+                raise
+            _unlink(path)  # the next reservation counts the directory instead
 
     def _add_to_ledger(self, delta: int) -> None:
         used = self._read_ledger()
@@ -293,6 +340,16 @@ def _file_name(url: str) -> str:
     digest = hashlib.sha1(url.encode()).hexdigest()[:16]
     name = re.sub(r"[^A-Za-z0-9._-]", "_", posixpath.basename(url.rstrip("/")))[-80:]
     return f"{digest}-{name}"
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it was raised from, says the local disk is full."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 class _Entry(NamedTuple):

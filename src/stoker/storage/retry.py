@@ -12,6 +12,7 @@ permission, a bad argument; retrying those only delays the answer.
 
 from __future__ import annotations
 
+import errno
 import random
 import time
 from collections.abc import Callable
@@ -65,7 +66,10 @@ class RetryPolicy:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether retrying the read may succeed."""
+    """Whether retrying the read may succeed (not when the local disk it writes to is
+    full: the cache reads by range instead, NOTE [ A full disk under the cache ])."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return False
     return isinstance(exc, Exception) and not isinstance(exc, _PERMANENT)
 
 
