@@ -196,6 +196,35 @@ def test_a_full_disk_is_a_fill_that_does_not_fit_and_lowers_the_budget(tmp_path)
             "s3://b/4", 500, lambda: (_ for _ in ()).throw(ConnectionResetError()))
 
 
+def test_a_cache_directory_removed_under_it_is_made_again(tmp_path: Path) -> None:
+    """NOTE [ A full disk under the cache ]: a cleaner removing the cache's directory mid-run
+    costs the download in flight its cached copy (read by range instead: not cached, no
+    error such as a missing object), and later claims and fills make it again."""
+    import shutil
+
+    cache = ShardCache(str(tmp_path / "cache"), budget_bytes=5000)
+    assert cache.fill("s3://b/0", 1000, lambda: _blob(0))
+    shutil.rmtree(cache.directory)
+    claim = cache.claim("s3://b/1")  # its lock file's directory made again
+    assert claim is not None
+    assert cache.fill_claimed("s3://b/1", claim, 1000, lambda file: _write(file, _blob(1)))
+
+    def removed_meanwhile(file: str) -> int:
+        shutil.rmtree(cache.directory)
+        return _write(file, _blob(2))  # as a download opens its file: gone with the directory
+
+    assert not cache.fill("s3://b/2", 1000, lambda: pytest.fail("streamed"), removed_meanwhile)
+    assert cache.fill("s3://b/2", 1000, lambda: _blob(2))
+    fd = cache.open_pinned("s3://b/2")
+    assert fd is not None and os.pread(fd, 1000, 0) == _blob(2)
+    os.close(fd)
+
+
+def _write(file: str, data: bytes) -> int:
+    with open(file, "r+b") as f:
+        return f.write(data)
+
+
 def test_a_download_streams_into_its_reservation_and_a_dead_ones_is_cleared(
     tmp_path: Path
 ) -> None:

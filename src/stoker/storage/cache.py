@@ -30,7 +30,9 @@ held in memory whole) and it appears under its final name only once complete
 
 NOTE [ A full disk under the cache ]
 ``cache_bytes`` is a promise the disk may not keep (other files fill it, or the budget was set
-larger than it). A download or reservation that finds the disk full (ENOSPC, EDQUOT) is not
+larger than it), nor the directory (a temporary-files cleaner removes it mid-run: its lock
+files and directory are made again, and a download whose file went with it is read by range
+this once). A download or reservation that finds the disk full (ENOSPC, EDQUOT) is not
 an error of the read: its partial file is removed, the process's budget drops to the bytes
 the cache holds then (warned once), and the object is read by range instead, as one that
 does not fit. Later downloads evict least recently used files to make room within that
@@ -211,6 +213,9 @@ class ShardCache:
             with self._locked(os.path.join(self.directory, _DIR_LOCK)):
                 if _unlink(partial):
                     self._add_to_ledger(-size_bytes)
+            if _raised_for(exc, partial):  # the cache's directory was removed under us
+                os.makedirs(os.path.join(self.directory, _LOCK_DIR), exist_ok=True)
+                return False
             if not disk_full(exc):
                 raise
             self._shrink_to_disk(url)
@@ -344,12 +349,24 @@ def _file_name(url: str) -> str:
 
 def disk_full(exc: BaseException | None) -> bool:
     """Whether ``exc``, or an error it was raised from, says the local disk is full."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
+    return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+               for e in _chain(exc))
+
+
+def _raised_for(exc: BaseException, local: str) -> bool:
+    """Whether ``exc``, or an error it was raised from, is the local file ``local`` (or its
+    directory) missing; not an object missing from the store."""
+    return any(isinstance(e, FileNotFoundError) and e.filename is not None
+               and os.fspath(e.filename) in (local, os.path.basename(local))
+               for e in _chain(exc))
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    for _ in range(8):  # a read error wraps the cause in one or two more
+        if exc is None:
+            return
+        yield exc
+        exc = exc.__cause__ or exc.__context__
 
 
 class _Entry(NamedTuple):
@@ -360,9 +377,14 @@ class _Entry(NamedTuple):
 
 
 def _open_held(path: str) -> int:
-    """A lock file opened and recorded (NOTE [ Cache locks across fork ])."""
+    """A lock file opened and recorded (NOTE [ Cache locks across fork ]); its directory is
+    made again if it was removed (NOTE [ A full disk under the cache ])."""
     with _HELD_GUARD:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         _HELD.add(fd)
     return fd
 
