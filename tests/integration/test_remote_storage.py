@@ -35,6 +35,7 @@ from test_distributed import _free_port, run_ranks  # noqa: E402
 from test_tar_stream import Numbers, label  # noqa: E402
 
 import stoker  # noqa: E402
+from stoker.errors import ShardError  # noqa: E402
 from stoker.storage import LocalSource, RemoteReadError, RetryPolicy, open_source  # noqa: E402
 from stoker.testing import assert_resumes_exactly  # noqa: E402
 
@@ -543,7 +544,7 @@ def test_a_shard_changed_after_packing_is_named_when_it_is_downloaded(s3, tmp_pa
 
 def test_a_pack_in_a_warm_cache_is_opened_without_asking_the_shards_sizes(s3, tmp_path) -> None:
     """A second dataset over a cache the first filled reads every shard from disk and asks
-    the store only for its file of indexes: no size request per shard (a
+    the store only for its manifest and file of indexes: no size request per shard (a
     warm cache was once taken for a local pack, and each shard's size asked in turn)."""
     from stoker.formats import TarShards, pack
 
@@ -568,8 +569,9 @@ def test_a_pack_in_a_warm_cache_is_opened_without_asking_the_shards_sizes(s3, tm
     assert s3.faults.heads == heads
     again = {p: n - gets.get(p, 0) for p, n in s3.faults.gets_by_path.items()
              if n != gets.get(p, 0)}
-    # The manifest comes from the cache too; the file of indexes is asked for beside it.
-    assert again == {"/bucket/warm/index.tables.npz": 1}
+    # The manifest and the file of indexes, side by side (never from the cache: NOTE [ A
+    # pack written again at the same place ]); no shard.
+    assert again == {"/bucket/warm/index.json": 1, "/bucket/warm/index.tables.npz": 1}
 
 
 def test_the_main_process_fetches_a_shard_again_once_it_was_evicted(s3, tmp_path) -> None:
@@ -653,6 +655,65 @@ def test_a_cache_on_a_full_disk_reads_the_rest_by_range_with_every_sample(
         assert got == list(range(29))
         assert not [n for n in os.listdir(cache) if n.endswith(".partial")]
         shutil.rmtree(cache)
+
+
+class _From(torch.utils.data.Dataset):
+    """Numbers from ``base``: a pack of other content, or of another shape."""
+
+    def __init__(self, base: int, n: int) -> None:
+        self.base, self.n = base, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, int]:
+        return {"cls": self.base + i}
+
+
+@pytest.mark.parametrize("reader", ["TarShards", "TarShardStream"])
+def test_a_pack_written_again_at_the_same_place_is_read_new_through_a_warm_cache(
+    s3, tmp_path, reader
+) -> None:
+    """NOTE [ A pack written again at the same place ]: `stoker pack` writes a new pack where
+    the old one was (same shard sizes, other bytes; then another shape), and the next run
+    keeps its cache: every sample is the new pack's, through 2 workers (before: CRC errors
+    telling the user to pack again). A shard wrong in the store itself still raises."""
+    from stoker.formats import TarShards, TarShardStream, pack
+
+    url = "s3://bucket/again/index.json"
+
+    def epoch() -> list[int]:
+        source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
+                             cache_dir=str(tmp_path / "cache"), cache_bytes=10**7,
+                             fetch="shard")
+        try:
+            dataset = (TarShards(url, source=source, transform=label) if reader == "TarShards"
+                       else TarShardStream(url, source=source, transform=label))
+            loader = stoker.DataLoader(dataset, batch_size=5, num_workers=2, timeout=60)
+            return sorted(x for batch in loader for x in batch.tolist())
+        finally:
+            source.close()  # type: ignore[attr-defined]
+
+    def publish(version: int, base: int, n: int, per_shard: int) -> Path:
+        local = tmp_path / f"pack-{version}"
+        pack(_From(base, n), str(local), samples_per_shard=per_shard, workers=1,
+             progress=False)
+        client = s3.client()
+        for old in client.list_objects_v2(Bucket="bucket", Prefix="again/").get("Contents", []):
+            client.delete_object(Bucket="bucket", Key=old["Key"])
+        s3.upload_dir(str(local), "bucket", "again")
+        return local
+
+    for version, (base, n, per_shard) in enumerate([(0, 29, 4), (1000, 29, 4), (5000, 31, 5)]):
+        publish(version, base, n, per_shard)
+        assert epoch() == list(range(base, base + n))
+    local = publish(3, 7000, 29, 4)
+    shard = local / "shard-000002.tar"
+    data = bytearray(shard.read_bytes())
+    data[512] ^= 0xFF  # the first member's first byte: its CRC no longer the index's
+    s3.client().put_object(Bucket="bucket", Key="again/shard-000002.tar", Body=bytes(data))
+    with pytest.raises(ShardError, match="CRC-32"):
+        epoch()
 
 
 def test_a_store_that_refuses_listings_is_read_with_a_size_request_per_shard(

@@ -350,7 +350,33 @@ def index_path(shard: str) -> str:
 def load_index(source: ByteSource, shard: str) -> ShardTable:
     """The shard's sidecar index."""
     where = index_path(shard)
-    return ShardTable.from_bytes(source.read(where), where)
+    return ShardTable.from_bytes(read_fresh(source, where), where)
+
+
+# NOTE [ A pack written again at the same place ]
+# A remote source's cache keeps whole objects by URL, and `stoker pack` may write a new pack
+# where an old one was (fixed data, the same prefix). The manifest and the indexes are read
+# from the store every time a dataset is opened, never from the cache (small, once each),
+# so they are the new pack's; a cached shard of another size than the manifest says is
+# dropped when opened (RemoteSource, NOTE [ Shard prefetch order ]); and a sample whose CRC
+# is not its index's, read from a cached copy, drops that copy and is read once more from the
+# store: a copy of the old pack is replaced, while a shard that is itself wrong still raises.
+# Before, the old copies were read and the CRC errors told users to pack again.
+
+
+def read_fresh(source: ByteSource, path: str) -> bytes:
+    """The whole object from its store, never from a cache of remote objects (NOTE [ A pack
+    written again at the same place ])."""
+    get_whole = getattr(source, "get_whole", None)
+    return bytes(get_whole(path)) if get_whole is not None else source.read(path)
+
+
+def drop_stale_copy(source: ByteSource, path: str) -> bool:
+    """Drop the cached copy of ``path`` this process read from, after its bytes disagreed
+    with the index: True when there was one (read again: from the store), False when the
+    bytes came from the store itself (NOTE [ A pack written again at the same place ])."""
+    drop = getattr(source, "drop_cached", None)
+    return bool(drop(path)) if drop is not None else False
 
 
 def index_shard(shard: str, source: ByteSource | None = None) -> ShardTable:

@@ -19,6 +19,7 @@ import bisect
 import dataclasses
 import json
 import posixpath
+import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,7 +34,9 @@ from stoker.formats.tar_index import (
     TABLES_NAME,
     ShardTable,
     check_crc,
+    drop_stale_copy,
     load_index,
+    read_fresh,
     scan_shard,
     tables_from_bytes,
 )
@@ -95,11 +98,11 @@ def read_manifest(source: ByteSource, path: str) -> Manifest:
     """The manifest at ``path`` (NOTE [ The file of indexes alongside the manifest ])."""
     read_prefix = getattr(source, "read_prefix", None)
     if read_prefix is None:
-        return _parse_manifest(source.read(path), path)
+        return _parse_manifest(read_fresh(source, path), path)
     guess = join(parent(path), TABLES_NAME)
     with ThreadPoolExecutor(1) as pool:
         tables = pool.submit(read_prefix, guess, _GUESSED_TABLES_BYTES)
-        manifest = _parse_manifest(source.read(path), path)
+        manifest = _parse_manifest(read_fresh(source, path), path)
         try:
             data = tables.result()
         except Exception:  # none there (a pack from before it), or failing: read when needed
@@ -134,7 +137,7 @@ def read_tables(source: ByteSource, manifest: Manifest) -> list[ShardTable]:
     """Every shard's index from the manifest's file of them, one per listed shard."""
     assert manifest.tables is not None
     data = manifest.tables_data
-    tables = tables_from_bytes(source.read(manifest.tables) if data is None else data,
+    tables = tables_from_bytes(read_fresh(source, manifest.tables) if data is None else data,
                                manifest.tables)
     if len(tables) != len(manifest.shards):
         raise ShardError(
@@ -345,27 +348,46 @@ class TarShards(Dataset[Any]):
         """Sample ``index`` as raw bytes per field, before ``transform``."""
         s, j = self._position(index)
         path = self.shards[s].path
-        starts, keys, fields, offsets, sizes, crcs = self.table(s).columns
+        columns = self.table(s).columns
+        starts, offsets, sizes = columns.starts, columns.offsets, columns.sizes
         first, end = starts[j], starts[j + 1]
         offset = offsets[first] if end > first else 0
         length = offsets[end - 1] + sizes[end - 1] - offset if end > first else 0
+        data = self._read_span(path, index, columns.keys[j], offset, length)
+        sample, bad = self._sample(data, columns, path, j, offset, length)
+        if bad is not None and drop_stale_copy(self.source, path):
+            data = self._read_span(path, index, columns.keys[j], offset, length)
+            sample, bad = self._sample(data, columns, path, j, offset, length)
+        if bad is not None:
+            value, expected, m = bad
+            check_crc(value, expected, path, columns.keys[j], columns.fields[m], index)
+        return sample
+
+    def _read_span(self, path: str, index: int, key: str, offset: int, length: int) -> bytes:
         try:
-            data = self.source.read_range(path, offset, length) if length else b""
+            return self.source.read_range(path, offset, length) if length else b""
         except OSError as exc:
             raise ShardError(
-                f"{path}: sample {index} (key {keys[j]!r}, bytes {offset}..{offset + length}) "
+                f"{path}: sample {index} (key {key!r}, bytes {offset}..{offset + length}) "
                 f"could not be read: {exc}"
             ) from exc
+
+    def _sample(self, data: bytes, columns: Any, path: str, j: int, offset: int,
+                length: int) -> tuple[dict[str, Any], Any]:
+        """The sample's fields from its bytes, and (value, indexed CRC, member) of the first
+        member whose CRC is not the index's, or None."""
+        starts, keys, fields, offsets, sizes, crcs = columns
         key = keys[j]
         sample: dict[str, Any] = {"__key__": key, "__url__": path}
-        for m in range(first, end):
+        bad = None
+        for m in range(starts[j], starts[j + 1]):
             start, size, field = offsets[m] - offset, sizes[m], fields[m]
             # A sample of one member is the whole range read: no copy of it.
             value = data if size == length else data[start : start + size]
-            if self.verify_crc:
-                check_crc(value, crcs[m], path, key, field, index)
+            if self.verify_crc and bad is None and zlib.crc32(value) != crcs[m]:
+                bad = (value, crcs[m], m)
             sample[field] = value
-        return sample
+        return sample, bad
 
     def __repr__(self) -> str:
         return f"TarShards({len(self.shards)} shards, {len(self)} samples, {self.source!r})"

@@ -47,14 +47,22 @@ from __future__ import annotations
 import bisect
 import itertools
 import random
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import IterableDataset
 
 from stoker.distributed import ShardInfo, detect, shard_info, shard_list
+from stoker.errors import ShardError
 from stoker.formats._common import default_source
-from stoker.formats.tar_index import ShardTable, check_crc, scan_bytes, shard_bytes
+from stoker.formats.tar_index import (
+    ShardTable,
+    check_crc,
+    drop_stale_copy,
+    scan_bytes,
+    shard_bytes,
+)
 from stoker.formats.tar_shards import (
     expect_manifest_sizes,
     manifest_path,
@@ -120,22 +128,40 @@ class TarShardStream(IterableDataset[Any]):
         return paths
 
     def _samples(self, path: str) -> Iterator[dict[str, Any]]:
-        with shard_bytes(self.source, path) as view:
-            table = self._tables.get(path)
-            check = self.verify_crc and table is not None
-            if table is None:
-                table = scan_bytes(view, path)  # validates the whole shard before any sample
-            elif len(view) != table.size_bytes:
-                raise size_mismatch(path, len(view), table)
+        """The shard's samples, once the whole of it is checked against its index (a shard
+        that is not what its index says raises before any of its samples is yielded)."""
+        for attempt in range(2):
+            with shard_bytes(self.source, path) as view:
+                table = self._tables.get(path)
+                if table is None:
+                    table = scan_bytes(view, path)  # validates the whole shard first
+                else:
+                    try:
+                        self._check(view, table, path)
+                    except ShardError:  # NOTE [ A pack written again at the same place ]
+                        if attempt == 0 and drop_stale_copy(self.source, path):
+                            continue
+                        raise
+                starts, keys, fields, offsets, sizes, _ = table.as_lists()
+                for j, key in enumerate(keys):
+                    sample: dict[str, Any] = {"__key__": key, "__url__": path}
+                    for m in range(starts[j], starts[j + 1]):
+                        sample[fields[m]] = bytes(view[offsets[m] : offsets[m] + sizes[m]])
+                    yield sample
+                return
+
+    def _check(self, view: memoryview, table: ShardTable, path: str) -> None:
+        if len(view) != table.size_bytes:
+            raise size_mismatch(path, len(view), table)
+        if self.verify_crc:
             starts, keys, fields, offsets, sizes, crcs = table.as_lists()
             for j, key in enumerate(keys):
-                sample: dict[str, Any] = {"__key__": key, "__url__": path}
                 for m in range(starts[j], starts[j + 1]):
-                    value = bytes(view[offsets[m] : offsets[m] + sizes[m]])
-                    if check:
-                        check_crc(value, crcs[m], path, key, fields[m])
-                    sample[fields[m]] = value
-                yield sample
+                    with view[offsets[m] : offsets[m] + sizes[m]] as member:
+                        intact = zlib.crc32(member) == crcs[m]
+                    if not intact:  # a copy in the error: a view would keep the map open
+                        member_bytes = bytes(view[offsets[m] : offsets[m] + sizes[m]])
+                        check_crc(member_bytes, crcs[m], path, key, fields[m])
 
     def _mine(self, info: ShardInfo) -> list[str]:
         """The shards reader ``info`` reads this epoch, in order."""

@@ -139,6 +139,21 @@ class ShardCache:
         """Whether the complete object is in the cache now."""
         return os.path.exists(self.path_for(url))
 
+    def discard(self, url: str, inode: int) -> None:
+        """Remove the cached copy of ``url`` if it is still the file ``inode`` (one found
+        stale: NOTE [ A pack written again at the same place ] in ``formats/tar_index.py``),
+        pinned or not: a process reading it keeps its open copy. Counted as an eviction."""
+        final = self.path_for(url)
+        with self._locked(os.path.join(self.directory, _DIR_LOCK)):
+            try:
+                st = os.stat(final)
+            except FileNotFoundError:
+                return
+            if st.st_ino != inode or not _unlink(final):
+                return  # already replaced by a fresh copy
+            self._add_to_ledger(-st.st_size)
+            self._record_evictions(1)
+
     def evictions(self) -> int:
         """How many files any process has evicted from this directory: a process that
         remembers which objects were cached can trust that while this number stays the same
@@ -291,13 +306,16 @@ class ShardCache:
                     if used + size_bytes <= self.budget_bytes:
                         break
         if evicted:
-            try:
-                with open(os.path.join(self.directory, _EVICTIONS), "ab") as f:
-                    f.write(b"e" * evicted)
-            except OSError as exc:  # a full disk: a process trusting its memory of what is
-                if not disk_full(exc):  # cached finds a shard gone and downloads it itself
-                    raise
+            self._record_evictions(evicted)
         return used
+
+    def _record_evictions(self, count: int) -> None:
+        try:
+            with open(os.path.join(self.directory, _EVICTIONS), "ab") as f:
+                f.write(b"e" * count)
+        except OSError as exc:  # a full disk: a process trusting its memory of what is
+            if not disk_full(exc):  # cached finds a shard gone and downloads it itself
+                raise
 
     def _read_ledger(self) -> int | None:
         try:

@@ -153,6 +153,13 @@ class Prefetcher:
         cache = self.source.cache
         assert cache is not None
         fd = cache.open_pinned(path)
+        expected = self.source.known_size(path)
+        if fd is not None and expected is not None:
+            st = os.fstat(fd)
+            if st.st_size != expected:  # a copy of an object since written again, or cut
+                os.close(fd)
+                cache.discard(path, st.st_ino)
+                fd = None
         if fd is None and self.source.fetch == "shard":
             fd = self._fill_and_pin(path)
         self._ahead_of(path)
@@ -179,6 +186,26 @@ class Prefetcher:
         return cache.fill(path, self.source.known_size(path),
                           lambda: self.source.get_whole(path),
                           lambda file: self.source.get_into(path, file))
+
+    def drop(self, path: str) -> bool:
+        """Unpin this process's copy of ``path`` and remove it from the cache (unless it was
+        replaced meanwhile): True when this process held one (its reads came from it)."""
+        if self._pid != os.getpid():
+            self.forget_after_fork()
+        with self._lock:
+            pin = self._pins.pop(path, None)
+            if pin is None:
+                return False
+            fd, size = pin
+            self._pinned_bytes -= size
+            self._known_cached.discard(path)
+        try:
+            cache = self.source.cache
+            assert cache is not None
+            cache.discard(path, os.fstat(fd).st_ino)
+        finally:
+            os.close(fd)
+        return True
 
     def _unpin_all(self) -> None:
         with self._lock:

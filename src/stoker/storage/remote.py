@@ -340,6 +340,12 @@ class RemoteSource:
             return None
         return self._prefetcher.cached_file(path)
 
+    def drop_cached(self, path: str) -> bool:
+        """Remove the cached copy this process read ``path`` from, found not to be what the
+        dataset's index says (NOTE [ A pack written again at the same place ] in
+        ``formats/tar_index.py``): True when there was one, so reading again reads the store."""
+        return self.cache is not None and self._prefetcher.drop(path)
+
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         if self.cache is not None:
             data = self._prefetcher.read_cached(path, offset, length)
