@@ -358,10 +358,12 @@ def load_index(source: ByteSource, shard: str) -> ShardTable:
 # where an old one was (fixed data, the same prefix). The manifest and the indexes are read
 # from the store every time a dataset is opened, never from the cache (small, once each),
 # so they are the new pack's; a cached shard of another size than the manifest says is
-# dropped when opened (RemoteSource, NOTE [ Shard prefetch order ]); and a sample whose CRC
+# dropped when opened (``Prefetcher._pin_cached`` in storage/prefetch.py); and a sample whose CRC
 # is not its index's, read from a cached copy, drops that copy and is read once more from the
 # store: a copy of the old pack is replaced, while a shard that is itself wrong still raises.
-# Before, the old copies were read and the CRC errors told users to pack again.
+# Before, the old copies were read and the CRC errors told users to pack again. Not caught:
+# a pack of the same shard sizes read with verify_crc=False (its bytes are not checked), and
+# a bare shard list without sidecar indexes (its index is scanned from the cached copy).
 
 
 def read_fresh(source: ByteSource, path: str) -> bytes:

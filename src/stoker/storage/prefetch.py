@@ -156,7 +156,9 @@ class Prefetcher:
         expected = self.source.known_size(path)
         if fd is not None and expected is not None:
             st = os.fstat(fd)
-            if st.st_size != expected:  # a copy of an object since written again, or cut
+            # An old copy of an object written again (NOTE [ A pack written again at the
+            # same place ] in formats/tar_index.py): dropped, the store's copy fetched.
+            if st.st_size != expected:
                 os.close(fd)
                 cache.discard(path, st.st_ino)
                 fd = None
