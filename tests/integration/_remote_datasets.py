@@ -62,6 +62,25 @@ def records_on_server(tmp_path: Path, shards: int, per_shard: int) -> Iterator[A
         server.stop()
 
 
+@contextlib.contextmanager
+def on_small_disk(path: Path, size: str = "32k") -> Iterator[Path]:
+    """A real filesystem of ``size`` (tmpfs) at ``path``, where a cache larger than it runs
+    out of disk; skips the test where mounting is not allowed."""
+    import subprocess
+
+    import pytest
+
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, timeout=30)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+
+
 def record_indices(batches: list[list[int]]) -> Counter:
     """How often each record index came in batches of ``[indices..., CRCs...]`` rows."""
     return Counter(i for b in batches for i in b[: len(b) // 2])

@@ -6,6 +6,7 @@ forked after the main process started obstore downloads with s3fs instead of han
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ pytest.importorskip("obstore", reason="client='obstore' needs obstore (test extr
 from _remote_datasets import (  # noqa: E402
     Records,
     epoch_samples,
+    on_small_disk,
     record_indices,
     records_on_server,
 )
@@ -230,3 +232,22 @@ def test_spawned_workers_use_obstore_themselves(s3) -> None:
         source.close()
     assert sorted(i for ids, _ in got for i in ids) == list(range(N))
     assert {k for _, kinds in got for k in kinds} == {"obstore"}
+
+
+@pytest.mark.filterwarnings("ignore:stoker. the disk under the shard cache")
+def test_a_full_disk_under_the_cache_is_read_by_range_with_obstore(s3, tmp_path) -> None:
+    """NOTE [ A full disk under the cache ] with obstore's downloads (written from its own
+    buffer): 12 KiB of real disk holds some of the shards; the others are read
+    by range, and the epoch has every record once."""
+    with on_small_disk(tmp_path / "small-disk", "12k") as disk:
+        source = _source(s3, fetch="shard", cache_dir=str(disk / "cache"),
+                         cache_bytes=10**7)
+        try:
+            got = _epoch(Records(source, s3.urls, PER_SHARD))
+        finally:
+            source.close()
+        assert record_indices(got) == record_indices(_local_epoch(s3))
+        assert sum(n for n in record_indices(got).values()) == SHARDS * PER_SHARD
+        cached = [n for n in os.listdir(disk / "cache") if n.endswith(".bin")]
+        assert 0 < len(cached) < SHARDS  # the disk took some: the rest were read by range
+        assert not [n for n in os.listdir(disk / "cache") if n.endswith(".partial")]

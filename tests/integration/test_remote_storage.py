@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -27,6 +26,7 @@ from _remote_datasets import (  # noqa: E402
     LabelAndClient,
     Records,
     epoch_samples,
+    on_small_disk,
     record_indices,
     records_on_server,
 )
@@ -612,18 +612,9 @@ def test_the_main_process_fetches_a_shard_again_once_it_was_evicted(s3, tmp_path
 
 @pytest.fixture
 def small_disk(tmp_path: Path):
-    """A real 32 KiB filesystem (tmpfs), where a cache of 10 MB runs out of disk after two
-    shards of this pack; skipped where mounting is not allowed."""
-    where = tmp_path / "small-disk"
-    where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(where)],
-                             capture_output=True, timeout=30)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    """32 KiB of real disk: a cache of 10 MB runs out of it after two shards of this pack."""
+    with on_small_disk(tmp_path / "small-disk") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
 
 
 @pytest.mark.filterwarnings("ignore:stoker. the disk under the shard cache")
