@@ -370,7 +370,10 @@ def read_fresh(source: ByteSource, path: str) -> bytes:
     """The whole object from its store, never from a cache of remote objects (NOTE [ A pack
     written again at the same place ])."""
     get_whole = getattr(source, "get_whole", None)
-    return bytes(get_whole(path)) if get_whole is not None else source.read(path)
+    if get_whole is None:
+        return source.read(path)
+    data: bytes = get_whole(path)
+    return data
 
 
 def drop_stale_copy(source: ByteSource, path: str) -> bool:

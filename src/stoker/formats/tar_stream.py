@@ -133,16 +133,18 @@ class TarShardStream(IterableDataset[Any]):
         for attempt in range(2):
             with shard_bytes(self.source, path) as view:
                 table = self._tables.get(path)
+                checked = table is not None
                 if table is None:
                     table = scan_bytes(view, path)  # validates the whole shard first
-                else:
+                columns = table.as_lists()
+                if checked:
                     try:
-                        self._check(view, table, path)
+                        self._check(view, table, columns, path)
                     except ShardError:  # NOTE [ A pack written again at the same place ]
                         if attempt == 0 and drop_stale_copy(self.source, path):
                             continue
                         raise
-                starts, keys, fields, offsets, sizes, _ = table.as_lists()
+                starts, keys, fields, offsets, sizes, _ = columns
                 for j, key in enumerate(keys):
                     sample: dict[str, Any] = {"__key__": key, "__url__": path}
                     for m in range(starts[j], starts[j + 1]):
@@ -150,11 +152,12 @@ class TarShardStream(IterableDataset[Any]):
                     yield sample
                 return
 
-    def _check(self, view: memoryview, table: ShardTable, path: str) -> None:
+    def _check(self, view: memoryview, table: ShardTable, columns: tuple[list[Any], ...],
+               path: str) -> None:
         if len(view) != table.size_bytes:
             raise size_mismatch(path, len(view), table)
         if self.verify_crc:
-            starts, keys, fields, offsets, sizes, crcs = table.as_lists()
+            starts, keys, fields, offsets, sizes, crcs = columns
             for j, key in enumerate(keys):
                 for m in range(starts[j], starts[j + 1]):
                     with view[offsets[m] : offsets[m] + sizes[m]] as member:

@@ -12,7 +12,6 @@ permission, a bad argument; retrying those only delays the answer.
 
 from __future__ import annotations
 
-import errno
 import random
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from stoker.errors import RemoteReadError
+from stoker.storage.cache import disk_full
 
 T = TypeVar("T")
 
@@ -68,7 +68,7 @@ class RetryPolicy:
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying the read may succeed (not when the local disk it writes to is
     full: the cache reads by range instead, NOTE [ A full disk under the cache ])."""
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if disk_full(exc):
         return False
     return isinstance(exc, Exception) and not isinstance(exc, _PERMANENT)
 
