@@ -20,9 +20,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from stoker.storage import ByteSource
+from stoker.storage import ByteSource, RetryPolicy
 
 RECORD_BYTES = 256
+FAST_RETRY = RetryPolicy(attempts=5, base_delay_s=0.01, max_delay_s=0.05)  # tests' retries
 
 
 def write_records(directory: str, shards: int, per_shard: int, seed: int = 0) -> list[str]:

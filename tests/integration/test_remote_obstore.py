@@ -19,6 +19,7 @@ pytest.importorskip("s3fs", reason="client='obstore' falls back to s3fs in forke
 pytest.importorskip("obstore", reason="client='obstore' needs obstore (test extra)")
 
 from _remote_datasets import (  # noqa: E402
+    FAST_RETRY,
     Records,
     epoch_samples,
     on_small_disk,
@@ -29,12 +30,11 @@ from _s3_server import S3Server  # noqa: E402
 from test_tar_stream import Numbers, label  # noqa: E402
 
 import stoker  # noqa: E402
-from stoker.storage import LocalSource, RemoteReadError, RetryPolicy, open_source  # noqa: E402
+from stoker.storage import LocalSource, RemoteReadError, open_source  # noqa: E402
 from stoker.storage.obstore_files import ObstoreFiles, obstore_config  # noqa: E402
 
 SHARDS, PER_SHARD, BATCH = 4, 16, 8
 N = SHARDS * PER_SHARD
-FAST_RETRY = RetryPolicy(attempts=5, base_delay_s=0.01, max_delay_s=0.05)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -22,6 +22,7 @@ pytest.importorskip("moto.server", reason="the S3 server tests need moto[server]
 pytest.importorskip("s3fs", reason="reading s3:// needs s3fs (test extra)")
 
 from _remote_datasets import (  # noqa: E402
+    FAST_RETRY,
     RECORD_BYTES,
     LabelAndClient,
     Records,
@@ -36,12 +37,11 @@ from test_tar_stream import Numbers, label  # noqa: E402
 
 import stoker  # noqa: E402
 from stoker.errors import ShardError  # noqa: E402
-from stoker.storage import LocalSource, RemoteReadError, RetryPolicy, open_source  # noqa: E402
+from stoker.storage import LocalSource, RemoteReadError, open_source  # noqa: E402
 from stoker.testing import assert_resumes_exactly  # noqa: E402
 
 SHARDS, PER_SHARD, BATCH = 6, 20, 8
 N = SHARDS * PER_SHARD
-FAST_RETRY = RetryPolicy(attempts=5, base_delay_s=0.01, max_delay_s=0.05)
 
 
 @pytest.fixture
@@ -542,6 +542,20 @@ def test_a_shard_changed_after_packing_is_named_when_it_is_downloaded(s3, tmp_pa
     assert "it changed since; index it again (stoker pack)" in message
 
 
+def _labels_from_cache(s3: S3Server, url: str, cache_dir: Path, dataset: Any,
+                       **loader: Any) -> list[int]:
+    """One epoch through 2 workers of ``dataset(source)``, over a source of whole shards
+    cached in ``cache_dir``: its labels, sorted."""
+    source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
+                         cache_dir=str(cache_dir), cache_bytes=10**7, fetch="shard")
+    try:
+        batches = stoker.DataLoader(dataset(source), batch_size=5, num_workers=2, timeout=60,
+                                    **loader)
+        return sorted(x for batch in batches for x in batch.tolist())
+    finally:
+        source.close()  # type: ignore[attr-defined]
+
+
 def test_a_pack_in_a_warm_cache_is_opened_without_asking_the_shards_sizes(s3, tmp_path) -> None:
     """A second dataset over a cache the first filled reads every shard from disk and asks
     the store only for its manifest and file of indexes: no size request per shard (a
@@ -553,15 +567,9 @@ def test_a_pack_in_a_warm_cache_is_opened_without_asking_the_shards_sizes(s3, tm
     url = "s3://bucket/warm/index.json"
 
     def epoch() -> list[int]:
-        source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
-                             cache_dir=str(tmp_path / "cache"), cache_bytes=10**7,
-                             fetch="shard")
-        try:
-            loader = stoker.DataLoader(TarShards(url, source=source, transform=label),
-                                       batch_size=5, shuffle=True, num_workers=2, timeout=60)
-            return sorted(x for batch in loader for x in batch.tolist())
-        finally:
-            source.close()  # type: ignore[attr-defined]
+        return _labels_from_cache(s3, url, tmp_path / "cache",
+                                  lambda source: TarShards(url, source=source, transform=label),
+                                  shuffle=True)
 
     assert epoch() == list(range(29))
     heads, gets = s3.faults.heads, dict(s3.faults.gets_by_path)
@@ -630,20 +638,12 @@ def test_a_cache_on_a_full_disk_reads_the_rest_by_range_with_every_sample(
     pack(Numbers(), str(tmp_path / "packed"), samples_per_shard=4, workers=1, progress=False)
     s3.upload_dir(str(tmp_path / "packed"), "bucket", "full")
     url = "s3://bucket/full/index.json"
-    for make in (lambda source: stoker.DataLoader(
-                     TarShards(url, source=source, transform=label), batch_size=5,
-                     shuffle=True, num_workers=2, timeout=60),
-                 lambda source: stoker.DataLoader(
-                     TarShardStream(url, source=source, transform=label, shuffle_buffer=5),
-                     batch_size=5, num_workers=2, timeout=60)):
-        cache = small_disk / "cache"
-        source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
-                             cache_dir=str(cache), cache_bytes=10**7, fetch="shard")
-        try:
-            got = sorted(x for batch in make(source) for x in batch.tolist())
-        finally:
-            source.close()  # type: ignore[attr-defined]
-        assert got == list(range(29))
+    cache = small_disk / "cache"
+    for dataset, shuffle in (
+            (lambda source: TarShards(url, source=source, transform=label), True),
+            (lambda source: TarShardStream(url, source=source, transform=label,
+                                           shuffle_buffer=5), False)):
+        assert _labels_from_cache(s3, url, cache, dataset, shuffle=shuffle) == list(range(29))
         assert not [n for n in os.listdir(cache) if n.endswith(".partial")]
         shutil.rmtree(cache)
 
@@ -674,16 +674,9 @@ def test_a_pack_written_again_at_the_same_place_is_read_new_through_a_warm_cache
     url = "s3://bucket/again/index.json"
 
     def epoch() -> list[int]:
-        source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
-                             cache_dir=str(tmp_path / "cache"), cache_bytes=10**7,
-                             fetch="shard")
-        try:
-            dataset = (TarShards(url, source=source, transform=label) if reader == "TarShards"
-                       else TarShardStream(url, source=source, transform=label))
-            loader = stoker.DataLoader(dataset, batch_size=5, num_workers=2, timeout=60)
-            return sorted(x for batch in loader for x in batch.tolist())
-        finally:
-            source.close()  # type: ignore[attr-defined]
+        kind = TarShards if reader == "TarShards" else TarShardStream
+        return _labels_from_cache(s3, url, tmp_path / "cache",
+                                  lambda source: kind(url, source=source, transform=label))
 
     def publish(version: int, base: int, n: int, per_shard: int) -> Path:
         local = tmp_path / f"pack-{version}"
