@@ -287,6 +287,31 @@ def test_a_reservation_with_room_lists_no_directory_and_a_stale_ledger_is_recoun
         os.close(fd)
 
 
+def test_the_ledger_is_written_in_place_and_one_it_cannot_read_is_recounted(
+    tmp_path: Path,
+) -> None:
+    """The ledger is rewritten in place (no new file per download); what another version
+    left there (a shorter number, one longer than ours, or bytes that are no number) is
+    read when it can be and otherwise counted again from the directory."""
+    cache = ShardCache(str(tmp_path), budget_bytes=10_000)
+    assert cache.fill("s3://b/0", 1000, lambda: _blob(0))
+    ledger = os.path.join(cache.directory, ".usage")
+    inode = os.stat(ledger).st_ino
+    assert cache.fill("s3://b/1", 1000, lambda: _blob(1))
+    assert os.stat(ledger).st_ino == inode and _ledger(cache) == 2000
+    with open(ledger, "wb") as f:  # an older version's ledger: the same count, unpadded
+        f.write(b"2000")
+    assert cache.fill("s3://b/2", 1000, lambda: _blob(2)) and _ledger(cache) == 3000
+    with open(ledger, "wb") as f:  # longer than ours: cut to our width when written
+        f.write(b"%040d" % 3000)
+    assert cache.fill("s3://b/3", 1000, lambda: _blob(3)) and _ledger(cache) == 4000
+    assert os.path.getsize(ledger) == 21
+    with open(ledger, "wb") as f:
+        f.write(b"not a number")
+    assert cache.fill("s3://b/4", 1000, lambda: _blob(4))
+    assert _ledger(cache) == cache.used_bytes() == 5000
+
+
 def test_a_claimed_object_is_downloaded_once_by_its_claimer_while_others_wait(
     tmp_path: Path,
 ) -> None:

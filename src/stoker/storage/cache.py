@@ -20,7 +20,9 @@ reads by range instead) when no room can be made. The bytes in use are kept in a
 (``.usage``, read and written under ``.dir.lock``), so a reservation with room to spare
 costs no listing of the directory (listing and stating every cached file per download: a
 fill of a 600 KB object took 1.44 ms of CPU with 200 files cached, 5.5 ms with 2,000; 0.69
-and 1.6 now). The ledger never counts less than the disk holds: it is raised before a
+and 1.6 then). It is written in place, not as a new file renamed over it: on this machine's
+ext4 that took a fill of 600 KB from 2.0 ms of CPU to 1.3 (200 cached) and 1.7 (2,000).
+The ledger never counts less than the disk holds: it is raised before a
 reservation's file is made and lowered after a file is removed, so a process killed between
 the two leaves it counting more. When it says the budget is full, or is missing, one pass
 over the directory counts the truth (clearing what a dead download of this object left),
@@ -319,17 +321,30 @@ class ShardCache:
 
     def _read_ledger(self) -> int | None:
         try:
-            with open(os.path.join(self.directory, _LEDGER), "rb") as f:
-                return int(f.read())
-        except (FileNotFoundError, ValueError):  # none yet, or cut short: count instead
+            fd = os.open(os.path.join(self.directory, _LEDGER), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # none yet: count instead
             return None
+        try:
+            return int(os.read(fd, 64))
+        except ValueError:  # cut short, or not ours: count instead
+            return None
+        finally:
+            os.close(fd)
 
     def _write_ledger(self, used: int) -> None:
+        # In place, one fixed-width write: every reader holds .dir.lock, so none sees it half
+        # written, and a killed process completes a write or makes none. Not a new file and a
+        # rename each time: creating a file took ~0.45 ms of CPU on an ext4 disk here, a
+        # third of a shard's whole cache bookkeeping.
         path = os.path.join(self.directory, _LEDGER)
+        data = b"%020d\n" % max(0, used)
         try:
-            with open(path + ".new", "wb") as f:
-                f.write(b"%d" % max(0, used))
-            os.replace(path + ".new", path)  # never seen half written
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                os.pwrite(fd, data, 0)
+                os.ftruncate(fd, len(data))  # a longer ledger left by another version
+            finally:
+                os.close(fd)
         except OSError as exc:
             if not disk_full(exc):
                 raise
