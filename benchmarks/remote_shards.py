@@ -204,19 +204,23 @@ def _epoch(make_loader: Callable[[], Iterable[Any]]) -> tuple[float, float, int,
 
 
 def run(name: str, make_loader: Callable[[], Iterable[Any]],
-        exclude: Collection[int] = ()) -> dict[str, Any]:
+        exclude: Collection[int] = (), after_epoch: Callable[[], None] = lambda: None
+        ) -> dict[str, Any]:
     """Two cold epochs. The first is timed: samples/s over all of it, time to the first
     batch, the rate after it (steady), the CPU seconds the loader's processes used. The second
     samples memory: the peak PSS the loader's processes added to this process tree but
-    ``exclude`` (the server); reading PSS costs CPU, so that epoch is not timed."""
+    ``exclude`` (the server); reading PSS costs CPU, so that epoch is not timed.
+    ``after_epoch`` runs after each (removing the epoch's cache)."""
     gc.collect()
     cpu = _cpu_s()
     elapsed, first, first_samples, samples, total_bytes = _epoch(make_loader)
     cpu = _cpu_s() - cpu
+    after_epoch()
     with TreeMemorySampler(interval_s=0.05, exclude=exclude) as memory:
         before = tree_pss_bytes(exclude=exclude)
         _epoch(make_loader)
         peak = memory.peak_mib * 2**20
+    after_epoch()
     steady = (samples - first_samples) / (elapsed - first) if elapsed > first else 0.0
     record = {"loader": name, "samples": samples, "epoch_s": round(elapsed, 3),
               "samples_per_s": round(samples / elapsed, 1),
@@ -292,9 +296,16 @@ def measure(tmp: Path, args: Any) -> list[dict[str, Any]]:
         server_cpu = getattr(s3, "cpu_s", lambda: 0.0)
         server_pids = getattr(s3, "pids", ())
 
+        def drop_caches() -> None:
+            # Each epoch's cache goes with it, so that no loader starts on a disk holding
+            # the gigabytes the loaders before it wrote (whose writeback may still run).
+            for entry in tmp.iterdir():
+                if "cache-" in entry.name:
+                    shutil.rmtree(entry, ignore_errors=True)
+
         def measured(name: str, make: Callable[[], Iterable[Any]]) -> None:
             gets, cpu = s3.faults.gets, server_cpu()
-            record = run(name, make, exclude=server_pids)
+            record = run(name, make, exclude=server_pids, after_epoch=drop_caches)
             results.append(record | {"gets": (s3.faults.gets - gets) // 2,  # per epoch
                                      "server_cpu_s": round((server_cpu() - cpu) / 2, 2)})
 
