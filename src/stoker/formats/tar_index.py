@@ -19,7 +19,6 @@ import io
 import json
 import mmap
 import tarfile
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -28,6 +27,7 @@ import numpy as np
 
 from stoker.errors import ShardError
 from stoker.formats._common import ViewFile, default_source, write_atomic
+from stoker.formats.checksum import crc32
 from stoker.storage import ByteSource
 
 INDEX_SUFFIX = ".idx.npz"
@@ -174,7 +174,7 @@ class ShardTable:
 def check_crc(value: bytes, expected: int, path: str, key: str, field: str,
               sample: int | None = None) -> None:
     """Raise if a member's bytes are not the ones indexed (``sample``: its index, if any)."""
-    actual = zlib.crc32(value)
+    actual = crc32(value)
     if actual != expected:
         which = f"key {key!r}" if sample is None else f"sample {sample} (key {key!r})"
         raise ShardError(
@@ -296,7 +296,7 @@ def _scan(
             fields.append(ext)
             offsets.append(member.offset_data)
             sizes.append(member.size)
-            crcs.append(zlib.crc32(view[member.offset_data : end]))
+            crcs.append(crc32(view[member.offset_data : end]))
         _check_end(view, tar.offset, path, keys)
     starts.append(len(fields))
     return ShardTable(

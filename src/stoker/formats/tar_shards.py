@@ -19,7 +19,6 @@ import bisect
 import dataclasses
 import json
 import posixpath
-import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from torch.utils.data import Dataset
 
 from stoker.errors import ShardError
 from stoker.formats._common import default_source, join, parent
+from stoker.formats.checksum import crc32
 from stoker.formats.tar_index import (
     TABLES_NAME,
     ShardTable,
@@ -384,7 +384,7 @@ class TarShards(Dataset[Any]):
             start, size, field = offsets[m] - offset, sizes[m], fields[m]
             # A sample of one member is the whole range read: no copy of it.
             value = data if size == length else data[start : start + size]
-            if self.verify_crc and bad is None and zlib.crc32(value) != crcs[m]:
+            if self.verify_crc and bad is None and crc32(value) != crcs[m]:
                 bad = (value, crcs[m], m)
             sample[field] = value
         return sample, bad

@@ -47,7 +47,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import random
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -56,6 +55,7 @@ from torch.utils.data import IterableDataset
 from stoker.distributed import ShardInfo, detect, shard_info, shard_list
 from stoker.errors import ShardError
 from stoker.formats._common import default_source
+from stoker.formats.checksum import crc32
 from stoker.formats.tar_index import (
     ShardTable,
     check_crc,
@@ -161,7 +161,7 @@ class TarShardStream(IterableDataset[Any]):
             for j, key in enumerate(keys):
                 for m in range(starts[j], starts[j + 1]):
                     with view[offsets[m] : offsets[m] + sizes[m]] as member:
-                        intact = zlib.crc32(member) == crcs[m]
+                        intact = crc32(member) == crcs[m]
                     if not intact:  # a copy in the error: a view would keep the map open
                         member_bytes = bytes(view[offsets[m] : offsets[m] + sizes[m]])
                         check_crc(member_bytes, crcs[m], path, key, fields[m])
