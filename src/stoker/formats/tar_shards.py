@@ -353,14 +353,15 @@ class TarShards(Dataset[Any]):
         first, end = starts[j], starts[j + 1]
         offset = offsets[first] if end > first else 0
         length = offsets[end - 1] + sizes[end - 1] - offset if end > first else 0
-        data = self._read_span(path, index, columns.keys[j], offset, length)
-        sample, bad = self._sample(data, columns, path, j, offset, length)
+        key = columns.keys[j]
+        data = self._read_span(path, index, key, offset, length)
+        sample, bad = self._sample(data, columns, path, key, j, offset, length)
         if bad is not None and drop_stale_copy(self.source, path):
-            data = self._read_span(path, index, columns.keys[j], offset, length)
-            sample, bad = self._sample(data, columns, path, j, offset, length)
+            data = self._read_span(path, index, key, offset, length)
+            sample, bad = self._sample(data, columns, path, key, j, offset, length)
         if bad is not None:
             value, expected, m = bad
-            check_crc(value, expected, path, columns.keys[j], columns.fields[m], index)
+            check_crc(value, expected, path, key, columns.fields[m], index)
         return sample
 
     def _read_span(self, path: str, index: int, key: str, offset: int, length: int) -> bytes:
@@ -372,19 +373,19 @@ class TarShards(Dataset[Any]):
                 f"could not be read: {exc}"
             ) from exc
 
-    def _sample(self, data: bytes, columns: Any, path: str, j: int, offset: int,
+    def _sample(self, data: bytes, columns: Any, path: str, key: str, j: int, offset: int,
                 length: int) -> tuple[dict[str, Any], Any]:
         """The sample's fields from its bytes, and (value, indexed CRC, member) of the first
         member whose CRC is not the index's, or None."""
-        starts, keys, fields, offsets, sizes, crcs = columns
-        key = keys[j]
+        starts, _, fields, offsets, sizes, crcs = columns
         sample: dict[str, Any] = {"__key__": key, "__url__": path}
         bad = None
+        verify = self.verify_crc
         for m in range(starts[j], starts[j + 1]):
             start, size, field = offsets[m] - offset, sizes[m], fields[m]
             # A sample of one member is the whole range read: no copy of it.
             value = data if size == length else data[start : start + size]
-            if self.verify_crc and bad is None and crc32(value) != crcs[m]:
+            if verify and bad is None and crc32(value) != crcs[m]:
                 bad = (value, crcs[m], m)
             sample[field] = value
         return sample, bad
