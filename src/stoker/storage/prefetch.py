@@ -331,7 +331,7 @@ class Prefetcher:
         cache = self.source.cache
         assert cache is not None
         try:
-            if os.path.exists(cache.path_for(path)):
+            if cache.cached(path):
                 return
             self._fill(path)
         except Exception:  # NOTE [ Shard prefetch order ]: the read that needs it reports
