@@ -93,6 +93,22 @@ def test_what_counts_as_transient() -> None:
     assert not any(is_transient(OSError(n, "full")) for n in (errno.ENOSPC, errno.EDQUOT))
 
 
+class _HTTPReplyError(Exception):  # a client's error carrying the reply's status
+    def __init__(self, attribute: str, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        setattr(self, attribute, status)
+
+
+def test_an_http_reply_that_refuses_the_request_is_not_transient() -> None:
+    # aiohttp's ClientResponseError has .status, gcsfs's HttpError .code; gcsfs reports a
+    # 403 as OSError("Forbidden: <url>").
+    for attribute in ("status", "code"):
+        assert not any(is_transient(_HTTPReplyError(attribute, s)) for s in (400, 403, 404, 416))
+        assert all(is_transient(_HTTPReplyError(attribute, s))
+                   for s in (401, 408, 429, 500, 503))
+    assert not is_transient(OSError("Forbidden: http://h/b/o\nAccessDenied"))
+
+
 def test_a_bad_policy_says_what_is_allowed() -> None:
     with pytest.raises(ValueError) as info:
         RetryPolicy(attempts=0)

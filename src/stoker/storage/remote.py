@@ -30,6 +30,7 @@ import asyncio
 import functools
 import os
 import threading
+import types
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -116,6 +117,17 @@ def _share_botocore_data(fs: Any) -> None:
     else:
         _BOTOCORE_DATA.append(session.get_component("data_loader"))
     fs.session = session
+
+
+def _without_gcsfs_retries(fs: Any) -> None:
+    """Make each gcsfs request once: its ``retry_request`` decorator retries up to 6 times,
+    sleeping 1-2 s, then 2-3 s, ... between, a count fixed when the class is defined (setting
+    ``fs.retries`` changes nothing), under our own policy: a persistent 503 took 102 s and 18
+    GETs to report instead of 3 GETs, and a transient one waited 1.5 s whatever the
+    ``RetryPolicy``. The undecorated request, on this instance only."""
+    raw = getattr(getattr(type(fs), "_request", None), "__wrapped__", None)
+    if raw is not None:
+        fs._request = types.MethodType(raw, fs)
 
 
 class RemoteSource:
@@ -248,7 +260,9 @@ class RemoteSource:
         if self.protocol in ("s3", "s3a") and "session" not in options:
             _share_botocore_data(fs)
         if hasattr(fs, "retries"):
-            fs.retries = 1  # s3fs/gcsfs retry on their own; one policy decides (ours)
+            fs.retries = 1  # s3fs retries on its own; one policy decides (ours)
+        if self.protocol in ("gs", "gcs"):
+            _without_gcsfs_retries(fs)
         return _Handle(os.getpid(), fs, loop, thread)
 
     def close(self) -> None:
@@ -268,7 +282,13 @@ class RemoteSource:
         session = getattr(handle.fs, "_s3", None) or getattr(handle.fs, "_session", None)
         if close_session is not None and session is not None:
             try:
-                close_session(handle.loop, session)
+                if asyncio.iscoroutinefunction(getattr(session, "close", None)):
+                    # Closed on its loop, waited for: gcsfs's close_session only schedules
+                    # the close, from another thread, and the loop stopped just after
+                    # destroyed it pending ("Task was destroyed but it is pending!").
+                    asyncio.run_coroutine_threadsafe(session.close(), handle.loop).result(5)
+                else:
+                    close_session(handle.loop, session)
             except Exception:  # a session that never connected; nothing to close
                 pass
         handle.loop.call_soon_threadsafe(handle.loop.stop)

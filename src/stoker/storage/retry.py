@@ -68,9 +68,23 @@ class RetryPolicy:
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying the read may succeed (not when the local disk it writes to is
     full: the cache reads by range instead, NOTE [ A full disk under the cache ])."""
-    if disk_full(exc):
+    if disk_full(exc) or _refused(exc):
         return False
     return isinstance(exc, Exception) and not isinstance(exc, _PERMANENT)
+
+
+def _refused(exc: BaseException) -> bool:
+    """An HTTP reply that says the request itself is wrong, as a client reports it that does
+    not map it to one of ``_PERMANENT`` (gcsfs's ``HttpError.code``, aiohttp's ``status``; a
+    403 from gcsfs is a plain ``OSError("Forbidden: ...")``). Not 401 (gcsfs's expired token:
+    the next try gets a fresh one), 408 or 429 (wait and try again)."""
+    if type(exc) is OSError and str(exc).startswith("Forbidden"):
+        return True
+    for name in ("status", "code"):
+        status = getattr(exc, name, None)
+        if isinstance(status, int) and 400 <= status < 500:
+            return status not in (401, 408, 429)
+    return False
 
 
 @dataclass(frozen=True)
