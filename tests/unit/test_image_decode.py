@@ -94,3 +94,24 @@ def test_a_wrong_output_says_what_is_expected() -> None:
         "shape (3, height, width), e.g. batch[i] of torch.empty((n, 3, 224, 224), "
         "dtype=torch.uint8)"
     )
+
+
+@pytest.mark.parametrize("kind", ["PNG", "WEBP"])
+def test_an_image_that_is_not_a_jpeg_is_decoded_by_pillow_on_either_path(path, kind) -> None:
+    # ImageNet has a PNG saved as .JPEG: with simplejpeg installed it must still decode.
+    _, img = _jpeg()
+    buf = io.BytesIO()
+    PIL.fromarray(img).save(buf, kind, **({"lossless": True} if kind == "WEBP" else {}))
+    out = torch.empty(3, 96, 128, dtype=torch.uint8)
+    box = (30, 40, 200, 300)
+    decode_box_into(buf.getvalue(), out, box, flip=True)
+    assert np.abs(out.numpy().astype(int) - _reference(buf.getvalue(), box, True,
+                                                       size=(128, 96))).mean() < 3.0
+    top, left, h, w, _ = decode_crop_into(buf.getvalue(), out, np.random.default_rng(1))
+    assert (top, left, h, w) == random_resized_crop_box(np.random.default_rng(1), 375, 500)
+
+
+@pytest.mark.parametrize("data", [b"", b"not an image at all"])
+def test_bytes_that_are_no_image_say_so(path, data) -> None:
+    with pytest.raises(ValueError, match=r"bytes starting .* are not an image Pillow can read"):
+        decode_crop_into(data, torch.empty(3, 8, 8, dtype=torch.uint8), np.random.default_rng(0))

@@ -97,14 +97,30 @@ def _check_out(out: torch.Tensor) -> None:
         )
 
 
+def _turbo(data: bytes) -> bool:
+    """Whether simplejpeg decodes ``data``: a JPEG, with the extra installed. Anything else
+    (a PNG saved as .JPEG, as ImageNet has; WebP; garbage) goes to Pillow, as without it."""
+    return _simplejpeg is not None and bool(_simplejpeg.is_jpeg(data))
+
+
+def _pillow_open(data: bytes) -> Any:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        return Image.open(io.BytesIO(data))
+    except UnidentifiedImageError as exc:
+        raise ValueError(
+            f"{len(data)} bytes starting {bytes(data[:8])!r} are not an image Pillow can "
+            "read (JPEG, PNG, WebP, ...): check what this sample's field holds"
+        ) from exc
+
+
 def _jpeg_size(jpeg: bytes) -> tuple[int, int]:
     """(width, height) from the header, without decoding."""
-    if _simplejpeg is not None:
+    if _turbo(jpeg):
         h, w, _, _ = _simplejpeg.decode_jpeg_header(jpeg)
         return int(w), int(h)
-    from PIL import Image
-
-    with Image.open(io.BytesIO(jpeg)) as im:
+    with _pillow_open(jpeg) as im:
         return im.size
 
 
@@ -113,7 +129,7 @@ def _decode_scaled(
 ) -> tuple[Any, tuple[float, float]]:
     """The image decoded at a reduced scale >= ``need`` (or full): an HWC RGB array (or a
     Pillow image without simplejpeg), and the factors (decoded / full) of height and width."""
-    if _simplejpeg is not None:
+    if _turbo(jpeg):
         min_h = min(height, math.ceil(height * need))
         min_w = min(width, math.ceil(width * need))
         array = _simplejpeg.decode_jpeg(
@@ -121,9 +137,7 @@ def _decode_scaled(
             min_height=min_h, min_width=min_w,
         )
     else:
-        from PIL import Image
-
-        with Image.open(io.BytesIO(jpeg)) as im:
+        with _pillow_open(jpeg) as im:  # draft: a JPEG's scaled decode; others ignore it
             im.draft("RGB", (math.ceil(width * need), math.ceil(height * need)))
             decoded = im.convert("RGB")
         return decoded, (decoded.height / height, decoded.width / width)
@@ -133,7 +147,7 @@ def _decode_scaled(
 def _resize_box(image: Any, box: tuple[float, float, float, float], size: tuple[int, int]) -> Any:
     """The ``box`` (x0, y0, x1, y1, float pixels) of ``image`` resized to ``size`` (w, h)."""
     x0, y0, x1, y1 = box
-    if _cv2 is not None:
+    if _cv2 is not None and isinstance(image, np.ndarray):
         # The box rounded to whole decoded pixels (at most half a decoded pixel off, under a
         # tenth of an output pixel after the scaled decode), then one bilinear resize.
         ix0, iy0 = max(0, round(x0)), max(0, round(y0))
@@ -144,4 +158,6 @@ def _resize_box(image: Any, box: tuple[float, float, float, float], size: tuple[
 
     if isinstance(image, np.ndarray):
         image = Image.fromarray(image)
+    # Pillow's resize antialiases whatever factor is left (a PNG is not scaled at decode),
+    # which OpenCV's bilinear would not.
     return np.asarray(image.resize(size, Image.Resampling.BILINEAR, box=box))
