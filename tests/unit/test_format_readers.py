@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 from _format_files import N, expected, sample_of, write_all  # noqa: E402
@@ -93,3 +94,24 @@ def test_a_missing_library_says_which_extra_installs_it(
         f"{what} needs the {module!r} package, which is not installed. Install it with: "
         f"pip install 'stoker[{extra}]'"
     )
+
+
+def test_a_parquet_column_the_files_lack_is_named(readers: dict, tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    from stoker.formats import ParquetDataset
+
+    files = readers["parquet"]().paths
+    assert ParquetDataset(files, columns=["index"])[3] == {"index": 3}
+    with pytest.raises(ValueError, match=r"a\.parquet: no column 'indx'; its columns are "
+                                         r"\['index', 'data'\]: fix columns="):
+        ParquetDataset(files, columns=["index", "indx"])
+
+
+def test_one_lmdb_database_under_two_spellings_opens_once(readers: dict, monkeypatch) -> None:
+    pytest.importorskip("lmdb")
+    from stoker.formats import LMDBDataset
+
+    train = readers["lmdb"]()
+    monkeypatch.chdir(Path(train.path).parent)  # "db/" here is the same database
+    val = LMDBDataset("db/", transform=train.transform)
+    assert all(torch.equal(val[i], train[i]) for i in range(3))

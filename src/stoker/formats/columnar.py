@@ -81,6 +81,7 @@ class ParquetDataset(Dataset[Any]):
         lengths = []
         for f in range(len(self.paths)):
             metadata = self._file(f).metadata
+            self._check_columns(f)
             for g in range(metadata.num_row_groups):
                 self.groups.append((f, g))
                 lengths.append(metadata.row_group(g).num_rows)
@@ -95,6 +96,17 @@ class ParquetDataset(Dataset[Any]):
                 SourceFile(self.source, self.paths[f]), 1 << 20)
             handle = self._files[f] = pq.ParquetFile(target, memory_map=local is not None)
         return handle
+
+    def _check_columns(self, f: int) -> None:
+        """A column asked for that file ``f`` lacks is named now: pyarrow reads the others
+        and says nothing (a typo would give every row without it)."""
+        names = self._file(f).schema_arrow.names
+        missing = [c for c in self.columns or () if c not in names]
+        if missing:
+            raise ValueError(
+                f"{self.paths[f]}: no column {', '.join(map(repr, missing))}; its columns are "
+                f"{names}: fix columns= (or leave it out to read them all)"
+            )
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()  # open files and decoded groups stay in their process

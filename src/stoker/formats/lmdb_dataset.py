@@ -33,7 +33,9 @@ class _Env:
         )
 
     def __del__(self) -> None:
-        self.env.close()
+        env = getattr(self, "env", None)  # None: lmdb.open raised
+        if env is not None:
+            env.close()
 
 
 _ENVS: weakref.WeakValueDictionary[str, _Env] = weakref.WeakValueDictionary()
@@ -41,6 +43,7 @@ _ENVS_LOCK = threading.Lock()
 
 
 def _environment(path: str) -> _Env:
+    path = os.path.realpath(path)  # "db", "./db/", a symlink: lmdb refuses a second open
     with _ENVS_LOCK:
         handle = _ENVS.get(path)
         if handle is not None and handle.pid == os.getpid():
