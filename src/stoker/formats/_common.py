@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib
 import io
+import itertools
 import os
 import posixpath
+import re
 from types import ModuleType
 from typing import Any
 
@@ -47,6 +49,60 @@ def join(base_dir: str, name: str) -> str:
 
 def parent(path: str) -> str:
     return posixpath.dirname(path.rstrip("/"))
+
+
+_INT_RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
+_OTHER_RANGE = re.compile(r"-?\d+\.\.-?\d+\.\.-?\d+|[A-Za-z]\.\.[A-Za-z](\.\.-?\d+)?")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """The paths a shard pattern names, as WebDataset expands it (the ``braceexpand`` package's
+    rules, for the part shard names use): ``s-{000..002}.tar`` -> ``s-000.tar`` ..
+    ``s-002.tar`` (zero-padded when a bound is), ``{a,b}`` alternatives, nested, several in a
+    row; any other ``{...}`` is kept as it is (no backslash escapes)."""
+    parts: list[list[str]] = []  # the paths are every combination of one string per part
+    start = depth = 0
+    for pos, char in enumerate(pattern):
+        if char == "{":
+            if depth == 0:
+                parts.append([pattern[start:pos]])
+                start = pos
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth < 0:
+                break
+            if depth == 0:
+                parts.append(_alternatives(pattern[start + 1 : pos], pattern))
+                start = pos + 1
+    if depth != 0:
+        raise ValueError(f"{pattern!r}: unbalanced braces in the shard pattern; give a list of "
+                         "paths or a pattern such as 'shards/s-{000000..000099}.tar'")
+    parts.append([pattern[start:]])
+    return ["".join(combination) for combination in itertools.product(*parts)]
+
+
+def _alternatives(body: str, pattern: str) -> list[str]:
+    """The strings one ``{body}`` of ``pattern`` stands for."""
+    bounds = _INT_RANGE.fullmatch(body)
+    if bounds is not None:
+        first, last = bounds.groups()
+        padded = any(b.lstrip("-").startswith("0") and b.lstrip("-") != "0" for b in (first, last))
+        width = max(len(first), len(last)) if padded else 0
+        step = 1 if int(first) <= int(last) else -1
+        return [f"{n:0{width}d}" for n in range(int(first), int(last) + step, step)]
+    if _OTHER_RANGE.fullmatch(body):  # braceexpand's steps and letters: not for shard names
+        raise ValueError(f"{pattern!r}: {{{body}}} is not a range stoker expands (integers, "
+                         "as in {000000..000099}); give a list of paths instead")
+    cuts, depth = [-1], 0
+    for pos, char in enumerate(body):
+        depth += (char == "{") - (char == "}")
+        if char == "," and depth == 0:
+            cuts.append(pos)
+    if len(cuts) == 1:  # no comma: not an expression, kept (inner ones expanded)
+        return ["{" + inner + "}" for inner in expand_braces(body)]
+    cuts.append(len(body))
+    return [path for a, b in itertools.pairwise(cuts) for path in expand_braces(body[a + 1 : b])]
 
 
 class _SeekableReader(io.RawIOBase):

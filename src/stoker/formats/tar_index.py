@@ -2,8 +2,9 @@
 the standard library's ``tarfile`` (never by a parser of our own).
 
 A sample is a run of consecutive members sharing a key, WebDataset's rule: a member named
-``dir/name.ext.gz`` has key ``dir/name`` and field ``ext.gz`` (the split is at the first dot
-of the file name). Per member the index keeps the data's byte offset in the tar, its size and
+``dir/name.EXT.gz`` has key ``dir/name`` and field ``ext.gz`` (the split is at the first dot
+of the file name, the field lowercased), and the members WebDataset skips are skipped
+(``tar_members``). Per member the index keeps the data's byte offset in the tar, its size and
 its CRC-32, so a reader fetches a sample with one ranged read (its members are adjacent) and
 knows when the bytes it got are not the ones indexed.
 
@@ -28,21 +29,19 @@ import numpy as np
 from stoker.errors import ShardError
 from stoker.formats._common import ViewFile, default_source, write_atomic
 from stoker.formats.checksum import crc32
+from stoker.formats.tar_members import (
+    RESERVED,
+    duplicate_field,
+    lowercase_fields,
+    not_a_tar,
+    split_name,
+)
 from stoker.storage import ByteSource
 
 INDEX_SUFFIX = ".idx.npz"
 INDEX_VERSION = 1
 TABLES_NAME = "index.tables.npz"  # every shard's index in one file, beside the manifest
 _COLUMNS = ("keys", "fields", "offsets", "sizes", "crc32")
-
-
-def split_name(name: str) -> tuple[str, str]:
-    """``dir/name.ext`` -> (``dir/name``, ``ext``): WebDataset's key/field rule."""
-    slash = name.rfind("/")
-    dot = name.find(".", slash + 1)
-    if dot < 0:
-        return name, ""
-    return name[:dot], name[dot + 1 :]
 
 
 # NOTE [ Index columns per process ]
@@ -160,8 +159,8 @@ class ShardTable:
                 if int(z["version"]) != INDEX_VERSION:
                     raise ValueError(f"index version {int(z['version'])}")
                 return cls(
-                    int(z["size_bytes"]), z["keys"], z["starts"], z["fields"], z["offsets"],
-                    z["sizes"], z["crc32"], json.loads(str(z["meta"])),
+                    int(z["size_bytes"]), z["keys"], z["starts"], lowercase_fields(z["fields"]),
+                    z["offsets"], z["sizes"], z["crc32"], json.loads(str(z["meta"])),
                 )
         except Exception as exc:
             raise ShardError(
@@ -213,6 +212,7 @@ def tables_from_bytes(data: bytes, where: str) -> list[ShardTable]:
             if int(z["version"]) != INDEX_VERSION:
                 raise ValueError(f"index version {int(z['version'])}")
             arrays = {name: z[name] for name in ("starts", *_COLUMNS)}
+            arrays["fields"] = lowercase_fields(arrays["fields"])
             samples, members = z["samples"].tolist(), z["members"].tolist()
             size_bytes, metas = z["size_bytes"].tolist(), json.loads(str(z["meta"]))
         if not len(samples) == len(members) == len(size_bytes) == len(metas):
@@ -283,13 +283,17 @@ def _scan(
     offsets: list[int] = []
     sizes: list[int] = []
     crcs: list[int] = []
+    seen: set[str] = set()  # the current sample's fields, and the names its dict has
     fileobj.seek(0)
-    with tarfile.open(fileobj=fileobj, mode="r:") as tar:
-        for member in _members(tar, path, keys):
-            key, ext = split_name(member.name)
+    with _open_tar(fileobj, view, path) as tar:
+        for member, key, ext in _members(tar, path, keys):
             if not keys or keys[-1] != key:
                 keys.append(key)
                 starts.append(len(fields))
+                seen = set(RESERVED)
+            if ext in seen:
+                raise duplicate_field(path, len(keys) - 1, key, ext)
+            seen.add(ext)
             end = member.offset_data + member.size
             if end > size:
                 raise ShardError(_truncated(path, len(keys) - 1, key, end, size))
@@ -306,21 +310,40 @@ def _scan(
     )
 
 
+def _open_tar(fileobj: Any, view: memoryview, path: str) -> tarfile.TarFile:
+    try:
+        return tarfile.open(fileobj=fileobj, mode="r:")
+    except tarfile.TarError as exc:
+        raise not_a_tar(path, bytes(view[:6]), exc) from exc  # a copy: no export left behind
+
+
 def _members(tar: tarfile.TarFile, path: str, keys: list[str]) -> Any:
-    """Regular-file members in order; a damaged header is an error naming where it was."""
+    """(member, key, field) of the regular-file members WebDataset makes samples of, in order;
+    a damaged header or a sparse member is an error naming where it was."""
     while True:
         try:
             member = tar.next()
         except tarfile.TarError as exc:
-            after = f"after sample {len(keys) - 1} (key {keys[-1]!r})" if keys else "at its start"
             raise ShardError(
-                f"{path}: not a readable tar shard: {exc} {after}; the file is truncated or "
-                "corrupted: re-create it (stoker pack redoes an unfinished shard)"
+                f"{path}: not a readable tar shard: {exc} {_after(keys)}; the file is truncated "
+                "or corrupted: re-create it (stoker pack redoes an unfinished shard)"
             ) from exc
         if member is None:
             return
-        if member.isfile():
-            yield member
+        named = split_name(member.name) if member.isfile() else None
+        if named is None:
+            continue
+        if member.issparse():  # its bytes in the tar are the file's data runs, not the file
+            raise ShardError(
+                f"{path}: member {member.name!r} {_after(keys)} is a sparse file (GNU tar "
+                "--sparse): its bytes in the shard are not its data, which stoker reads by "
+                "offset; re-create the shard without --sparse (-S)"
+            )
+        yield (member, *named)
+
+
+def _after(keys: list[str]) -> str:
+    return f"after sample {len(keys) - 1} (key {keys[-1]!r})" if keys else "at its start"
 
 
 def _check_end(view: memoryview, offset: int, path: str, keys: list[str]) -> None:
@@ -328,10 +351,9 @@ def _check_end(view: memoryview, offset: int, path: str, keys: list[str]) -> Non
     blocks every tar writer appends) tells a complete shard from one cut at a member."""
     marker = bytes(view[offset : offset + 2 * tarfile.BLOCKSIZE])  # no export left behind
     if len(marker) < 2 * tarfile.BLOCKSIZE or any(marker):
-        after = f"after sample {len(keys) - 1} (key {keys[-1]!r})" if keys else "at its start"
         raise ShardError(
             f"{path}: truncated or corrupted tar shard: neither a valid member header nor the "
-            f"end-of-archive marker at byte {offset}, {after} (the file has {len(view)} "
+            f"end-of-archive marker at byte {offset}, {_after(keys)} (the file has {len(view)} "
             "bytes); re-create it (stoker pack redoes an unfinished shard)"
         )
 

@@ -28,7 +28,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from stoker.errors import ShardError
-from stoker.formats._common import default_source, join, parent
+from stoker.formats._common import default_source, expand_braces, join, parent
 from stoker.formats.checksum import crc32
 from stoker.formats.tar_index import (
     TABLES_NAME,
@@ -40,6 +40,7 @@ from stoker.formats.tar_index import (
     scan_shard,
     tables_from_bytes,
 )
+from stoker.formats.tar_members import duplicate_field
 from stoker.storage import ByteSource
 
 _INDEX_THREADS = 8  # remote indexes read at once (NOTE [ A batch's shards at once ])
@@ -98,11 +99,11 @@ def read_manifest(source: ByteSource, path: str) -> Manifest:
     """The manifest at ``path`` (NOTE [ The file of indexes alongside the manifest ])."""
     read_prefix = getattr(source, "read_prefix", None)
     if read_prefix is None:
-        return _parse_manifest(read_fresh(source, path), path)
+        return _parse_manifest(_read_manifest_file(source, path), path)
     guess = join(parent(path), TABLES_NAME)
     with ThreadPoolExecutor(1) as pool:
         tables = pool.submit(read_prefix, guess, _GUESSED_TABLES_BYTES)
-        manifest = _parse_manifest(read_fresh(source, path), path)
+        manifest = _parse_manifest(_read_manifest_file(source, path), path)
         try:
             data = tables.result()
         except Exception:  # none there (a pack from before it), or failing: read when needed
@@ -110,6 +111,18 @@ def read_manifest(source: ByteSource, path: str) -> Manifest:
     if manifest.tables == guess and len(data) == manifest.tables_bytes:
         return dataclasses.replace(manifest, tables_data=data)
     return manifest
+
+
+def _read_manifest_file(source: ByteSource, path: str) -> bytes:
+    try:
+        return read_fresh(source, path)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(
+            f"{path}: no such file: a directory of shards is opened through the {MANIFEST_NAME} "
+            "`stoker pack` writes in it. For tar shards without one, pass the list of their "
+            "paths (or a pattern such as 'shards/s-{000000..000099}.tar'), or pack them with "
+            "`stoker pack`"
+        ) from exc
 
 
 def _parse_manifest(raw: bytes, path: str) -> Manifest:
@@ -169,8 +182,8 @@ def manifest_path(path: str) -> str | None:
     """The manifest a path names (itself, or ``index.json`` in it), or None for one shard."""
     if path.endswith(".json"):
         return path
-    if path.endswith(".tar"):
-        return None
+    if path.endswith((".tar", ".tgz")) or ".tar." in posixpath.basename(path):
+        return None  # a shard, compressed ones included: the scan says what they are
     return posixpath.join(path.rstrip("/"), MANIFEST_NAME)
 
 
@@ -181,7 +194,8 @@ class TarShards(Dataset[Any]):
     is applied to that dict.
 
     ``path``: a manifest (``.../index.json``), the directory holding one, a shard (``.tar``),
-    or a list of shards. ``source``: the ``ByteSource`` bytes are read through (default: local
+    a list of shards, or a pattern of them (``"s3://b/s-{000000..000099}.tar"``, expanded as
+    WebDataset expands it). ``source``: the ``ByteSource`` bytes are read through (default: local
     files, or the object store a URL names). ``verify_crc``: check each member's CRC-32 against
     the index on every read (about 40 us per 100 KB), so a shard changed after its index was
     built raises ``ShardError`` instead of yielding wrong bytes.
@@ -195,6 +209,8 @@ class TarShards(Dataset[Any]):
         transform: Callable[[dict[str, Any]], Any] | None = None,
         verify_crc: bool = True,
     ) -> None:
+        if isinstance(path, str) and "{" in path and (expanded := expand_braces(path)) != [path]:
+            path = expanded
         first = path if isinstance(path, str) else (path[0] if path else "")
         self.source = default_source(first, source)
         self.transform = transform
@@ -243,6 +259,8 @@ class TarShards(Dataset[Any]):
             table = load_index(self.source, path)
         except FileNotFoundError:
             table = scan_shard(self.source, path)  # plain WebDataset shard: read it through once
+        else:
+            self._check_size(path, table)
         self._tables[s] = table
         return TarShard(path, len(table), table.size_bytes)
 
@@ -280,6 +298,17 @@ class TarShards(Dataset[Any]):
         table = load_index(self.source, shard.path)
         self._check(shard, table)
         return table
+
+    def _check_size(self, path: str, table: ShardTable) -> None:
+        """A shard against its sidecar's size where that costs no request: a local file's (one
+        stat), or one a remote source already knows (listed or read)."""
+        known_size = getattr(self.source, "known_size", None)
+        if known_size is not None:
+            actual = known_size(path)
+        else:
+            actual = self.source.size(path) if self.source.local_path(path) else None
+        if actual is not None and actual != table.size_bytes:
+            raise size_mismatch(path, actual, table)
 
     def _check(self, shard: TarShard, table: ShardTable) -> None:
         actual = self.source.size(shard.path)
@@ -387,6 +416,8 @@ class TarShards(Dataset[Any]):
             value = data if size == length else data[start : start + size]
             if verify and bad is None and crc32(value) != crcs[m]:
                 bad = (value, crcs[m], m)
+            if field in sample:  # an index built before such shards were refused
+                raise duplicate_field(path, j, key, field)
             sample[field] = value
         return sample, bad
 

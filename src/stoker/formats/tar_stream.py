@@ -54,7 +54,7 @@ from torch.utils.data import IterableDataset
 
 from stoker.distributed import ShardInfo, detect, shard_info, shard_list
 from stoker.errors import ShardError
-from stoker.formats._common import default_source
+from stoker.formats._common import default_source, expand_braces
 from stoker.formats.checksum import crc32
 from stoker.formats.tar_index import (
     ShardTable,
@@ -63,6 +63,7 @@ from stoker.formats.tar_index import (
     scan_bytes,
     shard_bytes,
 )
+from stoker.formats.tar_members import duplicate_field
 from stoker.formats.tar_shards import (
     expect_manifest_sizes,
     manifest_path,
@@ -78,7 +79,8 @@ class TarShardStream(IterableDataset[Any]):
     ``__url__``, one ``bytes`` per field), through ``transform``. Call ``set_epoch(n)`` before
     each epoch for a new order (stoker's loader does not know an iterable dataset's epochs).
 
-    ``shards``: a list of ``.tar`` paths or URLs, or a pack written by ``stoker pack`` (its
+    ``shards``: a list of ``.tar`` paths or URLs, a pattern of them (``"s-{000..099}.tar"``,
+    expanded as WebDataset expands it), or a pack written by ``stoker pack`` (its
     ``index.json`` or the directory holding it), whose indexes spare the tar parsing.
     ``verify_crc``: with a pack's indexes, check each member's CRC-32 as it is read."""
 
@@ -101,6 +103,9 @@ class TarShardStream(IterableDataset[Any]):
         self._tables: dict[str, ShardTable] = {}
         self._counts: dict[str, int] = {}  # a pack's samples per shard
         self._plans: dict[tuple[int, ...], tuple[list[str], list[int]]] = {}
+        if isinstance(shards, str) and "{" in shards and (
+                expanded := expand_braces(shards)) != [shards]:
+            shards = expanded  # WebDataset's shard pattern
         if isinstance(shards, str):
             self.source = default_source(shards, source)
             manifest = manifest_path(shards)
@@ -148,6 +153,8 @@ class TarShardStream(IterableDataset[Any]):
                 for j, key in enumerate(keys):
                     sample: dict[str, Any] = {"__key__": key, "__url__": path}
                     for m in range(starts[j], starts[j + 1]):
+                        if fields[m] in sample:  # an index built before such shards were refused
+                            raise duplicate_field(path, j, key, fields[m])
                         sample[fields[m]] = bytes(view[offsets[m] : offsets[m] + sizes[m]])
                     yield sample
                 return
