@@ -55,9 +55,13 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--workers", type=_positive, default=None,
                         help="processes (default: the CPU count)")
     parser.add_argument("--max-side", type=_positive, default=None, metavar="PIXELS",
-                        help="re-encode larger images so their longer side is at most this")
+                        help="re-encode larger images (jpg, png, webp, bmp, tif, ppm) so "
+                        "their longer side is at most this: bicubic, nearest-neighbour for "
+                        "label images (palette or integer modes, or png/bmp/tif fields named "
+                        "like seg.png); EXIF and ICC profiles kept, animations left as they are")
     parser.add_argument("--jpeg-quality", type=_quality, default=90, metavar="1..100",
-                        help="JPEG/WebP quality of re-encoded images (default 90)")
+                        help="JPEG/WebP quality of re-encoded images and of a Dataset's PIL "
+                        "images and arrays (default 90)")
     parser.add_argument("--fields", default=None, metavar="EXT,EXT",
                         help="field names of a Dataset's tuple samples, e.g. jpg,cls")
     parser.add_argument("--verify", action="store_true",
@@ -77,6 +81,7 @@ def _load_dataset(spec: str) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from stoker.formats import PackOptions, ShardError, pack
+    from stoker.formats._records import PackError
 
     source: Any = args.source
     if not os.path.isdir(source) and ":" in source:
@@ -89,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         summary = pack(source, args.out, options)
-    except (ShardError, FileExistsError, FileNotFoundError) as exc:
+    except (PackError, ShardError, FileExistsError, FileNotFoundError) as exc:
         print(f"stoker pack: {exc}", file=sys.stderr)
         return 1
     print(summary)

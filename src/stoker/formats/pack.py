@@ -12,11 +12,23 @@ NOTE [ Resumable pack ]
     (``index.tables.npz``: one read for a remote reader) and the manifest (``index.json``) is
     written last, so a directory with a manifest is complete. Running the same pack again
     resumes; running a different one into the same directory is refused.
+
+NOTE [ A pack stopped by a bad sample ]
+    A sample that cannot be packed (an unreadable file, the dataset's exception, a broken key
+    rule) stops the pack at once: pending shards are cancelled and running ones stop at their
+    next sample (a flag after the shared counts, set by the failing worker; their ``.partial``
+    files are removed), so the error comes in seconds, not after every other shard. Finished
+    shards are kept: fixing the sample and running the same pack again resumes. Removing it
+    instead renumbers every later sample, which a resume would mix with shards numbered
+    before: the plan's sample count changes and the pack is refused, so the error says so up
+    front. A worker that died (killed, out of memory) breaks the pool: stopped the same way,
+    and a rerun resumes.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import json
 import mmap
@@ -26,14 +38,22 @@ import sys
 import tarfile
 import threading
 import time
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from stoker.formats._common import write_atomic
-from stoker.formats._records import DatasetRecords, FolderRecords, Records, shrink_image
-from stoker.formats.pack_report import PackSummary, Progress, verify_pack
+from stoker.formats._records import (
+    RESAMPLE_RULE,
+    DatasetRecords,
+    FolderRecords,
+    PackError,
+    Records,
+    packed_record,
+)
+from stoker.formats.pack_report import PackSummary, Progress, stopped_error, verify_pack
 from stoker.formats.tar_index import (
     INDEX_SUFFIX,
     TABLES_NAME,
@@ -53,8 +73,10 @@ SIZE_PROBE_SAMPLES = 16
 class PackOptions:
     """How ``pack`` writes shards. ``samples_per_shard`` wins over ``shard_size_mb`` (a target
     turned into a sample count from the mean size of the first samples). ``workers``: processes
-    (default: the CPU count). ``max_side``: re-encode larger images (jpg, png, webp fields) so
-    their longer side is at most this, recorded in the metadata. ``fields``: names of a tuple
+    (default: the CPU count). ``max_side``: re-encode larger images (jpg, png, webp, bmp, tif,
+    ppm fields) so their longer side is at most this, recorded in the metadata (NOTE [ Resizing
+    with --max-side ] in ``_records``). ``jpeg_quality``: of re-encoded images and of PIL
+    images and uint8 arrays a Dataset gives under jpg/webp. ``fields``: names of a tuple
     sample's elements. ``progress``: a progress line on stderr (default: when it is a terminal).
     """
 
@@ -97,20 +119,41 @@ def _records(source: Any, options: PackOptions) -> Records:
     return DatasetRecords(source, options.fields, type(source).__qualname__)
 
 
+def _check_out_dir(source: Any, out_dir: str) -> None:
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise FileExistsError(
+            f"{out_dir} is a file, not a directory; the output of stoker pack is a directory "
+            "of shards: give a new or empty directory"
+        )
+    if isinstance(source, (str, os.PathLike)):
+        root, out = os.path.realpath(source), os.path.realpath(out_dir)
+        if os.path.commonpath([root, out]) == root:
+            raise PackError(
+                f"{out_dir} is inside the image folder {source}: the pack would become part "
+                "of what it packs (a class directory, or files listed next time); pack into a "
+                "directory outside it"
+            )
+
+
 def _plan(records: Records, options: PackOptions) -> dict[str, Any]:
     n = len(records)
     per_shard = options.samples_per_shard
-    if per_shard is None:
-        probe = [records.record(i)[1] for i in range(min(n, SIZE_PROBE_SAMPLES))]
+    if per_shard is None:  # measured as written: after --max-side
+        probe = [packed_record(records, i, options.max_side, options.jpeg_quality)[1]
+                 for i in range(min(n, SIZE_PROBE_SAMPLES))]
         mean = sum(sum(len(v) + 1024 for v in r.values()) for r in probe) / max(1, len(probe))
         per_shard = max(1, int(options.shard_size_mb * 2**20 // max(mean, 1)))
-    return {
+    encodes = options.max_side or isinstance(records, DatasetRecords)  # PIL images, arrays
+    plan = {
         "version": 1, "source": records.describe(), "samples": n,
         "samples_per_shard": per_shard, "shards": -(-n // per_shard) if n else 0,
         "max_side": options.max_side,
-        "jpeg_quality": options.jpeg_quality if options.max_side else None,
+        "jpeg_quality": options.jpeg_quality if encodes else None,
         "name": options.name,
     }
+    if options.max_side:
+        plan["resample"] = RESAMPLE_RULE
+    return plan
 
 
 def _shard_name(plan: dict[str, Any], k: int) -> str:
@@ -122,6 +165,7 @@ def _meta(plan: dict[str, Any]) -> dict[str, Any]:
     if plan["max_side"]:
         meta["max_side"] = plan["max_side"]
         meta["jpeg_quality"] = plan["jpeg_quality"]
+        meta["resample"] = plan["resample"]
     return meta
 
 
@@ -143,11 +187,19 @@ def _settle_plan(out_dir: str, plan: dict[str, Any], options: PackOptions) -> di
                 "another directory, or delete this one to start over"
             )
         return old
-    names = [n for n in os.listdir(out_dir) if not n.startswith(".")]
-    if names:
+    names = sorted(n for n in os.listdir(out_dir) if not n.startswith("."))
+    if MANIFEST_NAME in names:
         raise FileExistsError(
-            f"{out_dir} is not empty and holds no {PLAN_NAME} (found {sorted(names)[:5]}); "
-            "pack into an empty or new directory"
+            f"{out_dir} holds a finished pack ({MANIFEST_NAME}, {len(names)} files) but not its "
+            f"plan {PLAN_NAME}, so stoker pack cannot tell what it packed: read it as it is "
+            f"(stoker.formats.TarShards({out_dir!r})), or delete the directory or pack into "
+            "another one to pack again"
+        )
+    if names:
+        more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+        raise FileExistsError(
+            f"{out_dir} is not empty and holds no {PLAN_NAME}, so it is no pack to resume "
+            f"(found {names[:5]}{more}); pack into a new or empty directory, or remove these files"
         )
     write_atomic(path, json.dumps(plan, indent=1).encode())
     return plan
@@ -199,28 +251,60 @@ def _exit_with(parent: int) -> None:
     os._exit(1)
 
 
+class _Stopped(Exception):
+    """Another shard failed: this one stopped (NOTE [ A pack stopped by a bad sample ])."""
+
+
 def _write_shard(k: int) -> tuple[int, int, int]:
     """Write shard ``k`` (NOTE [ Resumable pack ]); returns (k, samples, bytes)."""
-    records, plan, out_dir, counts = (_JOB[n] for n in ("records", "plan", "out_dir", "counts"))
+    plan, out_dir = _JOB["plan"], _JOB["out_dir"]
     shard = os.path.join(out_dir, _shard_name(plan, k))
     start = k * plan["samples_per_shard"]
-    stop = min(plan["samples"], start + plan["samples_per_shard"])
-    with open(shard + ".partial", "wb") as f:
-        with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for index in range(start, stop):
-                key, fields = records.record(index)
-                for name, data in fields.items():
-                    if plan["max_side"]:
-                        data = shrink_image(name, data, plan["max_side"], plan["jpeg_quality"])
-                    _add_member(tar, f"{key}.{name}", data)
-                if counts is not None:  # one slot per shard: one writer, no lock
-                    counts[k] += 1
-        f.flush()
-        os.fsync(f.fileno())
+    indices = range(start, min(plan["samples"], start + plan["samples_per_shard"]))
+    try:
+        with open(shard + ".partial", "wb") as f:
+            _write_samples(f, k, indices)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException as exc:
+        if _JOB["counts"] is not None and not isinstance(exc, _Stopped):
+            _JOB["counts"][-1] = 1  # stop the other shards now, not when the driver hears
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(shard + ".partial")
+        raise
     os.replace(shard + ".partial", shard)
     table = scan_shard(LocalSource(), shard, _meta(plan))
+    if len(table) != len(indices):  # samples merged or lost on read: never index such a shard
+        os.remove(shard)
+        raise PackError(
+            f"{shard}: {len(indices)} samples written, but reading it back finds {len(table)}; "
+            "the shard is removed. Their keys or field names break the rules of NOTE [ Keys "
+            "and fields in a tar ] in a way stoker pack did not catch: please report it"
+        )
     write_atomic(index_path(shard), table.to_bytes())
     return k, len(table), table.size_bytes
+
+
+def _write_samples(f: Any, k: int, indices: range) -> None:
+    records, plan, counts = _JOB["records"], _JOB["plan"], _JOB["counts"]
+    quality = plan["jpeg_quality"] or PackOptions.jpeg_quality
+    previous = None
+    with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for index in indices:
+            if counts is not None and counts[-1]:
+                raise _Stopped
+            key, fields = packed_record(records, index, plan["max_side"], quality)
+            if key == previous:
+                raise PackError(
+                    f"{records.where(index)}: its __key__ {key!r} is the key of sample "
+                    f"{index - 1} too, and adjacent samples with one key read back as one "
+                    "sample; give every sample its own key"
+                )
+            previous = key
+            for name, data in fields.items():
+                _add_member(tar, f"{key}.{name}", data)
+            if counts is not None:  # one slot per shard: one writer, no lock
+                counts[k] += 1
 
 
 def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -241,19 +325,27 @@ def pack(source: Any, out_dir: str, options: PackOptions | None = None, **overri
     pack ]). Keyword arguments override fields of ``options`` (``PackOptions``)."""
     options = dataclasses.replace(options or PackOptions(), **overrides)
     started = time.perf_counter()
+    _check_out_dir(source, out_dir)
     records = _records(source, options)
+    wanted = _plan(records, options)
     os.makedirs(out_dir, exist_ok=True)
-    plan = _settle_plan(out_dir, _plan(records, options), options)
+    plan = _settle_plan(out_dir, wanted, options)
     done = {k: t for k in range(plan["shards"]) if (t := _finished(out_dir, plan, k))}
     todo = [k for k in range(plan["shards"]) if k not in done]
     for k in todo:
         _clean(out_dir, plan, k)
     resumed = sum(len(t) for t in done.values())
     progress = Progress(plan["samples"], resumed, options.progress)
-    written = _run(records, plan, out_dir, todo, progress, options.workers)
+    try:
+        written = _run(records, plan, out_dir, todo, progress, options.workers)
+    except (PackError, BrokenProcessPool) as exc:
+        kept = sum(1 for k in range(plan["shards"]) if _finished(out_dir, plan, k))
+        raise stopped_error(exc, out_dir, (kept, plan["shards"]), plan["source"]["kind"]
+                            ) from exc
+    finally:
+        progress.close()
     tables = [done.get(k) or _written_table(out_dir, plan, k) for k in range(plan["shards"])]
     _write_manifest(out_dir, plan, tables)
-    progress.close()
     summary = PackSummary(
         out_dir, sum(len(t) for t in tables), len(tables), sum(t.size_bytes for t in tables),
         time.perf_counter() - started, len(done), sum(n for n, _ in written.values()),
@@ -271,8 +363,9 @@ def _run(records: Records, plan: dict[str, Any], out_dir: str, todo: list[int],
     fork = sys.platform == "linux"
     context = mp.get_context("fork" if fork else None)
     # Samples written so far, per shard, in an anonymous shared mapping forked workers inherit
-    # (no file, no semaphore); elsewhere progress moves a shard at a time.
-    shared = mmap.mmap(-1, 8 * max(1, plan["shards"])) if fork else None
+    # (no file, no semaphore), and after them the stop flag (NOTE [ A pack stopped by a bad
+    # sample ]); elsewhere progress moves a shard at a time.
+    shared = mmap.mmap(-1, 8 * (plan["shards"] + 1)) if fork else None
     counts = np.frombuffer(shared, dtype=np.int64) if shared is not None else None
     written: dict[int, tuple[int, int]] = {}
     with cf.ProcessPoolExecutor(
@@ -280,14 +373,26 @@ def _run(records: Records, plan: dict[str, Any], out_dir: str, todo: list[int],
         initargs=(records, plan, out_dir, counts),
     ) as pool:
         pending = {pool.submit(_write_shard, k) for k in todo}
-        while pending:
-            finished, pending = cf.wait(pending, timeout=0.25, return_when=cf.FIRST_COMPLETED)
-            for future in finished:
-                k, n, size = future.result()
-                written[k] = (n, size)
-            done = int(counts.sum()) if counts is not None else sum(
-                n for n, _ in written.values())
-            progress.update(done, sum(s for _, s in written.values()))
+        try:
+            while pending:
+                finished, pending = cf.wait(pending, timeout=0.25,
+                                            return_when=cf.FIRST_COMPLETED)
+                errors = [e for f in finished if (e := f.exception()) is not None]
+                for error in errors:  # the failing shard's, not one it stopped (any order)
+                    if not isinstance(error, _Stopped):
+                        raise error
+                for future in finished:
+                    if future.exception() is None:
+                        k, n, size = future.result()
+                        written[k] = (n, size)
+                done = int(counts[:-1].sum()) if counts is not None else sum(
+                    n for n, _ in written.values())
+                progress.update(done, sum(s for _, s in written.values()))
+        except BaseException:
+            if counts is not None:
+                counts[-1] = 1
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return written
 
 

@@ -1,4 +1,5 @@
-"""What ``pack`` tells: the progress line, the summary, and ``verify_pack``'s re-read."""
+"""What ``pack`` tells: the progress line, the summary, the error that stopped it, and
+``verify_pack``'s re-read."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import concurrent.futures as cf
 import os
 import sys
 import time
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from stoker.errors import ShardError
+from stoker.formats._records import PackError
 from stoker.formats.tar_index import load_index, scan_shard
 from stoker.formats.tar_shards import MANIFEST_NAME, Manifest, read_manifest, read_tables
 from stoker.storage import LocalSource
@@ -69,6 +72,27 @@ class Progress:
         if self.shown:
             sys.stderr.write("\n")
             sys.stderr.flush()
+
+
+def stopped_error(cause: BaseException, out_dir: str, kept: tuple[int, int], kind: str
+                  ) -> PackError:
+    """The error that stopped a pack, with what is kept (finished shards, of all) and how to
+    go on (NOTE [ A pack stopped by a bad sample ] in ``pack``)."""
+    shards = f"{kept[0]} of {kept[1]} shards are finished and kept in {out_dir}"
+    if isinstance(cause, BrokenProcessPool):
+        return PackError(
+            f"stoker pack was interrupted: a worker process died (killed, or out of memory: "
+            f"see dmesg); {shards}: run the same pack again to resume"
+        )
+    if kind == "image_folder":
+        fix, remove = "fix or replace the file, keeping its name", "removing the file"
+    else:
+        fix, remove = "fix the sample in the dataset", "removing the sample"
+    return PackError(
+        f"{cause}\n{shards}. To go on, {fix}, and run the same pack again: it resumes. "
+        f"{remove.capitalize()} instead renumbers the samples after it, so the pack must "
+        "start over in a new or empty directory"
+    )
 
 
 def _verify_shard(path: str) -> str | None:
