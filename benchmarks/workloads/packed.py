@@ -17,6 +17,7 @@ shards sit in the page cache (warm): what is measured is the cost of reading the
 from __future__ import annotations
 
 import io
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,16 @@ def _webdataset(urls: list[str], decode: bool, shuffle_buffer: int) -> Any:
     )
 
 
+def _pack_kept(folder: Path, out: Path, **options: Any) -> None:
+    """A finished pack is kept: the call returns at once the second time; one an older stoker
+    packed under other rules (its plan differs) is packed again."""
+    try:
+        pack(str(folder), str(out), workers=2, progress=False, **options)
+    except FileExistsError:
+        shutil.rmtree(out)
+        pack(str(folder), str(out), workers=2, progress=False, **options)
+
+
 def _pack(images: int, cache: Path, small_too: bool) -> tuple[list[str], str, str]:
     paths = make_jpeg_files(cache / "files", images)
     folder = cache / "folder" / "all"
@@ -81,13 +92,10 @@ def _pack(images: int, cache: Path, small_too: bool) -> tuple[list[str], str, st
             (folder / f"{i:06d}.jpg").symlink_to(p)
     shards = cache / "shards"
     per_shard = max(8, images // 20)
-    # A finished pack is kept: each call below returns at once the second time.
-    pack(str(cache / "folder"), str(shards), samples_per_shard=per_shard, workers=2,
-         progress=False)
+    _pack_kept(cache / "folder", shards, samples_per_shard=per_shard)
     small = cache / "shards-max-side-320"
     if small_too:
-        pack(str(cache / "folder"), str(small), samples_per_shard=per_shard, workers=2,
-             max_side=320, progress=False)
+        _pack_kept(cache / "folder", small, samples_per_shard=per_shard, max_side=320)
     return [str(folder / f"{i:06d}.jpg") for i in range(images)], str(shards), str(small)
 
 
