@@ -40,6 +40,23 @@ def test_workers_split_the_shards_and_read_everything_once(tmp_path: Path) -> No
     assert epochs[0] != epochs[1]
 
 
+def test_persistent_workers_read_the_epoch_set_in_the_main_process(tmp_path: Path) -> None:
+    # Their copies were pickled when they started: stoker's loader gives each new epoch's
+    # set_epoch to them (NOTE [ A dataset's epoch on persistent workers ]).
+    pack(Numbers(), str(tmp_path), samples_per_shard=4, workers=1, progress=False)
+    stream = TarShardStream(str(tmp_path), transform=label, shuffle_buffer=5, seed=2)
+    persistent = stoker.DataLoader(stream, batch_size=3, num_workers=2, timeout=60,
+                                   persistent_workers=True)
+    fresh = stoker.DataLoader(stream, batch_size=3, num_workers=2, timeout=60)
+    epochs = []
+    for epoch in (0, 1, 5):
+        stream.set_epoch(epoch)
+        epochs.append([x for batch in persistent for x in batch.tolist()])
+        assert epochs[-1] == [x for batch in fresh for x in batch.tolist()]
+    assert epochs[0] != epochs[1] != epochs[2]
+    del persistent  # its workers end with it
+
+
 def test_stream_over_a_pack_uses_its_indexes_and_checks_the_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

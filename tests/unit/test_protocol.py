@@ -20,7 +20,7 @@ _REPORT = msg.BatchReport(
 )
 MESSAGES = [
     msg.Task(epoch=1, task_id=7, indices=[3, 4], released=[0, 2]),
-    msg.Reset(epoch=2, released=[1], datapipe_seed=None),
+    msg.Reset(epoch=2, released=[1], datapipe_seed=None, dataset_epoch=4),
     msg.Cancel(epoch=1, task_id=7),
     msg.Release(released=[5]),
     msg.Stop(),

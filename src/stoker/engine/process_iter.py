@@ -12,6 +12,14 @@ workers take queued tasks ] in ``workers.main_loop``; NOTE [ Only stragglers mov
 concurrent fetches, see NOTE [ Deeper prefetch for small batches ]); one new task is sent per
 batch yielded. A task's id is its position in the epoch's sampler order (see NOTE [ Resume
 state ]).
+
+NOTE [ A dataset's epoch on persistent workers ]
+Persistent workers keep the copy of the dataset pickled when they started, so a
+``dataset.set_epoch(n)`` in the main process never reaches them: under torch's DataLoader an
+epoch-aware iterable repeats its first epoch's order, and a resume (which starts fresh workers
+at the saved epoch) reads another order than the epoch it resumes. A dataset that defines
+``stoker_epoch()`` (stoker's ``TarShardStream``) has its main copy's value given to each
+worker's ``set_epoch`` with every new epoch (``Reset``). Others are left as torch leaves them.
 """
 
 from __future__ import annotations
@@ -43,6 +51,12 @@ from stoker.workers.remote_errors import rebuild
 _EMPTY_STEP = object()
 _LIVENESS_POLL_S = 5.0
 _WATCH_DELAY_S = 1.0  # only a fallback: worker sentinels wake the wait at once on death
+
+
+def _dataset_epoch(dataset: Any) -> int | None:
+    """NOTE [ A dataset's epoch on persistent workers ]."""
+    epoch_of = getattr(dataset, "stoker_epoch", None)
+    return epoch_of() if callable(epoch_of) else None
 
 
 class ProcessIterator(BaseIterator):
@@ -160,7 +174,8 @@ class ProcessIterator(BaseIterator):
         self._group.collect_released()
         for w in self._group.workers:
             release = self._group.take_release(w.worker_id)
-            self._send(w.worker_id, msg.Reset(self._epoch, release, self._datapipe_seed))
+            self._send(w.worker_id, msg.Reset(self._epoch, release, self._datapipe_seed,
+                                              _dataset_epoch(self._dataset)))
         self._init_dispatch()
         self._fill()
 

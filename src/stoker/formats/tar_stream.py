@@ -77,7 +77,8 @@ from stoker.storage import ByteSource
 class TarShardStream(IterableDataset[Any]):
     """Samples of tar shards, streamed: the same dicts as ``TarShards`` yields (``__key__``,
     ``__url__``, one ``bytes`` per field), through ``transform``. Call ``set_epoch(n)`` before
-    each epoch for a new order (stoker's loader does not know an iterable dataset's epochs).
+    each epoch for a new order (stoker's loader does not know an iterable dataset's epochs; it
+    gives the epoch set to its persistent workers' copies, torch's DataLoader does not).
 
     ``shards``: a list of ``.tar`` paths or URLs, a pattern of them (``"s-{000..099}.tar"``,
     expanded as WebDataset expands it), or a pack written by ``stoker pack`` (its
@@ -122,6 +123,12 @@ class TarShardStream(IterableDataset[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def stoker_epoch(self) -> int:
+        """The epoch stoker's loader gives its persistent workers' copies with each new epoch
+        (NOTE [ A dataset's epoch on persistent workers ] in ``engine.process_iter``); under
+        torch's DataLoader, persistent workers keep the epoch they started with."""
+        return self.epoch
 
     def _open_pack(self, manifest_file: str) -> list[str]:
         manifest = read_manifest(self.source, manifest_file)

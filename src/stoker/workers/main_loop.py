@@ -127,7 +127,8 @@ class Worker:
     def _set_sample_context(self, index: Any) -> None:
         set_sample_context(self.spec.base_seed, self.epoch, index)
 
-    def reset(self, epoch: int, released: list[int], datapipe_seed: int | None) -> None:
+    def reset(self, epoch: int, released: list[int], datapipe_seed: int | None,
+              dataset_epoch: int | None = None) -> None:
         self.epoch = epoch
         self.builder.free(released)
         self.exhausted = False
@@ -135,6 +136,8 @@ class Worker:
             try:
                 if datapipe_seed is not None:
                     seed_shufflers(self.spec.fetch.dataset, datapipe_seed)
+                if dataset_epoch is not None:  # NOTE [ A dataset's epoch on persistent workers ]
+                    self.spec.fetch.dataset.set_epoch(dataset_epoch)
                 self._new_fetcher()
             except Exception as exc:
                 self.init_error = capture(
@@ -331,6 +334,6 @@ class Worker:
             elif isinstance(item, msg.Release):
                 self.builder.free(item.released)
             elif isinstance(item, msg.Reset):
-                self.reset(item.epoch, item.released, item.datapipe_seed)
+                self.reset(item.epoch, item.released, item.datapipe_seed, item.dataset_epoch)
             else:
                 return

@@ -78,6 +78,9 @@ class Reset(NamedTuple):
     """Slab ids of this worker the main process no longer uses."""
     datapipe_seed: int | None
     """The epoch's shared seed for an IterDataPipe's shufflers (``sampling.datapipes``)."""
+    dataset_epoch: int | None = None
+    """The main process's dataset's ``stoker_epoch()``, for the worker's copy's ``set_epoch``
+    (NOTE [ A dataset's epoch on persistent workers ] in ``engine.process_iter``)."""
 
     @property
     def tag(self) -> Tag:
