@@ -94,6 +94,12 @@ class ShardError(StokerError):
     changed after the index was built. The message names the file and the sample."""
 
 
+class PackError(StokerError):
+    """``stoker pack`` cannot go on as asked (a sample it cannot pack, a worker that died, an
+    output directory inside the source); the message names the sample or file, says what was
+    kept and what to change."""
+
+
 class RemoteReadError(OSError, StokerError):
     """A read from an object store failed for good (after its retries, or at once for a
     permanent error). ``url``, ``offset``, ``length``, ``attempts`` say which read; the last

@@ -36,6 +36,7 @@ PUBLIC = {
     "LoaderTimeoutError": "exception",
     "Mix": "class",
     "MixedDeviceError": "exception",
+    "PackError": "exception",
     "RemoteReadError": "exception",
     "RemoteTraceback": "exception",
     "ShardError": "exception",

@@ -21,8 +21,8 @@ import pytest
 from _pack_datasets import BLOCK_ENV, N, Records
 
 from stoker.cli import main as cli_main
+from stoker.errors import PackError
 from stoker.formats import ImageFolder, ShardError, TarShards, pack, verify_pack
-from stoker.formats._records import PackError
 from stoker.formats.tar_index import load_index, tables_to_bytes
 from stoker.storage import LocalSource
 

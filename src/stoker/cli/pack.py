@@ -80,8 +80,8 @@ def _load_dataset(spec: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stoker.errors import PackError
     from stoker.formats import PackOptions, ShardError, pack
-    from stoker.formats._records import PackError
 
     source: Any = args.source
     if not os.path.isdir(source) and ":" in source:

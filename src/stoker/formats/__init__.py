@@ -8,7 +8,7 @@ object store a URL names) and reads its bytes only through it.
 in ``stoker.sharing`` now and stay importable from here for code written against 0.1.
 """
 
-from stoker.errors import ShardError
+from stoker.errors import PackError, ShardError
 from stoker.formats.columnar import ArrowDataset, ParquetDataset
 from stoker.formats.image_folder import IMG_EXTENSIONS, ImageFolder
 from stoker.formats.lmdb_dataset import LMDBDataset
@@ -29,6 +29,7 @@ __all__ = [
     "PackSummary",
     "ParquetDataset",
     "SampleLocation",
+    "PackError",
     "ShardError",
     "ShardTable",
     "SharedBytesList",

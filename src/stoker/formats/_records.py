@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from stoker.errors import StokerError
+from stoker.errors import PackError
 from stoker.formats._common import require
 from stoker.formats.image_folder import list_images
 from stoker.sharing.shared_list import SharedStrList
@@ -50,13 +50,7 @@ RESAMPLE_RULE = "bicubic; nearest for modes P, 1, I, I;16, F and for lossless pr
 _META_FIELD = re.compile(r"__.*__")
 
 
-class PackError(StokerError):
-    """``stoker pack`` cannot go on as asked (a sample it cannot pack, a worker that died, an
-    output directory inside the source); the message names the sample or file, says what was
-    kept and what to change."""
-
-
-class BadSample(ValueError):
+class _BadSample(ValueError):
     """A sample breaks a packing rule; the message says which and what to change."""
 
 
@@ -122,7 +116,7 @@ class DatasetRecords:
         key = check_key(items.pop("__key__", f"{index:09d}"))
         values = {name: value for name, value in items.items() if not _is_meta(name)}
         if not values:
-            raise BadSample(
+            raise _BadSample(
                 f"it has no fields ({sorted(map(str, items))}); every sample needs at least "
                 "one, such as {'jpg': jpeg_bytes} (a sample without members reads back as none)"
             )
@@ -130,7 +124,7 @@ class DatasetRecords:
         for name, value in values.items():
             field = check_field(name)
             if field in fields:
-                raise BadSample(
+                raise _BadSample(
                     f"fields {sorted(n for n in values if str(n).lower() == field)} differ "
                     "only by case; readers lower-case field names: rename one of them"
                 )
@@ -145,7 +139,7 @@ class DatasetRecords:
         kind = f"a {type(sample).__name__}"
         if isinstance(sample, (tuple, list)):
             kind += f" of {len(sample)} elements"
-        raise BadSample(
+        raise _BadSample(
             f"it is {kind}; stoker pack needs a dict of {{extension: value}} (e.g. "
             "{'jpg': jpeg_bytes, 'cls': 3}), or a tuple with one field name per element: "
             f"fields=('jpg', 'cls') (--fields jpg,cls); fields given: {list(self.fields)}"
@@ -165,7 +159,7 @@ def _is_meta(name: Any) -> bool:
 def check_key(key: Any) -> str:
     """A ``__key__`` the readers give back unchanged (NOTE [ Keys and fields in a tar ])."""
     if not isinstance(key, str):
-        raise BadSample(
+        raise _BadSample(
             f"its __key__ {key!r} is of type {type(key).__name__}; give a str (keys name tar "
             "members), without a dot in its last part, e.g. f'{index:09d}'"
         )
@@ -183,7 +177,7 @@ def check_key(key: Any) -> str:
         else None
     )
     if problem:
-        raise BadSample(
+        raise _BadSample(
             f"its __key__ {key!r} {problem}; give it a key such as 'img_0' or 'train/000001'"
         )
     return key
@@ -193,7 +187,7 @@ def check_field(name: Any) -> str:
     """A field name as readers give it back: lower-case, no path, no leading dot."""
     if not isinstance(name, str) or not name or "/" in name or "\0" in name or (
             name.startswith(".")):
-        raise BadSample(
+        raise _BadSample(
             f"field name {name!r} cannot name a tar member (<key>.<field>); use an extension "
             "such as 'jpg', 'cls' or 'seg.png'"
         )
@@ -223,7 +217,7 @@ def encode_field(name: str, value: Any, jpeg_quality: int) -> bytes:
         return json.dumps(value).encode()
     if image_format is not None and hasattr(value, "save"):  # a PIL image
         return _save(value, name, image_format, jpeg_quality)
-    raise BadSample(
+    raise _BadSample(
         f"field {name!r}: cannot store a {type(value).__name__}; give bytes, str, a number, a "
         "numpy array (.npy), a tensor (.pth), a dict or list (.json), or a PIL image or uint8 "
         "array under an image extension (jpg, png, webp)"
@@ -245,7 +239,7 @@ def _array_image(name: str, value: Any, image_format: str) -> Any:
         array.dtype == np.uint16 and array.ndim == 2 and image_format in ("PNG", "TIFF"))
     if not fits:
         layout = "(C, H, W) tensor" if is_tensor else "(H, W, C) array"
-        raise BadSample(
+        raise _BadSample(
             f"field {name!r}: a {value.dtype} {type(value).__name__} of shape "
             f"{tuple(value.shape)} is not an image to store as {image_format}; give uint8 as a "
             f"{layout} with 1, 3 or 4 channels (or (H, W)), or store it under 'npy' or 'pth'"
@@ -259,7 +253,7 @@ def _save(image: Any, name: str, image_format: str, jpeg_quality: int, **extra: 
     try:
         image.save(out, format=image_format, **options, **extra)
     except (OSError, KeyError, ValueError) as exc:
-        raise BadSample(
+        raise _BadSample(
             f"field {name!r}: a mode {image.mode} image cannot be saved as {image_format} "
             f"({exc}); convert it first (e.g. image.convert('RGB')) or use a field of a format "
             "that holds it (png)"
@@ -276,7 +270,7 @@ def packed_record(records: Records, index: int, max_side: int | None, jpeg_quali
         if max_side:
             fields = {n: shrink_image(n, d, max_side, jpeg_quality) for n, d in fields.items()}
         return key, fields
-    except BadSample as exc:
+    except _BadSample as exc:
         raise PackError(f"{records.where(index)}: {exc}") from exc
     except Exception as exc:  # the dataset's own code, or a file's bytes
         frame = traceback.extract_tb(exc.__traceback__)[-1]
@@ -298,7 +292,7 @@ def shrink_image(name: str, data: bytes, max_side: int, jpeg_quality: int) -> by
     try:
         image = pil.open(io.BytesIO(data))
     except (OSError, ValueError) as exc:
-        raise BadSample(
+        raise _BadSample(
             f"field {name!r} is not an image Pillow can read ({type(exc).__name__}), so "
             "--max-side cannot resize it"
         ) from exc

@@ -44,12 +44,12 @@ from typing import Any
 
 import numpy as np
 
+from stoker.errors import PackError
 from stoker.formats._common import write_atomic
 from stoker.formats._records import (
     RESAMPLE_RULE,
     DatasetRecords,
     FolderRecords,
-    PackError,
     Records,
     packed_record,
 )

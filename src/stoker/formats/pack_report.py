@@ -10,8 +10,7 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from stoker.errors import ShardError
-from stoker.formats._records import PackError
+from stoker.errors import PackError, ShardError
 from stoker.formats.tar_index import load_index, scan_shard
 from stoker.formats.tar_shards import MANIFEST_NAME, Manifest, read_manifest, read_tables
 from stoker.storage import LocalSource
