@@ -230,10 +230,14 @@ def test_a_download_streams_into_its_reservation_and_a_dead_ones_is_cleared(
 ) -> None:
     """A download of known size writes straight into its reserved file, which counts at the
     reserved size while it fills; a reservation left by a process that died is removed by the
-    next fill of that object, and one of another object is left alone."""
+    next fill of that object, and one of another object in flight is left alone."""
+    from stoker.storage.cache import release_claim
+
     cache = ShardCache(str(tmp_path), budget_bytes=5000)
     dead = cache.path_for("s3://b/x") + ".1000.partial"  # a killed download's, half written
-    other = cache.path_for("s3://b/y") + ".3000.partial"  # another's, in flight
+    other = cache.path_for("s3://b/y") + ".3000.partial"  # another's, in flight: its lock held
+    in_flight = cache.claim("s3://b/y")
+    assert in_flight is not None
     for path in (dead, other):
         with open(path, "wb") as f:
             f.write(b"x" * 100)
@@ -246,7 +250,10 @@ def test_a_download_streams_into_its_reservation_and_a_dead_ones_is_cleared(
         with open(file, "wb") as f:
             return f.write(_blob(3))
 
-    assert cache.fill("s3://b/x", 1000, lambda: pytest.fail("not streamed"), into)
+    try:
+        assert cache.fill("s3://b/x", 1000, lambda: pytest.fail("not streamed"), into)
+    finally:
+        release_claim(in_flight)
     assert seen == [4000]  # the dead one gone, this one counted at 1000 while empty
     assert not os.path.exists(dead) and os.path.exists(other)
     assert cache.used_bytes() == 4000 and _on_disk(cache) == 1100
@@ -348,3 +355,67 @@ def test_a_bad_budget_says_what_to_do(tmp_path: Path) -> None:
         "cache budget_bytes=0: must be > 0 (bytes of local disk the cache may use); pass "
         "cache_dir=None to read by range without a cache"
     )
+
+
+def _reserve_as_a_dead_download(cache: ShardCache, url: str, size: int) -> str:
+    """What a download of ``url`` killed mid-way leaves: its reservation file, and the ledger
+    raised for it."""
+    partial = f"{cache.path_for(url)}.{size}.partial"
+    open(partial, "wb").close()
+    with open(os.path.join(cache.directory, ".usage"), "wb") as f:
+        f.write(b"%d" % size)
+    return partial
+
+
+@pytest.mark.parametrize("lock_file", [True, False])
+def test_the_partial_file_of_a_dead_download_of_another_object_frees_its_budget(
+    tmp_path: Path, lock_file: bool
+) -> None:
+    """NOTE [ Partial files of dead downloads ]: a partial file whose object's lock nobody
+    holds (its lock file left behind, or gone) is removed by the next recount. It used to
+    keep its 60 KB of a 100 KB budget forever, so only one 30 KB object fit at a time."""
+    cache = ShardCache(str(tmp_path), budget_bytes=100_000)
+    dead = "s3://b/old-pack/shard-0.tar"  # never asked for again
+    if lock_file:
+        open(os.path.join(cache.directory, ".locks", os.path.basename(cache.path_for(dead))),
+             "wb").close()
+    partial = _reserve_as_a_dead_download(cache, dead, 60_000)
+    for k in range(3):
+        assert cache.fill(f"s3://b/new/{k}", 30_000, lambda k=k: _blob(k, 30_000))
+    assert not os.path.exists(partial)
+    assert all(cache.cached(f"s3://b/new/{k}") for k in range(3)) and cache.evictions() == 0
+    assert _on_disk(cache) == cache.used_bytes() == _ledger(cache) == 90_000
+
+
+def test_the_partial_file_of_a_live_download_is_kept_and_counted(tmp_path: Path) -> None:
+    """NOTE [ Partial files of dead downloads ]: a partial whose object's lock is held (a
+    download in flight on another thread: another open file of the lock) is never removed by
+    a recount, and keeps its bytes of the budget until that download ends."""
+    cache = ShardCache(str(tmp_path), budget_bytes=100_000)
+    live = "s3://b/other-pack/shard-0.tar"
+    entered, release = threading.Event(), threading.Event()
+    answers: list[bool] = []
+
+    def slow(file: str) -> int:
+        entered.set()
+        assert release.wait(timeout=60)
+        with open(file, "r+b") as f:
+            return f.write(_blob(7, 60_000))
+
+    downloading = threading.Thread(target=lambda: answers.append(cache.fill(
+        live, 60_000, lambda: pytest.fail("streamed: its size is known"), slow)))
+    downloading.start()
+    try:
+        assert entered.wait(timeout=60)
+        partial = f"{cache.path_for(live)}.60000.partial"
+        for k in range(3):  # each recount keeps the live partial: one 30 KB object fits
+            assert cache.fill(f"s3://b/new/{k}", 30_000, lambda k=k: _blob(k, 30_000))
+            assert os.path.exists(partial)
+        assert [cache.cached(f"s3://b/new/{k}") for k in range(3)] == [False, False, True]
+        assert cache.used_bytes() == _ledger(cache) == 90_000
+    finally:
+        release.set()
+        downloading.join(timeout=60)
+    assert answers == [True] and not os.path.exists(partial)
+    with open(cache.path_for(live), "rb") as f:
+        assert f.read() == _blob(7, 60_000)

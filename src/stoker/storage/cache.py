@@ -25,10 +25,10 @@ ext4 that took a fill of 600 KB from 2.0 ms of CPU to 1.3 (200 cached) and 1.7 (
 The ledger never counts less than the disk holds: it is raised before a
 reservation's file is made and lowered after a file is removed, so a process killed between
 the two leaves it counting more. When it says the budget is full, or is missing, one pass
-over the directory counts the truth (clearing what a dead download of this object left),
-evicts, and writes it again. The download streams into its reserved file (a shard is never
-held in memory whole) and it appears under its final name only once complete
-(``os.replace``).
+over the directory counts the truth (clearing what dead downloads left: NOTE [ Partial files
+of dead downloads ]), evicts, and writes it again. The download streams into its reserved
+file (a shard is never held in memory whole) and it appears under its final name only once
+complete (``os.replace``).
 
 NOTE [ A full disk under the cache ]
 ``cache_bytes`` is a promise the disk may not keep (other files fill it, or the budget was set
@@ -42,6 +42,18 @@ budget. Such an error is also never retried as a transient read error (``retry``
 Measured (20,000 samples in 200 shards of 1.27 MB, a 3 MB tmpfs under a cache of 16 GiB):
 before, the epoch failed with ``[Errno 28] No space left on device``; now it completes with
 every sample.
+
+NOTE [ Partial files of dead downloads ]
+A download killed (kill -9, OOM) leaves its ``.partial`` file, counted at its reserved size.
+Cleared only by a later download of the same object, the partial of an object nobody asks for
+again (another pack or URL on the same directory) kept its bytes of the budget forever: a
+stale 60 KB reservation left a 100 KB cache room for one 30 KB shard at a time. A live
+download holds its object's lock (``.locks/<final name>``) from before its partial is made
+until after it is renamed or removed, both under ``.dir.lock``; so a recount, under
+``.dir.lock``, removes each partial whose object's lock it can take without waiting (or
+whose lock file is gone: nobody holds it either), and keeps one whose lock is held. Taking
+the lock to test it makes a ``fill`` of that object wait for the test only, and a ``claim``
+skip the object (its reader downloads it instead).
 
 NOTE [ Cache locks across fork ]
 A ``flock`` belongs to the open file, and a forked child inherits every open file of its
@@ -287,15 +299,17 @@ class ShardCache:
 
     def _recount_and_evict(self, final: str, size_bytes: int) -> int:
         """The bytes in use, counted from the directory (under ``.dir.lock``) after clearing
-        what a dead download of this object left (we hold the object's lock: nobody else's)
-        and evicting least recently used unpinned files until ``size_bytes`` fit, if they
-        can. Cached files are sorted only when room is needed."""
+        what dead downloads left (of this object: we hold its lock, so nobody else's; of
+        others: NOTE [ Partial files of dead downloads ]) and evicting least recently used
+        unpinned files until ``size_bytes`` fit, if they can. Cached files are sorted only
+        when room is needed."""
         dead_prefix = os.path.basename(final) + "."
         used, cached = 0, []
         for entry in self._entries():
             if not entry.partial:
                 cached.append(entry)
-            elif os.path.basename(entry.path).startswith(dead_prefix):
+            elif os.path.basename(entry.path).startswith(dead_prefix) or self._abandoned(
+                    entry.path):
                 _unlink(entry.path)
                 continue
             used += entry.size
@@ -310,6 +324,25 @@ class ShardCache:
         if evicted:
             self._record_evictions(evicted)
         return used
+
+    def _abandoned(self, partial: str) -> bool:
+        """Whether no process holds the download lock of ``partial``'s object: its download
+        died (NOTE [ Partial files of dead downloads ]). Asked under ``.dir.lock``."""
+        name = os.path.basename(partial)[: -len(_PARTIAL)].rsplit(".", 1)[0]
+        with _HELD_GUARD:  # recorded while open: NOTE [ Cache locks across fork ]
+            try:  # not created: a missing lock file is one nobody holds
+                fd = os.open(os.path.join(self.directory, _LOCK_DIR, name),
+                             os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return True
+            _HELD.add(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            _release(fd)
+        return True
 
     def _record_evictions(self, count: int) -> None:
         try:

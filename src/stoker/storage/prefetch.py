@@ -35,7 +35,8 @@ how many samples have been asked of that worker (``TarShardStream`` over a pack 
 shards the worker can have reached and those just past them).
 ``TarShards`` hands the batch's shards to ``RemoteSource.fetch_for_workers``: each shard not
 cached is claimed at once (``ShardCache.claim``: its download lock, taken before the worker
-has the batch) and downloaded on ``_FETCH_FOR_OTHERS_THREADS`` threads of the main process.
+has the batch; at most ``_MAX_CLAIMS`` held: NOTE [ Claims held at once ]) and downloaded on
+``_FETCH_FOR_OTHERS_THREADS`` threads of the main process.
 The worker reading the batch finds its shards cached, or waits on the lock for the download
 in flight; it never makes a request, so it never creates an S3 client: one client per node's
 loader instead of one per worker (a botocore client stack is ~20 MiB of private memory and
@@ -57,6 +58,21 @@ the main process more CPU than they cost the workers: ~6 against ~5 ms each, its
 contending for one GIL). 8 threads measured best of 2, 4, 8 and 16 (2: 7.8-8.1k samples/s).
 With many small shards the main process's GIL is the limit: each download costs it ~5 ms of
 CPU here (botocore, the cache), ~200 downloads a second on one core.
+
+NOTE [ Claims held at once ]
+A claim is an open lock file. Claiming every uncached shard of every batch in flight held one
+fd per shard until a download thread got to it: 1,000 shards of 2 samples, batch 128, 2
+workers peaked at ~800 fds in the main process, and under ``ulimit -n 512`` other code's
+``open()`` in that process (the training loop's files, sockets) failed with EMFILE. So at most
+``_MAX_CLAIMS`` claims are held at once (256: a quarter of the usual soft limit of 1,024 fds,
+and more than a cold global shuffle's first batches name: 4 batches of 32 samples over 200
+shards need ~120; fewer would send workers to download for themselves, each with an S3 client
+of its own); the shards past them wait in line unclaimed, in the order
+their batches were sent, and are claimed as downloads end. A worker that reaches one still
+waiting downloads it itself (one GET still: it holds the lock, so the main process's claim
+later finds it held or cached and skips it), as when a claim fails. Measured (that epoch, from
+the S3 test server): the main process's peak fds 779-786 -> 287, the epoch 7.5 -> 6.8-7.3 s;
+under ``ulimit -n 512`` no EMFILE (a bound of 32: 64-65 fds, 6.3-6.5 s).
 """
 
 from __future__ import annotations
@@ -74,6 +90,7 @@ if TYPE_CHECKING:
 
 _PREFETCH_THREADS = 2
 _FETCH_FOR_OTHERS_THREADS = 8  # NOTE [ The main process fetches for its workers ]
+_MAX_CLAIMS = 256  # NOTE [ Claims held at once ]
 _PIN_SHARE = 64  # beyond its lookahead, a process pins at most this fraction of the budget
 _MAX_PINS = 256  # and keeps at most this many cached files open
 
@@ -96,6 +113,8 @@ class Prefetcher:
         self._executor: ThreadPoolExecutor | None = None
         self._fetchers: ThreadPoolExecutor | None = None  # downloads claimed for others
         self._claims: dict[str, int] = {}  # path -> its claim, until its download starts
+        self._claims_held = 0  # claims taken and not yet released: at most _MAX_CLAIMS
+        self._unclaimed: OrderedDict[str, int] = OrderedDict()  # path -> size, waiting
         self._scheduled: set[str] = set()
         # Objects this process saw cached, trusted while the cache has evicted nothing since
         # (``_evictions``): under a global shuffle each batch names ~batch_size shards, nearly
@@ -276,7 +295,9 @@ class Prefetcher:
     def fetch_claimed(self, paths: list[str]) -> None:
         """Claim each of these objects that is not cached and download it on this process's
         threads: whoever wants it meanwhile waits for that download (NOTE [ The main process
-        fetches for its workers ]). Objects of unknown size are left to their readers."""
+        fetches for its workers ]); past ``_MAX_CLAIMS`` claims held, it waits in line to be
+        claimed (NOTE [ Claims held at once ]). Objects of unknown size are left to their
+        readers."""
         cache = self.source.cache
         if cache is None:
             return
@@ -296,17 +317,41 @@ class Prefetcher:
             if cache.cached(path):
                 self._known_cached.add(path)
                 continue
-            claim = cache.claim(path)
-            if claim is None:  # cached, or another thread or process downloads it
-                continue
             with self._lock:
                 self._scheduled.add(path)
-                self._claims[path] = claim
-                if self._fetchers is None:
-                    self._fetchers = ThreadPoolExecutor(_FETCH_FOR_OTHERS_THREADS,
-                                                        thread_name_prefix="stoker-fetch")
-                fetchers = self._fetchers
-            fetchers.submit(self._fetch_claimed, path, size)
+                self._unclaimed[path] = size
+        self._claim_waiting(start_threads=True)
+
+    def _claim_waiting(self, start_threads: bool) -> None:
+        """Claim the objects waiting in line while fewer than ``_MAX_CLAIMS`` claims are held,
+        and queue their downloads (NOTE [ Claims held at once ]). A download thread
+        (``start_threads`` False) claims nothing once ``close()`` has taken the threads away."""
+        cache = self.source.cache
+        assert cache is not None
+        while True:
+            with self._lock:
+                if not self._unclaimed or self._claims_held >= _MAX_CLAIMS:
+                    return
+                path, size = self._unclaimed.popitem(last=False)
+                self._claims_held += 1
+            try:
+                claim = cache.claim(path)  # None: cached, or another thread or process has it
+            except OSError:  # the worker that needs it downloads it itself and reports
+                claim = None
+            with self._lock:
+                if claim is not None and (self._fetchers is not None or start_threads):
+                    if self._fetchers is None:
+                        self._fetchers = ThreadPoolExecutor(_FETCH_FOR_OTHERS_THREADS,
+                                                            thread_name_prefix="stoker-fetch")
+                    self._claims[path] = claim
+                    # Under the lock: close() takes the threads away under it, before their
+                    # shutdown, so this never submits to threads shut down.
+                    self._fetchers.submit(self._fetch_claimed, path, size)
+                    continue
+                self._claims_held -= 1
+                self._scheduled.discard(path)
+            if claim is not None:
+                release_claim(claim)
 
     def _fetch_claimed(self, path: str, size: int) -> None:
         cache = self.source.cache
@@ -323,9 +368,11 @@ class Prefetcher:
             pass
         finally:
             with self._lock:
+                self._claims_held -= 1  # fill_claimed released it
                 self._scheduled.discard(path)
                 if filled:
                     self._known_cached.add(path)
+            self._claim_waiting(start_threads=False)
 
     def _fetch(self, path: str) -> None:
         cache = self.source.cache
@@ -348,11 +395,14 @@ class Prefetcher:
         with self._lock:
             executors = (self._executor, self._fetchers)
             self._executor = self._fetchers = None
+            self._scheduled.difference_update(self._unclaimed)
+            self._unclaimed.clear()
         for executor in executors:
             if executor is not None:
                 executor.shutdown(wait=True, cancel_futures=True)
         with self._lock:  # claims whose download never started: let others download them
             claims, self._claims = list(self._claims.values()), {}
+            self._claims_held = 0
         for claim in claims:
             release_claim(claim)
         self._unpin_all()
