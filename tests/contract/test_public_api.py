@@ -153,6 +153,7 @@ _INTERNAL_SIGNALS = {
     "stoker.fastpaths.batched_columns.Decline",  # the batched form declines a batch
     "stoker.transport.slab_writer.SlabFull",  # a batch outgrows its slab: a bigger one is made
     "stoker.storage.retry.TruncatedRead",  # a short body: retried; the final error chains it
+    "stoker.storage.retry.RangeIgnored",  # a whole object for a range: the final error chains it
 }
 
 

@@ -1,10 +1,18 @@
 """Datasets read from ``http://`` URLs (any web server or CDN: fsspec's HTTP filesystem over
 aiohttp) from a real HTTP server with byte ranges: ``TarShards`` by whole shards through the
 cache and by ranged reads, and ``TarShardStream`` over a pack, each equal to the local copy,
-with each shard fetched once; a missing object is named."""
+with each shard fetched once; a missing object is named; a server that never answers, or
+that ignores byte ranges, is reported soon; a source dropped without ``close()`` leaves no
+thread or fd behind."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import os
+import socket
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +21,15 @@ import torch
 
 pytest.importorskip("aiohttp", reason="reading http:// needs aiohttp (remote extra)")
 
-from _http_server import HTTPFiles  # noqa: E402
+import aiohttp  # noqa: E402
+from _http_server import HTTPFiles, _Handler  # noqa: E402
 from _remote_datasets import LabelAndClient, epoch_samples  # noqa: E402
 from test_tar_stream import Numbers, label  # noqa: E402
 
 import stoker  # noqa: E402
+from stoker.errors import ShardError  # noqa: E402
 from stoker.formats import TarShards, TarShardStream, pack  # noqa: E402
-from stoker.storage import RetryPolicy, open_source  # noqa: E402
+from stoker.storage import RemoteReadError, RetryPolicy, open_source  # noqa: E402
 
 FAST_RETRY = RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.05)
 
@@ -84,3 +94,135 @@ def test_a_missing_object_over_http_is_named(served) -> None:
     finally:
         source.close()  # type: ignore[attr-defined]
     assert url in str(info.value)
+
+
+@contextlib.contextmanager
+def _silent_server() -> Iterator[str]:
+    """A server that accepts connections and never answers (a stuck proxy, a half-open
+    connection): its URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the listener closed: done
+            while True:
+                accepted.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, name="silent-server", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        thread.join(timeout=10)
+        for connection in accepted:
+            connection.close()
+
+
+def test_a_server_that_never_answers_fails_the_read_within_its_read_timeout() -> None:
+    """NOTE [ Requests that never answer ]: the user's own timeout, given through
+    storage_options, bounds each attempt; the stall is retried, then named."""
+    with _silent_server() as url:
+        timeout = aiohttp.ClientTimeout(sock_connect=5, sock_read=0.2)
+        source = open_source(url, storage_options={"client_kwargs": {"timeout": timeout}},
+                             retry=RetryPolicy(attempts=2, base_delay_s=0.01))
+        try:
+            with pytest.raises(RemoteReadError) as info:
+                source.get_range(f"{url}/x.tar", 0, 10)  # type: ignore[attr-defined]
+        finally:
+            source.close()  # type: ignore[attr-defined]
+    assert info.value.attempts == 2 and isinstance(info.value.__cause__, TimeoutError)
+    assert str(info.value).startswith(
+        f"reading {url}/x.tar (bytes 0..10) failed after 2 attempt(s), the last error: ")
+    assert "Timeout" in str(info.value)  # the stall is named, not an empty message
+
+
+def test_a_gcs_server_that_never_answers_fails_the_read_within_its_read_timeout() -> None:
+    """gcsfs gives each request its own timeout (``requests_timeout``, none by default): the
+    user's bounds each attempt, and stoker's default is set when the user gives none."""
+    pytest.importorskip("gcsfs", reason="reading gs:// needs gcsfs (gcs extra)")
+    from _gcs_server import _plain_gcsfs
+
+    _plain_gcsfs()
+    with _silent_server() as url:
+        options = {"endpoint_url": url, "token": "anon"}
+        timeout = aiohttp.ClientTimeout(sock_read=0.2)
+        source = open_source("gs://b/k", retry=RetryPolicy(attempts=2, base_delay_s=0.01),
+                             storage_options={**options, "requests_timeout": timeout})
+        default = open_source("gs://b/k", storage_options=options)
+        try:
+            with pytest.raises(RemoteReadError) as info:
+                source.get_range("gs://b/k", 0, 10)  # type: ignore[attr-defined]
+            assert default._fs().fs.requests_timeout == aiohttp.ClientTimeout(  # type: ignore
+                total=None, sock_connect=5, sock_read=15)
+        finally:
+            source.close()  # type: ignore[attr-defined]
+            default.close()  # type: ignore[attr-defined]
+    assert info.value.attempts == 2 and "Timeout" in str(info.value)
+
+
+def test_requests_get_connect_and_read_timeouts_unless_the_options_set_their_own(
+    served,
+) -> None:
+    source = open_source(served.url, retry=FAST_RETRY)
+    own = aiohttp.ClientTimeout(sock_read=60)
+    theirs = open_source(served.url, retry=FAST_RETRY,
+                         storage_options={"client_kwargs": {"timeout": own}})
+    try:
+        default = source._fs().fs.client_kwargs["timeout"]  # type: ignore[attr-defined]
+        assert default == aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=15)
+        assert theirs._fs().fs.client_kwargs["timeout"] is own  # type: ignore[attr-defined]
+    finally:
+        source.close()  # type: ignore[attr-defined]
+        theirs.close()  # type: ignore[attr-defined]
+
+
+class _WholeObjectsHandler(_Handler):
+    """A server that ignores ``Range`` and always sends the whole file."""
+
+    def _answer(self, body: bool) -> None:
+        self.headers.replace_header("Range", "") if "Range" in self.headers else None
+        super()._answer(body)
+
+
+def test_a_server_that_ignores_byte_ranges_is_named_after_one_request(served, tmp_path) -> None:
+    served._server.RequestHandlerClass = _WholeObjectsHandler
+    url = f"{served.url}/packed/index.json"
+    source = open_source(url, retry=FAST_RETRY, fetch="range")
+    try:
+        dataset = TarShards(url, source=source)
+        served.gets.clear()
+        with pytest.raises(ShardError) as info:
+            dataset[0]
+    finally:
+        source.close()  # type: ignore[attr-defined]
+    shard = Path(dataset.shards[0].path).name
+    assert served.gets == {f"/packed/{shard}": 1}  # not retried
+    error = info.value.__cause__
+    assert isinstance(error, RemoteReadError) and error.attempts == 1
+    assert "the server ignored the Range header" in str(error)
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_sources_dropped_without_close_leave_no_thread_or_fd_behind(served) -> None:
+    """NOTE [ A source dropped without close ]: collecting a source stops its loop thread
+    (and the loop's executor thread) and closes its connections and the loop's fds."""
+    url = f"{served.url}/packed/index.json"
+    fds = _open_fds()
+    threads = []
+    for _ in range(3):
+        source = open_source(url, retry=FAST_RETRY, fetch="range")
+        TarShards(url, source=source)[0]  # connected: a session, a connection, executor
+        threads.append(source._handle.thread)  # type: ignore[attr-defined]
+        del source
+    gc.collect()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(thread.is_alive() for thread in threads)
+    assert [t.name for t in threading.enumerate() if t.name.startswith("asyncio_")] == []
+    gc.collect()  # the filesystems, let go by their loop threads
+    assert _open_fds() <= fds

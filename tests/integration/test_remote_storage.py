@@ -6,7 +6,9 @@ its budget."""
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
 import os
 import shutil
 from collections import Counter
@@ -109,7 +111,8 @@ def test_a_read_that_keeps_failing_names_the_object(s3, tmp_path) -> None:
         f"reading {s3.urls[2]} (bytes {error.offset}..{error.offset + RECORD_BYTES}) failed "
         "after 5 attempt(s), the last error: OSError: [Errno 5] An error occurred "
         "(InjectedFault) when calling the GetObject operation (reached max retries: 0): "
-        "injected 503"
+        "injected 503 (a store failing this long is down or overloaded: check it, or allow "
+        "more tries with RetryPolicy(attempts=...))"
     )
 
 
@@ -230,7 +233,9 @@ def test_objects_of_known_size_stream_to_disk_and_one_of_another_size_is_named(
     assert str(info.value) == (
         f"reading {s3.urls[1]} (bytes 0..{sizes[1] + 1}) failed after a permanent error, not "
         f"retried: ValueError: the object is {sizes[1]} bytes, its listing or the dataset's "
-        f"manifest says {sizes[1] + 1}: it changed since; index it again (stoker pack)")
+        f"manifest says {sizes[1] + 1}: it changed since. If the pack was written again "
+        "since the dataset was opened, open the dataset again; else index it again (stoker "
+        "pack)")
     assert source.local_path(s3.urls[1]) is None  # type: ignore[attr-defined]
     assert source.cache.used_bytes() == sizes[0]  # type: ignore[attr-defined]
     source.expect_sizes({s3.urls[2]: sizes[2] - 1})  # type: ignore[attr-defined]
@@ -239,7 +244,9 @@ def test_objects_of_known_size_stream_to_disk_and_one_of_another_size_is_named(
     assert info.value.attempts == 1 and str(info.value).endswith(
         f"ValueError: the object is {sizes[2] if streamed else f'over {sizes[2] - 1}'} "
         "bytes, its listing or the dataset's "
-        f"manifest says {sizes[2] - 1}: it changed since; index it again (stoker pack)")
+        f"manifest says {sizes[2] - 1}: it changed since. If the pack was written again "
+        "since the dataset was opened, open the dataset again; else index it again (stoker "
+        "pack)")
     assert source.local_path(s3.urls[2]) is None  # type: ignore[attr-defined]
     source.close()  # type: ignore[attr-defined]
 
@@ -280,6 +287,42 @@ def test_a_forked_child_prefetches_with_threads_of_its_own(s3, tmp_path) -> None
     assert _in_forked_child(_prefetch_in_child, source, s3.urls[1]) is True
     source.close()  # type: ignore[attr-defined]
     assert source.local_path(s3.urls[0]) is not None  # type: ignore[attr-defined]
+
+
+def test_s3_sources_dropped_without_close_stop_their_loop_threads(s3, tmp_path, caplog) -> None:
+    """NOTE [ A source dropped without close ]: collecting a source closes its S3 client on
+    its own loop and stops the loop thread; nothing is logged (no session closed on another
+    source's loop, no task destroyed pending)."""
+    threads = []
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        for _ in range(3):
+            source = _remote(s3, tmp_path, fetch="range").source
+            assert source.read_range(s3.urls[0], 0, 8) == (0).to_bytes(8, "little")
+            threads.append(source._handle.thread)  # type: ignore[attr-defined]
+            del source
+        gc.collect()
+        for thread in threads:
+            thread.join(timeout=10)
+        gc.collect()
+    assert not any(thread.is_alive() for thread in threads)
+    assert [r.getMessage() for r in caplog.records] == []
+
+
+def _release_in_child(source: Any, conn: Any) -> None:
+    source._handle.release()  # what collecting the child's copy of the source runs
+    conn.send(True)
+
+
+def test_a_forked_child_dropping_its_copy_leaves_the_parents_loop_running(s3, tmp_path) -> None:
+    source: Any = _remote(s3, tmp_path, fetch="range").source
+    first = source.get_whole(s3.urls[0])
+    assert _in_forked_child(_release_in_child, source) is True
+    try:
+        assert source._handle.thread.is_alive()
+        assert source.get_whole(s3.urls[1]) == Path(s3.local_urls[1]).read_bytes()
+    finally:
+        source.close()
+    assert first == Path(s3.local_urls[0]).read_bytes()
 
 
 def _read_in_child(source: Any, url: str, conn: Any) -> None:
@@ -539,7 +582,8 @@ def test_a_shard_changed_after_packing_is_named_when_it_is_downloaded(s3, tmp_pa
     message = str(info.value)
     assert message.startswith(f"s3://bucket/changed/{shard.name}: sample 4 ")
     assert "failed after a permanent error, not retried" in message
-    assert "it changed since; index it again (stoker pack)" in message
+    assert ("it changed since. If the pack was written again since the dataset was opened, "
+            "open the dataset again; else index it again (stoker pack)") in message
 
 
 def _labels_from_cache(s3: S3Server, url: str, cache_dir: Path, dataset: Any,

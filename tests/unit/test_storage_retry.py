@@ -11,7 +11,13 @@ import pytest
 
 from stoker.errors import StokerError
 from stoker.storage import RemoteReadError, RetryPolicy
-from stoker.storage.retry import ReadRequest, TruncatedRead, is_transient, read_with_retries
+from stoker.storage.retry import (
+    RangeIgnored,
+    ReadRequest,
+    TruncatedRead,
+    is_transient,
+    read_with_retries,
+)
 from stoker.workers.remote_errors import _Carrier
 
 
@@ -55,7 +61,8 @@ def test_giving_up_names_the_object_range_attempts_and_last_error() -> None:
     error = info.value
     assert str(error) == (
         "reading s3://b/shard-7.tar (bytes 1024..1028) failed after 3 attempt(s), the last "
-        "error: TruncatedRead: got 3 bytes, expected 4"
+        "error: TruncatedRead: got 3 bytes, expected 4 (a store failing this long is down or "
+        "overloaded: check it, or allow more tries with RetryPolicy(attempts=...))"
     )
     assert (error.url, error.offset, error.length, error.attempts) == (
         "s3://b/shard-7.tar", 1024, 4, 3)
@@ -82,6 +89,51 @@ def test_permanent_errors_are_not_retried() -> None:
         read_with_retries(ReadRequest("s3://b/k"), read, RetryPolicy(), None,
                           sleep=lambda s: None)
     assert str(missing.value) == "s3://b/k: no such object (FileNotFoundError: no key)"
+
+
+def test_missing_credentials_are_not_retried_and_say_where_credentials_come_from() -> None:
+    exceptions = pytest.importorskip("botocore.exceptions")
+    for missing in (exceptions.NoCredentialsError(),
+                    exceptions.PartialCredentialsError(provider="env", cred_var="secret")):
+        calls, read = _flaky([missing] * 3)
+        with pytest.raises(RemoteReadError) as info:
+            read_with_retries(ReadRequest("s3://b/k"), read, RetryPolicy(attempts=3), None,
+                              sleep=lambda s: None)
+        assert len(calls) == 1 and info.value.__cause__ is missing
+        assert str(info.value) == (
+            f"reading s3://b/k (whole object) failed after a permanent error, not retried: "
+            f"{type(missing).__name__}: {missing}; credentials come from the store's standard "
+            "chain (for S3: the AWS_* environment variables, ~/.aws config files, the "
+            "instance's role) or from storage_options (key, secret, token; anon=True for a "
+            "public bucket)")
+
+
+def test_a_ranged_read_answered_with_more_bytes_says_the_server_ignored_the_range() -> None:
+    calls, read = _flaky([b"x" * 40960] * 3)
+    with pytest.raises(RemoteReadError) as info:
+        read_with_retries(ReadRequest("http://h/s.tar", 512, 3024), read,
+                          RetryPolicy(attempts=3), 3024, sleep=lambda s: None)
+    assert len(calls) == 1 and isinstance(info.value.__cause__, RangeIgnored)
+    assert str(info.value) == (
+        "reading http://h/s.tar (bytes 512..3536) failed after a permanent error, not retried: "
+        "RangeIgnored: got 40960 bytes for a range of 3024: the server ignored the Range "
+        "header (it sends whole objects); read whole shards (fetch='shard' with a cache) or "
+        "serve the files with byte ranges")
+
+
+def test_an_error_without_a_message_is_told_by_the_one_it_was_raised_from() -> None:
+    class FSTimeoutError(TimeoutError):  # fsspec's, raised from aiohttp's
+        pass
+
+    stalled = FSTimeoutError()
+    stalled.__cause__ = TimeoutError("Timeout on reading data from socket")
+    calls, read = _flaky([stalled] * 2)
+    with pytest.raises(RemoteReadError) as info:
+        read_with_retries(ReadRequest("http://h/k", 0, 4), read, RetryPolicy(attempts=2), 4,
+                          sleep=lambda s: None)
+    assert str(info.value).startswith(
+        "reading http://h/k (bytes 0..4) failed after 2 attempt(s), the last error: "
+        "FSTimeoutError: TimeoutError: Timeout on reading data from socket (")
 
 
 def test_what_counts_as_transient() -> None:

@@ -27,10 +27,13 @@ which, unlike botocore's, does not read ``~/.aws`` profiles. Retries are stoker'
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 # Set to this process's pid when it starts obstore's runtime: a forked child sees another pid.
 _STARTED_IN: list[int] = []
+_DEBUG_DUMP = "\n\nDebug source:"  # what follows it in obstore's messages: Rust's {:#?}
+_METADATA_SERVICE = "169.254.169.254"  # the last link of obstore's credential chain
 
 
 def usable_here() -> bool:
@@ -81,18 +84,37 @@ def obstore_config(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
 
 def _translated(exc: BaseException, path: str) -> BaseException:
     """obstore's errors as the built-in ones stoker's retry policy sorts (``is_transient``):
-    missing and refused are permanent, the rest (5xx, resets, bodies cut short) transient."""
+    missing and refused are permanent, the rest (5xx, resets, bodies cut short) transient.
+    Their message without the ~20 lines of Rust debug dump that follow it (``exc`` stays
+    chained as the cause)."""
     from obstore import exceptions as e
 
-    cause = f"{path}: {exc}"
-    if isinstance(exc, e.NotFoundError):
+    summary = str(exc).split(_DEBUG_DUMP, 1)[0]
+    if _METADATA_SERVICE in summary:
+        return _no_credentials(path, summary)
+    cause = f"{path}: {summary}"
+    if isinstance(exc, (e.NotFoundError, FileNotFoundError)):
         return FileNotFoundError(cause)
-    if isinstance(exc, (e.PermissionDeniedError, e.UnauthenticatedError)):
+    if isinstance(exc, (e.PermissionDeniedError, e.UnauthenticatedError, PermissionError)):
         return PermissionError(cause)
     if isinstance(exc, (e.InvalidPathError, e.UnknownConfigurationKeyError,
                         e.NotSupportedError)):
         return ValueError(cause)
     return OSError(cause)
+
+
+def _no_credentials(path: str, summary: str) -> OSError:
+    """obstore's chain found no credentials before the instance's metadata service, and
+    that failed: permanent when it refused (e.g. 403: not an instance of the cloud), else
+    retried (a metadata service that did not answer in time)."""
+    status = re.search(r"status code: (\d{3})", summary)
+    refused = status is not None and 400 <= int(status.group(1)) < 500 \
+        and status.group(1) not in ("408", "429")
+    error = PermissionError if refused else OSError
+    return error(f"{path}: no credentials found: obstore looks in the AWS_* environment "
+                 "variables, web identity, then the instance's metadata service, which failed "
+                 f"({summary}); give them there or in storage_options (key, secret, token; "
+                 "anon=True for a public bucket)")
 
 
 class ObstoreFiles:
@@ -134,6 +156,10 @@ class ObstoreFiles:
         try:
             return fn(store, key, *args, **kwargs)
         except BaseError as exc:
+            raise _translated(exc, path) from exc
+        except (FileNotFoundError, PermissionError) as exc:  # obstore raises these too
+            if exc.errno is not None:  # a local file's (get_file writes one)
+                raise
             raise _translated(exc, path) from exc
 
     def cat_file(self, path: str, start: int = 0, end: int | None = None) -> bytes:

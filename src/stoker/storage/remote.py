@@ -14,27 +14,19 @@ would interleave bytes). A ``RemoteSource`` therefore opens its filesystem lazil
 (it remembers the pid it opened in), on a loop thread of its own, and pickles without it:
 workers, forked or spawned, open their own on first use. What a forked child inherits from its
 parent's handle is left untouched (closing it there would close the parent's sockets).
-
-NOTE [ S3 clients after fork ]
-Creating an S3 client parses botocore's JSON service models: ~70 ms of CPU in each worker,
-on the way to its first batch. The models, once parsed, are plain data in botocore's data
-loader, which holds no lock or connection; every S3 session of a process is given the same
-loader (``_BOTOCORE_DATA``), so a forked worker inherits its parent's parsed models and
-creates its client in ~10 ms. Sessions themselves (credentials, with their locks) and clients
-stay per process.
+The filesystem and its loop thread are opened and closed by ``stoker.storage.fsspec_handle``,
+also when a source is collected without ``close()`` (NOTE [ A source dropped without close ]).
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
 import threading
-import types
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from stoker.storage.cache import ShardCache
+from stoker.storage.fsspec_handle import Handle, close_handle, open_filesystem
 from stoker.storage.retry import ReadRequest, RetryPolicy, read_with_retries
 from stoker.storage.source import ByteSource, LocalSource
 
@@ -48,7 +40,6 @@ _BACKENDS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs")
 _LIST_AT_LEAST = 4  # objects of unknown size worth a directory listing
 _READ_WHOLE_MAX = 16 << 20  # get_into reads objects up to this size at once
 _INHERITED: list[object] = []  # NOTE [ Remote handles after fork ]: never closed in a child
-_BOTOCORE_DATA: list[Any] = []  # NOTE [ S3 clients after fork ]: the process's data loader
 _LOCKS_LOCK = threading.Lock()  # guards replacing a source's inherited lock; new in a child
 
 
@@ -92,42 +83,6 @@ def _require_obstore_client(protocol: str, storage_options: dict[str, Any]) -> N
     if importlib.util.find_spec("s3fs") is None:
         raise ImportError("client='obstore' also needs s3fs, for workers forked after obstore "
                           "started: pip install 'stoker[obstore]'")
-
-
-@dataclass
-class _Handle:
-    """What one process opened: the filesystem, its loop thread, pinned cache files."""
-
-    pid: int
-    fs: Any
-    loop: asyncio.AbstractEventLoop | None = None
-    thread: threading.Thread | None = None
-
-
-def _share_botocore_data(fs: Any) -> None:
-    """Give the S3 filesystem a session of its own that parses service models into the
-    process's shared data loader (NOTE [ S3 clients after fork ])."""
-    try:
-        from aiobotocore.session import AioSession
-    except ImportError:  # an s3fs not built on aiobotocore: leave it as it is
-        return
-    session = AioSession(**getattr(fs, "kwargs", {}))  # what s3fs would create
-    if _BOTOCORE_DATA:
-        session.register_component("data_loader", _BOTOCORE_DATA[0])
-    else:
-        _BOTOCORE_DATA.append(session.get_component("data_loader"))
-    fs.session = session
-
-
-def _without_gcsfs_retries(fs: Any) -> None:
-    """Make each gcsfs request once: its ``retry_request`` decorator retries up to 6 times,
-    sleeping 1-2 s, then 2-3 s, ... between, a count fixed when the class is defined (setting
-    ``fs.retries`` changes nothing), under our own policy: a persistent 503 took 102 s and 18
-    GETs to report instead of 3 GETs, and a transient one waited 1.5 s whatever the
-    ``RetryPolicy``. The undecorated request, on this instance only."""
-    raw = getattr(getattr(type(fs), "_request", None), "__wrapped__", None)
-    if raw is not None:
-        fs._request = types.MethodType(raw, fs)
 
 
 class RemoteSource:
@@ -187,7 +142,7 @@ class RemoteSource:
         # Object sizes, asked once: kept on the source (not the per-process handle), so
         # workers forked or unpickled after the dataset was opened never ask again.
         self._sizes: dict[str, int] = {}
-        self._handle: _Handle | None = None
+        self._handle: Handle | None = None
         self._lock, self._lock_pid = threading.Lock(), os.getpid()
         from stoker.storage.prefetch import Prefetcher
 
@@ -225,7 +180,7 @@ class RemoteSource:
         handle = self._handle
         return handle is not None and handle.pid == os.getpid()
 
-    def _fs(self) -> _Handle:
+    def _fs(self) -> Handle:
         handle = self._handle
         if handle is not None and handle.pid == os.getpid():
             return handle
@@ -238,32 +193,14 @@ class RemoteSource:
                 self._handle = self._open()
             return self._handle
 
-    def _open(self) -> _Handle:
+    def _open(self) -> Handle:
         from stoker.storage import obstore_files
 
         if self.client == "obstore" and obstore_files.usable_here():
-            return _Handle(os.getpid(),
-                           obstore_files.ObstoreFiles(self.protocol, self.storage_options))
-        fsspec = _require_fsspec(self.protocol)
-        from fsspec.asyn import AsyncFileSystem
-
-        options = dict(self.storage_options)
-        cls = fsspec.get_filesystem_class(self.protocol)
-        if self.protocol in ("s3", "s3a") and "config_kwargs" not in options:
-            options["config_kwargs"] = {"retries": {"total_max_attempts": 1}}  # ours retry
-        if not issubclass(cls, AsyncFileSystem):
-            return _Handle(os.getpid(), fsspec.filesystem(self.protocol, **options))
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, name="stoker-remote-io", daemon=True)
-        thread.start()
-        fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, loop=loop, **options)
-        if self.protocol in ("s3", "s3a") and "session" not in options:
-            _share_botocore_data(fs)
-        if hasattr(fs, "retries"):
-            fs.retries = 1  # s3fs retries on its own; one policy decides (ours)
-        if self.protocol in ("gs", "gcs"):
-            _without_gcsfs_retries(fs)
-        return _Handle(os.getpid(), fs, loop, thread)
+            return Handle(os.getpid(),
+                          obstore_files.ObstoreFiles(self.protocol, self.storage_options))
+        _require_fsspec(self.protocol)
+        return open_filesystem(self, self.protocol, self.storage_options)
 
     def close(self) -> None:
         """Close this process's connections and loop thread (reopened on next use)."""
@@ -278,24 +215,7 @@ class RemoteSource:
             if isinstance(handle.fs, ObstoreFiles):
                 handle.fs.close()
             return
-        close_session = getattr(type(handle.fs), "close_session", None)
-        session = getattr(handle.fs, "_s3", None) or getattr(handle.fs, "_session", None)
-        if close_session is not None and session is not None:
-            try:
-                if asyncio.iscoroutinefunction(getattr(session, "close", None)):
-                    # Closed on its loop, waited for: gcsfs's close_session only schedules
-                    # the close, from another thread, and the loop stopped just after
-                    # destroyed it pending ("Task was destroyed but it is pending!").
-                    asyncio.run_coroutine_threadsafe(session.close(), handle.loop).result(5)
-                else:
-                    close_session(handle.loop, session)
-            except Exception:  # a session that never connected; nothing to close
-                pass
-        handle.loop.call_soon_threadsafe(handle.loop.stop)
-        if handle.thread is not None:
-            handle.thread.join(timeout=10)
-        handle.loop.run_until_complete(handle.loop.shutdown_default_executor())
-        handle.loop.close()
+        close_handle(handle)
 
     # ------------------------------------------------------------------ ByteSource
     def size(self, path: str) -> int:
@@ -391,6 +311,7 @@ class RemoteSource:
         data: bytes = read_with_retries(
             ReadRequest(path, 0, length),
             lambda: handle.fs.cat_file(path, start=0, end=length), self.retry, None)
+        data = data[:length]  # a server that ignores Range sends the whole object
         if len(data) < length:
             self._sizes.setdefault(path, len(data))
         return data
@@ -479,7 +400,8 @@ def _changed(got: int | str, expected: int) -> ValueError:
     permanent error (not retried)."""
     return ValueError(
         f"the object is {got} bytes, its listing or the dataset's manifest says {expected}: "
-        "it changed since; index it again (stoker pack)")
+        "it changed since. If the pack was written again since the dataset was opened, open "
+        "the dataset again; else index it again (stoker pack)")
 
 
 _OPTIONS = ("storage_options", "retry", "cache_dir", "cache_bytes", "fetch", "lookahead_shards",

@@ -7,7 +7,8 @@ a short body (a connection cut mid-transfer) is an error to retry, never bytes t
 
 What is retried: errors that say nothing about the object itself (5xx replies, connection
 resets and refusals, timeouts, truncated bodies). What is not: a missing object, a refused
-permission, a bad argument; retrying those only delays the answer.
+permission, missing credentials, a bad argument, a server that ignores byte ranges; retrying
+those only delays the answer.
 """
 
 from __future__ import annotations
@@ -23,8 +24,15 @@ from stoker.storage.cache import disk_full
 
 T = TypeVar("T")
 
+
+class RangeIgnored(OSError):
+    """The store answered a ranged read with more bytes than asked for: it ignores the
+    ``Range`` header and sends whole objects, so reading again gets the same."""
+
+
 # Errors that describe the request or the object, not the connection: never retried.
 _PERMANENT: tuple[type[BaseException], ...] = (
+    RangeIgnored,
     FileNotFoundError,
     PermissionError,
     IsADirectoryError,
@@ -35,8 +43,16 @@ _PERMANENT: tuple[type[BaseException], ...] = (
 )
 
 
+# botocore's: no credentials anywhere in the chain; asking again finds none either.
+_NO_CREDENTIALS = ("NoCredentialsError", "PartialCredentialsError")
+_CREDENTIALS_HINT = (
+    "credentials come from the store's standard chain (for S3: the AWS_* environment "
+    "variables, ~/.aws config files, the instance's role) or from storage_options (key, "
+    "secret, token; anon=True for a public bucket)")
+
+
 class TruncatedRead(OSError):
-    """The store answered with fewer (or more) bytes than asked for: a retryable error."""
+    """The store answered with fewer bytes than asked for: a retryable error."""
 
 
 @dataclass(frozen=True)
@@ -68,9 +84,14 @@ class RetryPolicy:
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying the read may succeed (not when the local disk it writes to is
     full: the cache reads by range instead, NOTE [ A full disk under the cache ])."""
-    if disk_full(exc) or _refused(exc):
+    if disk_full(exc) or _refused(exc) or _no_credentials(exc):
         return False
     return isinstance(exc, Exception) and not isinstance(exc, _PERMANENT)
+
+
+def _no_credentials(exc: BaseException) -> bool:
+    """botocore found no credentials (named, not imported: s3fs is optional)."""
+    return any(cls.__name__ in _NO_CREDENTIALS for cls in type(exc).__mro__)
 
 
 def _refused(exc: BaseException) -> bool:
@@ -119,7 +140,7 @@ def read_with_retries(
             data = read()
             got = len(data) if isinstance(data, (bytes, bytearray, memoryview)) else None
             if expected is not None and got != expected:
-                raise TruncatedRead(f"got {got} bytes, expected {expected}")
+                raise _wrong_length(request, got, expected)
             return data
         except Exception as exc:  # classified below; never swallowed
             last = exc
@@ -128,19 +149,42 @@ def read_with_retries(
     raise _final_error(request, attempt, last)
 
 
+def _wrong_length(request: ReadRequest, got: int | None, expected: int) -> OSError:
+    if got is not None and got > expected and request.offset is not None:
+        return RangeIgnored(
+            f"got {got} bytes for a range of {expected}: the server ignored the Range header "
+            "(it sends whole objects); read whole shards (fetch='shard' with a cache) or "
+            "serve the files with byte ranges")
+    return TruncatedRead(f"got {got} bytes, expected {expected}")
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message``; an empty message (fsspec's ``FSTimeoutError``) is told by the error
+    it was raised from (aiohttp's ``SocketTimeoutError: Timeout on reading data ...``)."""
+    text, inner = str(exc), exc.__cause__
+    if not text and inner is not None and str(inner):
+        text = f"{type(inner).__name__}: {inner}"
+    return f"{type(exc).__name__}: {text or 'no message'}"
+
+
 def _final_error(request: ReadRequest, attempts: int, last: BaseException | None) -> OSError:
-    cause = f"{type(last).__name__}: {last}" if last is not None else "no error recorded"
-    if last is not None and not is_transient(last):
+    cause = _describe(last) if last is not None else "no error recorded"
+    if last is not None and _no_credentials(last):
+        what, cause = "a permanent error, not retried", f"{cause}; {_CREDENTIALS_HINT}"
+    elif last is not None and not is_transient(last):
         what = "a permanent error, not retried"
     else:
         what = f"{attempts} attempt(s), the last error"
+        if attempts > 1:
+            cause += (" (a store failing this long is down or overloaded: check it, or "
+                      "allow more tries with RetryPolicy(attempts=...))")
     error = RemoteReadError(f"reading {request.describe()} failed after {what}: {cause}")
     error.url, error.offset, error.length, error.attempts = (
         request.url, request.offset, request.length, attempts
     )
+    error.__cause__ = last
     if isinstance(last, FileNotFoundError):  # keep the type users catch for a missing object
         missing = FileNotFoundError(f"{request.url}: no such object ({cause})")
         missing.__cause__ = error
         return missing
-    error.__cause__ = last
     return error
