@@ -10,6 +10,7 @@ FORMATS_PUBLIC = [
     "IMG_EXTENSIONS",
     "ImageFolder",
     "LMDBDataset",
+    "PackError",
     "PackOptions",
     "PackSummary",
     "ParquetDataset",
@@ -37,3 +38,5 @@ def test_formats_all_is_the_locked_list() -> None:
 
 def test_shard_error_is_a_stoker_error() -> None:
     assert issubclass(stoker.formats.ShardError, stoker.StokerError)
+    assert stoker.formats.PackError is stoker.PackError
+    assert issubclass(stoker.PackError, stoker.StokerError)
