@@ -308,6 +308,23 @@ def test_s3_sources_dropped_without_close_stop_their_loop_threads(s3, tmp_path, 
     assert [r.getMessage() for r in caplog.records] == []
 
 
+def test_shard_sources_dropped_without_close_close_their_pinned_files(s3, tmp_path) -> None:
+    def cached_files_open() -> int:
+        cache = str(tmp_path / "cache") + os.sep
+        return sum(os.readlink(f"/proc/self/fd/{fd}").startswith(cache)
+                   for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
+
+    for _ in range(3):
+        source = _remote(s3, tmp_path, fetch="shard", cache_dir=str(tmp_path / "cache"),
+                         cache_bytes=10**6).source
+        for url in s3.urls:  # each shard cached, the last ones pinned by this process
+            assert source.read_range(url, 0, 8) is not None
+        assert cached_files_open() > 0  # pinned (a few: the lookahead)
+        del source
+        gc.collect()
+        assert cached_files_open() == 0
+
+
 def _release_in_child(source: Any, conn: Any) -> None:
     source._handle.release()  # what collecting the child's copy of the source runs
     conn.send(True)
