@@ -19,6 +19,7 @@ import bisect
 import dataclasses
 import json
 import posixpath
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -217,6 +218,7 @@ class TarShards(Dataset[Any]):
         self.verify_crc = verify_crc
         self.meta: dict[str, Any] = {}
         self._tables: dict[int, ShardTable] = {}
+        self._warned_thrash = False
         manifest = manifest_path(path) if isinstance(path, str) else None
         if manifest is not None:
             self._open_manifest(read_manifest(self.source, manifest))
@@ -348,7 +350,28 @@ class TarShards(Dataset[Any]):
         its own S3 client (NOTE [ The main process fetches for its workers ])."""
         fetch = getattr(self.source, "fetch_for_workers", None)
         if self._remote and fetch is not None:
-            fetch([self.shards[s].path for s in self._shard_ids(indices)])
+            shard_ids = self._shard_ids(indices)
+            self._warn_if_the_cache_thrashes(shard_ids)
+            fetch([self.shards[s].path for s in shard_ids])
+
+    def _warn_if_the_cache_thrashes(self, shard_ids: list[int]) -> None:
+        """Once: a cache that cannot hold two batches' shards evicts them before they are
+        read again, so a shuffled epoch downloads about one whole shard per sample (1.1 GETs
+        a sample measured with a budget of 3-6 shards), worse than reading by range."""
+        cache = getattr(self.source, "cache", None)
+        if cache is None or self._warned_thrash:
+            return
+        needed = sum(self.shards[s].size_bytes for s in shard_ids)
+        if 2 * needed <= cache.budget_bytes:
+            return
+        self._warned_thrash = True
+        total = sum(shard.size_bytes for shard in self.shards)
+        warnings.warn(
+            f"TarShards: one batch reads {len(shard_ids)} shards ({needed / 2**20:.1f} MiB) "
+            f"and the shard cache holds {cache.budget_bytes / 2**20:.1f} MiB: shards are "
+            "evicted before they are read again and downloaded once per sample or so. Raise "
+            f"cache_bytes (the dataset is {total / 2**20:.1f} MiB), or read by range: "
+            "open_source(..., fetch='range')", RuntimeWarning, stacklevel=2)
 
     def _shard_ids(self, indices: list[int]) -> list[int]:
         """The shards holding these samples, each once, in order."""
