@@ -231,7 +231,7 @@ def test_a_download_streams_into_its_reservation_and_a_dead_ones_is_cleared(
     """A download of known size writes straight into its reserved file, which counts at the
     reserved size while it fills; a reservation left by a process that died is removed by the
     next fill of that object, and one of another object in flight is left alone."""
-    from stoker.storage.cache import release_claim
+    from stoker.storage.cache_locks import release_claim
 
     cache = ShardCache(str(tmp_path), budget_bytes=5000)
     dead = cache.path_for("s3://b/x") + ".1000.partial"  # a killed download's, half written
@@ -325,7 +325,7 @@ def test_a_claimed_object_is_downloaded_once_by_its_claimer_while_others_wait(
     """NOTE [ The main process fetches for its workers ]: a claim takes the object's lock
     before its download starts; a reader meanwhile waits for that download and never makes
     its own; a claim given up lets the next reader download it."""
-    from stoker.storage.cache import release_claim
+    from stoker.storage.cache_locks import release_claim
 
     cache = ShardCache(str(tmp_path), budget_bytes=5000)
     claim = cache.claim("s3://b/0")

@@ -54,16 +54,6 @@ until after it is renamed or removed, both under ``.dir.lock``; so a recount, un
 whose lock file is gone: nobody holds it either), and keeps one whose lock is held. Taking
 the lock to test it makes a ``fill`` of that object wait for the test only, and a ``claim``
 skip the object (its reader downloads it instead).
-
-NOTE [ Cache locks across fork ]
-A ``flock`` belongs to the open file, and a forked child inherits every open file of its
-parent: forked while a parent's thread downloads (say, a shard fetched ahead after
-``dataset[0]``, then ``DataLoader(num_workers=2)``), a worker holds a copy of that download's
-lock which nothing in it will ever close, so the lock outlives the download and the worker
-that wants the object waits on it forever. A process's exclusive lock files are therefore
-recorded while open (``_HELD``) and a forked child closes its copies at once: the lock is then
-the parent's alone and goes with the parent's close. Forking waits for no lock file to be
-opened or closed meanwhile (``_HELD_GUARD``), so the record matches the open files.
 """
 
 from __future__ import annotations
@@ -75,32 +65,17 @@ import hashlib
 import os
 import posixpath
 import re
-import threading
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import NamedTuple
+
+from stoker.storage.cache_locks import evict, locked, open_held, release, unheld
 
 _LOCK_DIR = ".locks"
 _DIR_LOCK = ".dir.lock"
 _LEDGER = ".usage"
 _EVICTIONS = ".evictions"  # one byte per file evicted, ever: see ``evictions``
 _PARTIAL = ".partial"
-_HELD: set[int] = set()  # NOTE [ Cache locks across fork ]: this process's lock files, open
-_HELD_GUARD = threading.Lock()
-
-
-def _close_inherited_locks() -> None:
-    global _HELD_GUARD
-    _HELD_GUARD = threading.Lock()  # the parent's was held across the fork
-    for fd in _HELD:
-        os.close(fd)  # the parent's copy keeps the lock until its own download ends
-    _HELD.clear()
-
-
-os.register_at_fork(before=lambda: _HELD_GUARD.acquire(),
-                    after_in_parent=lambda: _HELD_GUARD.release(),
-                    after_in_child=_close_inherited_locks)
 
 
 class ShardCache:
@@ -146,7 +121,7 @@ class ShardCache:
         reserved once they are here."""
         if size_bytes is not None and size_bytes > self.budget_bytes:
             return False
-        with self._locked(self._object_lock(url)):
+        with locked(self._object_lock(url)):
             return self._fill_locked(url, size_bytes, download, download_into)
 
     def cached(self, url: str) -> bool:
@@ -158,7 +133,7 @@ class ShardCache:
         stale: NOTE [ A pack written again at the same place ] in ``formats/tar_index.py``),
         pinned or not: a process reading it keeps its open copy. Counted as an eviction."""
         final = self.path_for(url)
-        with self._locked(os.path.join(self.directory, _DIR_LOCK)):
+        with locked(os.path.join(self.directory, _DIR_LOCK)):
             try:
                 st = os.stat(final)
             except FileNotFoundError:
@@ -184,14 +159,14 @@ class ShardCache:
         final = self.path_for(url)
         if os.path.exists(final):
             return None
-        fd = _open_held(self._object_lock(url))
+        fd = open_held(self._object_lock(url))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            _release(fd)
+            release(fd)
             return None
         if os.path.exists(final):  # completed between the check and the lock
-            _release(fd)
+            release(fd)
             return None
         return fd
 
@@ -203,7 +178,7 @@ class ShardCache:
                 return False
             return self._fill_locked(url, size_bytes, _no_download, download_into)
         finally:
-            _release(claim)
+            release(claim)
 
     def _object_lock(self, url: str) -> str:
         return os.path.join(self.directory, _LOCK_DIR, os.path.basename(self.path_for(url)))
@@ -236,10 +211,10 @@ class ShardCache:
                     written = f.write(data)
             if written != size_bytes:
                 raise OSError(f"{url}: downloaded {written} bytes, the object is {size_bytes}")
-            with self._locked(os.path.join(self.directory, _DIR_LOCK)):
+            with locked(os.path.join(self.directory, _DIR_LOCK)):
                 os.replace(partial, final)  # under the lock: a count never sees both names
         except BaseException as exc:
-            with self._locked(os.path.join(self.directory, _DIR_LOCK)):
+            with locked(os.path.join(self.directory, _DIR_LOCK)):
                 if _unlink(partial):
                     self._add_to_ledger(-size_bytes)
             if _raised_for(exc, partial):  # the cache's directory was removed under us
@@ -272,20 +247,11 @@ class ShardCache:
 
     def used_bytes_locked(self) -> int:
         """``used_bytes`` counted while no process reserves, evicts or renames."""
-        with self._locked(os.path.join(self.directory, _DIR_LOCK)):
+        with locked(os.path.join(self.directory, _DIR_LOCK)):
             return self.used_bytes()
 
-    @contextmanager
-    def _locked(self, path: str) -> Iterator[None]:
-        fd = _open_held(path)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            _release(fd)
-
     def _reserve(self, final: str, partial: str, size_bytes: int) -> bool:
-        with self._locked(os.path.join(self.directory, _DIR_LOCK)):
+        with locked(os.path.join(self.directory, _DIR_LOCK)):
             used = self._read_ledger()
             if used is None or used + size_bytes > self.budget_bytes:
                 used = self._recount_and_evict(final, size_bytes)
@@ -316,7 +282,7 @@ class ShardCache:
         evicted = 0
         if used + size_bytes > self.budget_bytes:
             for entry in sorted(cached, key=lambda e: e.mtime):
-                if _evict(entry.path):
+                if evict(entry.path):
                     used -= entry.size
                     evicted += 1
                     if used + size_bytes <= self.budget_bytes:
@@ -329,20 +295,7 @@ class ShardCache:
         """Whether no process holds the download lock of ``partial``'s object: its download
         died (NOTE [ Partial files of dead downloads ]). Asked under ``.dir.lock``."""
         name = os.path.basename(partial)[: -len(_PARTIAL)].rsplit(".", 1)[0]
-        with _HELD_GUARD:  # recorded while open: NOTE [ Cache locks across fork ]
-            try:  # not created: a missing lock file is one nobody holds
-                fd = os.open(os.path.join(self.directory, _LOCK_DIR, name),
-                             os.O_RDWR | os.O_CLOEXEC)
-            except FileNotFoundError:
-                return True
-            _HELD.add(fd)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        finally:
-            _release(fd)
-        return True
+        return unheld(os.path.join(self.directory, _LOCK_DIR, name))
 
     def _record_evictions(self, count: int) -> None:
         try:
@@ -442,31 +395,6 @@ class _Entry(NamedTuple):
     partial: bool
 
 
-def _open_held(path: str) -> int:
-    """A lock file opened and recorded (NOTE [ Cache locks across fork ]); its directory is
-    made again if it was removed (NOTE [ A full disk under the cache ])."""
-    with _HELD_GUARD:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except FileNotFoundError:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        _HELD.add(fd)
-    return fd
-
-
-def release_claim(fd: int) -> None:
-    """Give up a ``ShardCache.claim`` without downloading."""
-    _release(fd)
-
-
-def _release(fd: int) -> None:
-    """Close a lock file ``_open_held`` opened, and with it its lock."""
-    with _HELD_GUARD:
-        _HELD.discard(fd)
-        os.close(fd)
-
-
 def _no_download() -> bytes:
     raise AssertionError("a claimed fill knows its size: it streams into its file")
 
@@ -475,24 +403,6 @@ def _reserved_size(partial_name: str) -> int:
     """The size a ``<name>.<size>.partial`` file reserves (0 for one without it)."""
     digits = partial_name[: -len(_PARTIAL)].rsplit(".", 1)[-1]
     return int(digits) if digits.isdigit() else 0
-
-
-def _evict(path: str) -> bool:
-    """Remove a cached file nobody has pinned; False if it is in use (or already gone)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return False
-    try:
-        os.unlink(path)
-    finally:
-        os.close(fd)
-    return True
 
 
 def _unlink(path: str) -> bool:

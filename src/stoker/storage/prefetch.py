@@ -85,7 +85,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from stoker.storage.cache import release_claim
+from stoker.storage.cache_locks import release_claim
 
 if TYPE_CHECKING:
     from stoker.storage.remote import RemoteSource
