@@ -722,22 +722,26 @@ class _From(torch.utils.data.Dataset):
         return {"cls": self.base + i}
 
 
+@pytest.mark.parametrize("verify_crc", [True, False])
 @pytest.mark.parametrize("reader", ["TarShards", "TarShardStream"])
 def test_a_pack_written_again_at_the_same_place_is_read_new_through_a_warm_cache(
-    s3, tmp_path, reader
+    s3, tmp_path, reader, verify_crc
 ) -> None:
     """NOTE [ A pack written again at the same place ]: `stoker pack` writes a new pack where
     the old one was (same shard sizes, other bytes; then another shape), and the next run
     keeps its cache: every sample is the new pack's, through 2 workers (before: CRC errors
-    telling the user to pack again). A shard wrong in the store itself still raises."""
+    telling the user to pack again; with verify_crc=False, the old pack's samples: NOTE
+    [ Cached copies named by their content ]). A shard wrong in the store itself still
+    raises when CRCs are checked."""
     from stoker.formats import TarShards, TarShardStream, pack
 
     url = "s3://bucket/again/index.json"
 
     def epoch() -> list[int]:
         kind = TarShards if reader == "TarShards" else TarShardStream
-        return _labels_from_cache(s3, url, tmp_path / "cache",
-                                  lambda source: kind(url, source=source, transform=label))
+        return _labels_from_cache(
+            s3, url, tmp_path / "cache",
+            lambda source: kind(url, source=source, transform=label, verify_crc=verify_crc))
 
     def publish(version: int, base: int, n: int, per_shard: int) -> Path:
         local = tmp_path / f"pack-{version}"
@@ -749,9 +753,17 @@ def test_a_pack_written_again_at_the_same_place_is_read_new_through_a_warm_cache
         s3.upload_dir(str(local), "bucket", "again")
         return local
 
+    sizes = []
     for version, (base, n, per_shard) in enumerate([(0, 29, 4), (1000, 29, 4), (5000, 31, 5)]):
-        publish(version, base, n, per_shard)
+        local = publish(version, base, n, per_shard)
+        sizes.append(sorted(p.stat().st_size for p in local.glob("*.tar")))
         assert epoch() == list(range(base, base + n))
+    assert sizes[0] == sizes[1]  # the same shard sizes: only the bytes tell the packs apart
+    gets = s3.faults.gets
+    assert epoch() == list(range(5000, 5031))  # an unchanged pack keeps its cached copies
+    assert s3.faults.gets - gets == 2  # its manifest and its file of indexes, no shard
+    if not verify_crc:
+        return
     local = publish(3, 7000, 29, 4)
     shard = local / "shard-000002.tar"
     data = bytearray(shard.read_bytes())
@@ -839,3 +851,23 @@ def test_an_empty_object_of_known_size_is_cached_without_a_request(s3, tmp_path,
     finally:
         source.close()  # type: ignore[attr-defined]
     assert "/bucket/empty/e.bin" not in s3.faults.gets_by_path
+
+
+def test_one_source_reopened_over_a_pack_written_again_reads_the_new_pack(s3, tmp_path) -> None:
+    """A source kept open while its pack is written again (same shard sizes, other bytes)
+    and opened again: its pins of the old copies are let go (NOTE [ Cached copies named by
+    their content ]), even with CRCs unchecked."""
+    from stoker.formats import TarShards, pack
+
+    url = "s3://bucket/kept/index.json"
+    source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
+                         cache_dir=str(tmp_path / "cache"), cache_bytes=10**7, fetch="shard")
+    try:
+        for base in (0, 1000):
+            pack(_From(base, 29), str(tmp_path / f"pack-{base}"), samples_per_shard=4,
+                 workers=1, progress=False)
+            s3.upload_dir(str(tmp_path / f"pack-{base}"), "bucket", "kept")
+            dataset = TarShards(url, source=source, transform=label, verify_crc=False)
+            assert [dataset[i] for i in range(len(dataset))] == list(range(base, base + 29))
+    finally:
+        source.close()  # type: ignore[attr-defined]

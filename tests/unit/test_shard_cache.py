@@ -419,3 +419,26 @@ def test_the_partial_file_of_a_live_download_is_kept_and_counted(tmp_path: Path)
     assert answers == [True] and not os.path.exists(partial)
     with open(cache.path_for(live), "rb") as f:
         assert f.read() == _blob(7, 60_000)
+
+
+def test_an_object_tagged_with_its_content_is_cached_under_its_url_and_tag(
+    tmp_path: Path,
+) -> None:
+    """NOTE [ Cached copies named by their content ]: a copy cached for one tag is not the
+    object under another (a pack written again at the same URL); an unchanged tag keeps it."""
+    cache = ShardCache(str(tmp_path), 10**6)
+    url = "s3://bucket/pack/shard-000000.tar"
+    assert cache.fill(url, 3, lambda: b"old")
+    untagged = cache.path_for(url)
+    assert cache.expect_versions({url: "aa"}) == []  # untagged before: nothing it replaces
+    assert not cache.cached(url)  # the untagged copy is not the tagged object
+    assert cache.fill(url, 3, lambda: b"new")
+    tagged = cache.path_for(url)
+    assert tagged != untagged and tagged.endswith("shard-000000.tar")
+    assert cache.expect_versions({url: "aa"}) == []
+    assert cache.cached(url)
+    assert cache.expect_versions({url: "bb", "s3://bucket/pack/other.tar": "cc"}) == [url]
+    assert not cache.cached(url)
+    assert cache.expect_versions({url: "aa"}) == [url]
+    with open(cache.path_for(url), "rb") as f:
+        assert f.read() == b"new"

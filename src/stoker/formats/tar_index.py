@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import io
 import json
 import mmap
@@ -142,6 +143,15 @@ class ShardTable:
             np.array_equal(getattr(self, name), getattr(other, name))
             for name in ("keys", "starts", "fields", "offsets", "sizes", "crc32")
         )
+
+    def digest(self) -> str:
+        """A tag of the shard's content: its size and every member's offset, size and CRC-32
+        (NOTE [ Cached copies named by their content ] in ``storage/cache.py``)."""
+        h = hashlib.blake2b(np.int64(self.size_bytes).tobytes(), digest_size=12)
+        for column, dtype in ((self.offsets, np.int64), (self.sizes, np.int64),
+                              (self.crc32, np.uint32)):
+            h.update(np.ascontiguousarray(column, dtype=dtype).data)
+        return h.hexdigest()
 
     def to_bytes(self) -> bytes:
         out = io.BytesIO()
@@ -383,9 +393,13 @@ def load_index(source: ByteSource, shard: str) -> ShardTable:
 # dropped when opened (``Prefetcher._pin_cached`` in storage/prefetch.py); and a sample whose CRC
 # is not its index's, read from a cached copy, drops that copy and is read once more from the
 # store: a copy of the old pack is replaced, while a shard that is itself wrong still raises.
-# Before, the old copies were read and the CRC errors told users to pack again. Not caught:
-# a pack of the same shard sizes read with verify_crc=False (its bytes are not checked), and
-# a bare shard list without sidecar indexes (its index is scanned from the cached copy).
+# Before, the old copies were read and the CRC errors told users to pack again. And a shard
+# whose index is known when the dataset opens is cached under a digest of that index (NOTE
+# [ Cached copies named by their content ] in storage/cache.py), so an old copy of the same
+# size is not even found, CRCs checked or not. Not caught: a pack of the same shard sizes
+# whose indexes are read only later (over 256 MiB of them remotely), read with
+# verify_crc=False, and a bare shard list without sidecar indexes (its index is scanned from
+# the cached copy).
 
 
 def read_fresh(source: ByteSource, path: str) -> bytes:

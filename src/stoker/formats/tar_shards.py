@@ -171,6 +171,15 @@ def size_mismatch(path: str, actual: int, table: ShardTable,
     )
 
 
+def expect_contents(source: ByteSource, tables: dict[str, ShardTable]) -> None:
+    """Tell a caching source what each shard's content is (a digest of its index), so no
+    cached copy of other content is read for it (NOTE [ Cached copies named by their
+    content ] in ``storage/cache.py``)."""
+    expect_versions = getattr(source, "expect_versions", None)
+    if expect_versions is not None and tables:
+        expect_versions({path: table.digest() for path, table in tables.items()})
+
+
 def expect_manifest_sizes(source: ByteSource, shards: list[TarShard]) -> None:
     """Tell a source that takes them the shards' sizes the manifest gives, so no request asks
     them one by one (``RemoteSource.expect_sizes``)."""
@@ -220,12 +229,15 @@ class TarShards(Dataset[Any]):
         self._tables: dict[int, ShardTable] = {}
         self._warned_thrash = False
         manifest = manifest_path(path) if isinstance(path, str) else None
+        scanned: set[int] = set()  # shards indexed from their own (maybe cached) bytes: no tag
         if manifest is not None:
             self._open_manifest(read_manifest(self.source, manifest))
         else:
             paths = [path] if isinstance(path, str) else list(path)
-            self.shards = [self._open_unlisted(s, p) for s, p in enumerate(paths)]
+            self.shards = [self._open_unlisted(s, p, scanned) for s, p in enumerate(paths)]
             self._lazy = self._remote = False
+        expect_contents(self.source, {self.shards[s].path: table for s, table
+                                      in self._tables.items() if s not in scanned})
         self._ends = np.cumsum([s.samples for s in self.shards], dtype=np.int64).tolist()
         self._length = self._ends[-1] if self._ends else 0
 
@@ -256,11 +268,12 @@ class TarShards(Dataset[Any]):
         elif not self._lazy:  # remote ones side by side, while there are few
             self._load_tables(list(range(len(self.shards))))
 
-    def _open_unlisted(self, s: int, path: str) -> TarShard:
+    def _open_unlisted(self, s: int, path: str, scanned: set[int]) -> TarShard:
         try:
             table = load_index(self.source, path)
         except FileNotFoundError:
             table = scan_shard(self.source, path)  # plain WebDataset shard: read it through once
+            scanned.add(s)
         else:
             self._check_size(path, table)
         self._tables[s] = table

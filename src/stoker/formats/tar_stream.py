@@ -65,6 +65,7 @@ from stoker.formats.tar_index import (
 )
 from stoker.formats.tar_members import duplicate_field
 from stoker.formats.tar_shards import (
+    expect_contents,
     expect_manifest_sizes,
     manifest_path,
     read_manifest,
@@ -137,6 +138,7 @@ class TarShardStream(IterableDataset[Any]):
         expect_manifest_sizes(self.source, manifest.shards)  # streamed to disk, not asked
         if manifest.tables is not None:  # a pack from before the file of indexes: scanned
             self._tables = dict(zip(paths, read_tables(self.source, manifest), strict=True))
+            expect_contents(self.source, self._tables)
         return paths
 
     def _samples(self, path: str) -> Iterator[dict[str, Any]]:

@@ -54,6 +54,19 @@ until after it is renamed or removed, both under ``.dir.lock``; so a recount, un
 whose lock file is gone: nobody holds it either), and keeps one whose lock is held. Taking
 the lock to test it makes a ``fill`` of that object wait for the test only, and a ``claim``
 skip the object (its reader downloads it instead).
+
+NOTE [ Cached copies named by their content ]
+A pack written again at the same URLs (``stoker pack`` to the same prefix) must not be read
+from the old pack's cached shards. A reader that has a shard's index when it opens (a pack's
+file of indexes, or the sidecars it reads at once) gives the cache a digest of it
+(``ShardTable.digest``: the shard's size, every member's offset, size and CRC-32), and the
+cached file is named by URL and digest: the new pack's shards are other files, downloaded
+anew, whatever ``verify_crc`` says, and a pack unchanged keeps its copies. The old files are
+never read again and go in least-recently-used order. A shard whose index is read only later
+(remote packs of over 256 MiB of indexes, packs without a file of indexes over 256 shards)
+or scanned from its bytes (a bare shard list) has no digest and is named by its URL alone: a
+CRC check still catches an old copy there (NOTE [ A pack written again at the same place ] in
+``formats/tar_index.py``).
 """
 
 from __future__ import annotations
@@ -90,13 +103,24 @@ class ShardCache:
         self.directory = os.path.abspath(directory)
         self.budget_bytes = int(budget_bytes)
         self._warned_full = False
+        self._versions: dict[str, str] = {}  # NOTE [ Cached copies named by their content ]
         os.makedirs(os.path.join(self.directory, _LOCK_DIR), exist_ok=True)
 
     def __repr__(self) -> str:
         return f"ShardCache({self.directory!r}, budget_bytes={self.budget_bytes})"
 
     def path_for(self, url: str) -> str:
-        return os.path.join(self.directory, _file_name(url))
+        return os.path.join(self.directory, _file_name(url, self._versions.get(url, "")))
+
+    def expect_versions(self, versions: dict[str, str]) -> list[str]:
+        """Tags of the objects' content (a digest of a shard's index): an object with a tag is
+        cached under its URL and its tag, so a copy of other content cached under the same URL
+        is never read for it (NOTE [ Cached copies named by their content ]). Returns the URLs
+        whose tag changed."""
+        changed = [url for url, tag in versions.items()
+                   if self._versions.get(url, "") not in ("", tag)]
+        self._versions.update(versions)
+        return changed
 
     def open_pinned(self, url: str) -> int | None:
         """A read-only fd of the complete cached copy, pinned (shared lock) until closed; None
@@ -358,10 +382,12 @@ class ShardCache:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _file_name(url: str) -> str:
-    """The cached file's name for ``url``: asked for every shard of every batch the main
-    process fetches for (a hash and a regex, ~5 us: 0.1 s of an epoch of 20,000 samples)."""
-    digest = hashlib.sha1(url.encode()).hexdigest()[:16]
+def _file_name(url: str, version: str) -> str:
+    """The cached file's name for ``url`` whose content is tagged ``version`` (or untagged:
+    ""): asked for every shard of every batch the main process fetches for (a hash and a
+    regex, ~5 us: 0.1 s of an epoch of 20,000 samples)."""
+    named = f"{url}\0{version}" if version else url
+    digest = hashlib.sha1(named.encode()).hexdigest()[:16]
     name = re.sub(r"[^A-Za-z0-9._-]", "_", posixpath.basename(url.rstrip("/")))[-80:]
     return f"{digest}-{name}"
 

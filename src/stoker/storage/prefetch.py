@@ -243,6 +243,19 @@ class Prefetcher:
             os.close(fd)
         return True
 
+    def forget(self, paths: list[str]) -> None:
+        """Let go of this process's pins of these objects, and of having seen them cached:
+        their content changed (NOTE [ Cached copies named by their content ] in ``cache.py``)."""
+        if self._pid != os.getpid():
+            self.forget_after_fork()
+        with self._lock:
+            for path in paths:
+                pin = self._pins.pop(path, None)
+                if pin is not None:
+                    os.close(pin[0])
+                    self._pinned_bytes -= pin[1]
+                self._known_cached.discard(path)
+
     def _unpin_all(self) -> None:
         with self._lock:
             for fd, _ in self._pins.values():

@@ -263,6 +263,16 @@ class RemoteSource:
         for path, size in sizes.items():
             self._sizes.setdefault(path, int(size))
 
+    def expect_versions(self, versions: dict[str, str]) -> None:
+        """Tags of the objects' content, from a dataset's indexes: each is cached under its URL
+        and its tag, so a cached copy of other content (an old pack written over) is never read
+        for it (NOTE [ Cached copies named by their content ] in ``storage/cache.py``)."""
+        if self.cache is None:
+            return
+        changed = self.cache.expect_versions(versions)
+        if changed:
+            self._prefetcher.forget(changed)
+
     def read(self, path: str) -> bytes:
         """The whole object: through the cache when there is one (in ``"shard"`` mode fetched
         into it first, and the plan's next objects fetched ahead), else one GET."""
