@@ -80,10 +80,11 @@ def test_an_abandoned_iterator_stops_its_workers_as_its_last_reference_goes(data
 
 
 class HeldAtBatchOne(torch.utils.data.Dataset):
-    """Notes each index it reads in ``log``; the first index of batch 1 waits for ``go``."""
+    """Notes each index it reads in ``log``; the first index of batch 1 sets ``started`` and
+    waits for ``go``."""
 
-    def __init__(self, log, go):
-        self.log, self.go = log, go
+    def __init__(self, log, go, started):
+        self.log, self.go, self.started = log, go, started
 
     def __len__(self):
         return 64
@@ -92,6 +93,7 @@ class HeldAtBatchOne(torch.utils.data.Dataset):
         with open(self.log, "a") as f:
             f.write(f"{i}\n")
         if i == 4:
+            self.started.set()
             assert self.go.wait(WAIT_S), "never let go"
         return i
 
@@ -105,7 +107,7 @@ def test_a_worker_asked_to_stop_does_not_start_the_batches_queued_before_the_sto
     past batch 1."""
     from stoker.workers import launch
 
-    go = torch.multiprocessing.get_context("fork").Event()
+    go, started = (torch.multiprocessing.get_context("fork").Event() for _ in range(2))
     asked = launch.WorkerHandle.ask_to_stop
 
     def ask_then_let_go(handle):  # STOP is in the socket, behind the queued tasks
@@ -114,10 +116,12 @@ def test_a_worker_asked_to_stop_does_not_start_the_batches_queued_before_the_sto
 
     monkeypatch.setattr(launch.WorkerHandle, "ask_to_stop", ask_then_let_go)
     log = tmp_path / "read.log"
-    loader = stoker.DataLoader(HeldAtBatchOne(str(log), go), batch_size=4, num_workers=1,
-                               prefetch_factor=4, multiprocessing_context="fork")
+    loader = stoker.DataLoader(HeldAtBatchOne(str(log), go, started), batch_size=4,
+                               num_workers=1, prefetch_factor=4, multiprocessing_context="fork")
     it = iter(loader)
     assert next(it).tolist() == [0, 1, 2, 3]
+    # In batch 1 before the stop is asked: a worker that had not begun it skips it too.
+    assert started.wait(WAIT_S)
     del it
     assert go.is_set()
     assert sorted(int(x) for x in log.read_text().split()) == list(range(8))
