@@ -254,7 +254,9 @@ def main() -> None:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="stoker-remote-bench-"))
     try:
+        create_us = [file_create_us(tmp)]
         results = measure(tmp, args)
+        create_us.append(file_create_us(tmp))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     base = results[0]["samples_per_s"]
@@ -264,7 +266,7 @@ def main() -> None:
         record |= {"workload": "remote_shards", "latency_ms": args.latency_ms,
                    "num_workers": args.workers, "decode": args.decode,
                    "speedup_vs_torch_per_file": round(record.get("samples_per_s", 0) / base, 2),
-                   "machine": machine_info()}
+                   "machine": machine_info(), "file_create_us_before_after": create_us}
         if "error" in record:
             record["speedup_vs_torch_per_file"] = 0.0
         elif "steady_samples_per_s" in record:
@@ -274,6 +276,19 @@ def main() -> None:
                 record["steady_fraction_of_shared_cpu_ceiling"] = round(
                     record["steady_samples_per_s"] / ceiling[0], 3)
         print(json.dumps(record), flush=True)
+
+
+def file_create_us(directory: Path, files: int = 200) -> float:
+    """CPU microseconds to create (and close) an empty file where the caches go: a cold
+    shard costs a cache two (its lock file and its download's file). On this machine it
+    ranged 15-650 us from one minute to the next, and is part of why runs differ."""
+    where = Path(tempfile.mkdtemp(prefix="create-", dir=directory))
+    cpu = time.process_time()
+    for i in range(files):
+        os.close(os.open(where / f"f{i}", os.O_WRONLY | os.O_CREAT, 0o644))
+    cpu = time.process_time() - cpu
+    shutil.rmtree(where)
+    return round(cpu / files * 1e6, 1)
 
 
 def measure(tmp: Path, args: Any) -> list[dict[str, Any]]:
