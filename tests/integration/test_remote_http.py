@@ -12,7 +12,6 @@ import gc
 import os
 import socket
 import threading
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -228,23 +227,3 @@ def test_sources_dropped_without_close_leave_no_thread_or_fd_behind(served) -> N
     gc.collect()  # the filesystems, let go by their loop threads
     assert _open_fds() <= fds
 
-
-def test_a_cache_too_small_for_a_batchs_shards_is_warned_about_once(served, tmp_path) -> None:
-    url = f"{served.url}/packed/index.json"
-    shuffled = {"shuffle": True, "generator": torch.Generator().manual_seed(3)}
-    for budget, warned in ((10**7, False), (12_000, True)):
-        source = open_source(url, retry=FAST_RETRY, fetch="shard",
-                             cache_dir=str(tmp_path / f"cache-{budget}"), cache_bytes=budget)
-        dataset = TarShards(url, source=source, transform=label)
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                got = _labels(dataset, **shuffled)
-        finally:
-            source.close()  # type: ignore[attr-defined]
-        assert sorted(got) == list(range(29))  # right, only slow
-        thrash = [w for w in caught if "evicted before they are read again" in str(w.message)]
-        assert len(thrash) == (1 if warned else 0), [str(w.message) for w in caught]
-        if warned:
-            assert "Raise cache_bytes (the dataset is" in str(thrash[0].message)
-            assert "fetch='range'" in str(thrash[0].message)

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import warnings
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -604,11 +605,11 @@ def test_a_shard_changed_after_packing_is_named_when_it_is_downloaded(s3, tmp_pa
 
 
 def _labels_from_cache(s3: S3Server, url: str, cache_dir: Path, dataset: Any,
-                       **loader: Any) -> list[int]:
+                       cache_bytes: int = 10**7, **loader: Any) -> list[int]:
     """One epoch through 2 workers of ``dataset(source)``, over a source of whole shards
     cached in ``cache_dir``: its labels, sorted."""
     source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
-                         cache_dir=str(cache_dir), cache_bytes=10**7, fetch="shard")
+                         cache_dir=str(cache_dir), cache_bytes=cache_bytes, fetch="shard")
     try:
         batches = stoker.DataLoader(dataset(source), batch_size=5, num_workers=2, timeout=60,
                                     **loader)
@@ -871,3 +872,33 @@ def test_one_source_reopened_over_a_pack_written_again_reads_the_new_pack(s3, tm
             assert [dataset[i] for i in range(len(dataset))] == list(range(base, base + 29))
     finally:
         source.close()  # type: ignore[attr-defined]
+
+
+def test_a_shuffled_order_the_shard_cache_cannot_hold_is_warned_about_once(s3, tmp_path) -> None:
+    """NOTE [ A cache the order thrashes ]: 400 samples in 20 shards, a cache with room for 4:
+    shuffled, one warning naming the switches (every sample still read, once); in order, or
+    shuffled with room for every shard, none."""
+    from stoker.formats import TarShards, pack
+
+    pack(_From(0, 400), str(tmp_path / "packed"), samples_per_shard=20, workers=1,
+         progress=False)
+    s3.upload_dir(str(tmp_path / "packed"), "bucket", "thrash")
+    url = "s3://bucket/thrash/index.json"
+    shard = (tmp_path / "packed" / "shard-000000.tar").stat().st_size
+    for budget_shards, shuffle, warned in ((4, True, True), (4, False, False), (25, True, False)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = _labels_from_cache(
+                s3, url, tmp_path / f"cache-{budget_shards}-{shuffle}",
+                lambda source: TarShards(url, source=source, transform=label),
+                shuffle=shuffle, cache_bytes=budget_shards * shard)
+        assert got == list(range(400))
+        thrash = [str(w.message) for w in caught if "evicted before" in str(w.message)]
+        assert len(thrash) == (1 if warned else 0), (budget_shards, shuffle, thrash)
+        if warned:
+            assert thrash[0].startswith("TarShards: the sampler's order has read ")
+            assert f"the shard cache holds {4 * shard / 2**20:.1f} MiB" in thrash[0]
+            assert thrash[0].endswith(
+                f"Raise cache_bytes to the dataset's {20 * shard / 2**20:.1f} MiB, read by "
+                "range (open_source(..., fetch='range')), or stream the shards in order "
+                "(TarShardStream)")

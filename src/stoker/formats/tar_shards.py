@@ -30,6 +30,7 @@ from torch.utils.data import Dataset
 
 from stoker.errors import ShardError
 from stoker.formats._common import default_source, expand_braces, join, parent
+from stoker.formats.cache_thrash import ThrashWatch
 from stoker.formats.checksum import crc32
 from stoker.formats.tar_index import (
     TABLES_NAME,
@@ -227,7 +228,7 @@ class TarShards(Dataset[Any]):
         self.verify_crc = verify_crc
         self.meta: dict[str, Any] = {}
         self._tables: dict[int, ShardTable] = {}
-        self._warned_thrash = False
+        self._thrash: ThrashWatch | None = None  # the main process's, made on first use
         manifest = manifest_path(path) if isinstance(path, str) else None
         scanned: set[int] = set()  # shards indexed from their own (maybe cached) bytes: no tag
         if manifest is not None:
@@ -284,6 +285,7 @@ class TarShards(Dataset[Any]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
+        state["_thrash"] = None  # the main process's alone
         if self._lazy:  # workers re-read the sidecars they need: smaller pickles under spawn
             state["_tables"] = {}
         return state
@@ -364,27 +366,20 @@ class TarShards(Dataset[Any]):
         fetch = getattr(self.source, "fetch_for_workers", None)
         if self._remote and fetch is not None:
             shard_ids = self._shard_ids(indices)
-            self._warn_if_the_cache_thrashes(shard_ids)
+            self._watch_the_cache(shard_ids, len(indices))
             fetch([self.shards[s].path for s in shard_ids])
 
-    def _warn_if_the_cache_thrashes(self, shard_ids: list[int]) -> None:
-        """Once: a cache that cannot hold two batches' shards evicts them before they are
-        read again, so a shuffled epoch downloads about one whole shard per sample (1.1 GETs
-        a sample measured with a budget of 3-6 shards), worse than reading by range."""
-        cache = getattr(self.source, "cache", None)
-        if cache is None or self._warned_thrash:
-            return
-        needed = sum(self.shards[s].size_bytes for s in shard_ids)
-        if 2 * needed <= cache.budget_bytes:
-            return
-        self._warned_thrash = True
-        total = sum(shard.size_bytes for shard in self.shards)
-        warnings.warn(
-            f"TarShards: one batch reads {len(shard_ids)} shards ({needed / 2**20:.1f} MiB) "
-            f"and the shard cache holds {cache.budget_bytes / 2**20:.1f} MiB: shards are "
-            "evicted before they are read again and downloaded once per sample or so. Raise "
-            f"cache_bytes (the dataset is {total / 2**20:.1f} MiB), or read by range: "
-            "open_source(..., fetch='range')", RuntimeWarning, stacklevel=2)
+    def _watch_the_cache(self, shard_ids: list[int], samples: int) -> None:
+        """NOTE [ A cache the order thrashes ] in ``formats/cache_thrash.py``."""
+        if self._thrash is None:
+            cache = getattr(self.source, "cache", None)
+            if cache is None or not self.shards:
+                return
+            self._thrash = ThrashWatch(cache.budget_bytes, self._length / len(self.shards),
+                                       sum(shard.size_bytes for shard in self.shards))
+        message = self._thrash.see({s: self.shards[s].size_bytes for s in shard_ids}, samples)
+        if message is not None:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
 
     def _shard_ids(self, indices: list[int]) -> list[int]:
         """The shards holding these samples, each once, in order."""
