@@ -558,10 +558,10 @@ def test_a_remote_pack_reads_its_file_of_indexes_alongside_its_manifest(
     manifest, are used when they are the whole file the manifest names (one GET of each);
     when the file is larger than what was asked, it is read again, whole, and the dataset is
     the same."""
-    from stoker.formats import TarShards, pack, tar_shards
+    from stoker.formats import TarShards, pack, tar_manifest
 
     if guessed == "too short":
-        monkeypatch.setattr(tar_shards, "_GUESSED_TABLES_BYTES", 100)
+        monkeypatch.setattr(tar_manifest, "_GUESSED_TABLES_BYTES", 100)
     packed = tmp_path / "packed"
     pack(Numbers(), str(packed), samples_per_shard=4, workers=1, progress=False)
     s3.upload_dir(str(packed), "bucket", "tars")

@@ -15,7 +15,8 @@ from stoker.formats.lmdb_dataset import LMDBDataset
 from stoker.formats.pack import PackOptions, pack
 from stoker.formats.pack_report import PackSummary, verify_pack
 from stoker.formats.tar_index import ShardTable, index_shard
-from stoker.formats.tar_shards import SampleLocation, TarShard, TarShards
+from stoker.formats.tar_manifest import TarShard
+from stoker.formats.tar_shards import SampleLocation, TarShards
 from stoker.formats.tar_stream import TarShardStream
 from stoker.formats.tfrecord_dataset import TFRecordDataset
 from stoker.sharing.shared_list import SharedBytesList, SharedList, SharedStrList

@@ -62,7 +62,7 @@ from stoker.formats.tar_index import (
     scan_shard,
     tables_to_bytes,
 )
-from stoker.formats.tar_shards import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION
+from stoker.formats.tar_manifest import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION
 from stoker.storage import LocalSource
 
 PLAN_NAME = "pack.json"

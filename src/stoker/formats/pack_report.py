@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from stoker.errors import PackError, ShardError
 from stoker.formats.tar_index import load_index, scan_shard
-from stoker.formats.tar_shards import MANIFEST_NAME, Manifest, read_manifest, read_tables
+from stoker.formats.tar_manifest import MANIFEST_NAME, Manifest, read_manifest, read_tables
 from stoker.storage import LocalSource
 
 

@@ -63,8 +63,7 @@ from stoker.formats.tar_index import (
     scan_bytes,
     shard_bytes,
 )
-from stoker.formats.tar_members import duplicate_field
-from stoker.formats.tar_shards import (
+from stoker.formats.tar_manifest import (
     expect_contents,
     expect_manifest_sizes,
     manifest_path,
@@ -72,6 +71,7 @@ from stoker.formats.tar_shards import (
     read_tables,
     size_mismatch,
 )
+from stoker.formats.tar_members import duplicate_field
 from stoker.storage import ByteSource
 
 
