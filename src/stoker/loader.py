@@ -8,6 +8,7 @@ Iteration is stoker's (``engine``), and so are ``state_dict``/``load_state_dict`
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import os
 import weakref
@@ -405,7 +406,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if self._dataset_kind and "dataset_iter_state" not in state:
             state["dataset_iter_state"], state["dataset_iter_ended"] = self._live_iterator_state()
         state["loader"] = describe_fit(self)  # NOTE [ A state must fit its loader ]
-        if callable(getattr(self.dataset, "state_dict", None)):
+        if callable(getattr(self.dataset, "state_dict", None)) and not (
+            self._dataset_kind and isinstance(self.dataset, collections.abc.Iterator)
+        ):
+            # An IterableDataset that is its own iterator (``__iter__`` returns self): its
+            # state_dict() is its iterator's, often unset until ``__iter__`` ran, and at
+            # num_workers > 0 this copy never runs it. As in torchdata (dataset_state None for
+            # such a dataset), only the iterator state is kept: dataset_iter_state at
+            # num_workers=0, the fast-forward in workers.
             state["dataset_state"] = self.dataset.state_dict()  # type: ignore[attr-defined]
             # In-process, an iterable's own state is its position; in workers the main
             # process's copy never moves, so the loader must fast-forward instead.
@@ -451,6 +459,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             ),
             "dataset_kind": "iterable" if self._dataset_kind else "map",
             "num_workers": self.num_workers,
+            "worker_batches": None,  # NOTE [ Constant state keys ]: mid-epoch states have it
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

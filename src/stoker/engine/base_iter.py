@@ -107,6 +107,10 @@ def warn_fast_forward(dataset: Any, batches: int, saved_workers: int, workers: i
     warnings.warn(message, stacklevel=5)
 
 
+# A batch handed out: its position, the sampler's state after it, and for an iterable read
+# by workers the worker whose stream it came from.
+Delivery = tuple[int, Any, "int | None"]
+
 class BaseIterator:
     # Worker iterators call iter(sampler) a second time after the seed draw, as torch does.
     _reiter_after_seed = False
@@ -122,7 +126,7 @@ class BaseIterator:
         self._pin = self._pin_type is not None
         # NOTE [ Batches on the device ]: delivery records held back while batches are ahead.
         self._feed: Any = None
-        self._held: list[tuple[int, Any]] | None = None
+        self._held: list[Delivery] | None = None
         self._pins: Any = None  # NOTE [ Slabs pinned in place ]; set by iterators with slabs
         self._feed_spec = loader._stoker_feed_spec
         self._rng = RngSnapshot(loader.generator, self._index_sampler)
@@ -165,6 +169,9 @@ class BaseIterator:
         self._len_reported = loader._IterableDataset_len_called
         self._drop_below = 0  # iterable resume: positions fetched and dropped, not delivered
         self._drop_set: set[int] = set()
+        # iterable resume in workers: batches of each worker's stream to read and drop
+        self._drop_worker: list[int] | None = None
+        self._worker_batches = self._fresh_worker_batches(loader)  # a resume's replace them
         self._epoch = resume["epoch"] if resume else self._epoch + 1
         drew = first and not (resume and not resume["drew_base_seed"])
         if resume:
@@ -204,12 +211,21 @@ class BaseIterator:
         self._progress = EpochProgress(
             rng=self._rng, base_seed=self._base_seed, drew_base_seed=drew, epoch=self._epoch,
             iterations=loader._stoker_iterations, kind=self._fetch_spec.kind,
-            num_workers=self._num_workers, prefix=self._position, extras=set(self._skip),
+            num_workers=self._num_workers,
+            # Positions read again and dropped on resume were delivered before the save.
+            prefix=max(self._position, self._drop_below),
+            extras={p for p in (*self._skip, *self._drop_set)
+                    if p >= max(self._position, self._drop_below)},
+            worker_batches=self._worker_batches,
             sampler_state=resume["sampler_state"] if resume else None,
             sampler_epoch=getattr(loader.sampler, "epoch", None),
             live_sampler=self._tracked,
         )
         self._engine.progress = self._progress
+
+    def _fresh_worker_batches(self, loader: Any) -> list[int] | None:
+        """Per-worker delivered counts, for an IterableDataset read by workers."""
+        return None
 
     def _iter_sampler(self) -> Any:
         return fast_iter(self._index_sampler) or iter(self._index_sampler)
@@ -228,6 +244,17 @@ class BaseIterator:
                 self._position = prefix
                 return
             # An iterable cannot seek: read the delivered batches again and drop them.
+            counts = resume.get("worker_batches")
+            if (self._num_workers > 0 and isinstance(counts, list)
+                    and len(counts) == self._num_workers):
+                # Per worker: a worker's stream does not depend on timing, its positions do.
+                self._drop_worker = list(counts)
+                self._worker_batches = list(counts)
+                self._skip = set()
+                if any(counts):
+                    warn_fast_forward(self._dataset, sum(counts), resume["num_workers"],
+                                      self._num_workers)
+                return
             self._drop_below, self._drop_set, self._skip = prefix, self._skip, set()
             if prefix or self._drop_set:
                 warn_fast_forward(self._dataset, prefix, resume["num_workers"], self._num_workers)
@@ -257,17 +284,24 @@ class BaseIterator:
                     self._sampler_snaps[position] = self._stateful.state_dict()
                 return position, index
 
-    def _dropped(self, position: int) -> bool:
+    def _dropped(self, position: int, worker: int | None = None) -> bool:
+        if self._drop_worker is not None and worker is not None:
+            if self._drop_worker[worker] > 0:
+                self._drop_worker[worker] -= 1
+                # Its position was delivered before the save (already in worker_batches).
+                self._progress.delivered(position)
+                return True
+            return False
         return position < self._drop_below or position in self._drop_set
 
-    def _delivered(self, position: int) -> None:
-        record = (position, self._sampler_snaps.pop(position, None))
+    def _delivered(self, position: int, worker: int | None = None) -> None:
+        record = (position, self._sampler_snaps.pop(position, None), worker)
         if self._held is not None:  # copied ahead: counts once handed out
             self._held.append(record)
             return
         self._apply_delivery(record)
 
-    def _apply_delivery(self, record: tuple[int, Any]) -> None:
+    def _apply_delivery(self, record: Delivery) -> None:
         self._progress.delivered(*record)
         if self._tracked is not None:
             self._tracked.advance(self._step_slots)
@@ -277,15 +311,15 @@ class BaseIterator:
     def hold_deliveries(self) -> None:
         self._held = []
 
-    def release_deliveries(self) -> list[tuple[int, Any]]:
+    def release_deliveries(self) -> list[Delivery]:
         held, self._held = self._held or [], None
         return held
 
-    def apply_deliveries(self, deliveries: list[tuple[int, Any]]) -> None:
+    def apply_deliveries(self, deliveries: list[Delivery]) -> None:
         for record in deliveries:
             self._apply_delivery(record)
 
-    def seed_of(self, deliveries: list[tuple[int, Any]]) -> int | None:
+    def seed_of(self, deliveries: list[Delivery]) -> int | None:
         """The per-batch seed of the batch these deliveries end with (its position)."""
         if not deliveries:
             return None

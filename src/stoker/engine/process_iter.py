@@ -29,6 +29,8 @@ import time
 import weakref
 from typing import Any
 
+from torch.utils.data import IterableDataset
+
 from stoker._core.specs import WorkerSpec
 from stoker.engine.base_iter import BaseIterator
 from stoker.engine.cuda_safety import refuse_device_tensors, safe_context
@@ -65,6 +67,11 @@ class ProcessIterator(BaseIterator):
     ``DeathWatch`` and ``engine.stall`` report dead and stuck workers."""
 
     _reiter_after_seed = True
+
+    def _fresh_worker_batches(self, loader: Any) -> list[int] | None:
+        if isinstance(loader.dataset, IterableDataset):
+            return [0] * loader.num_workers
+        return None
 
     def __init__(self, loader: Any, resume: dict[str, Any] | None = None) -> None:
         super().__init__(loader, resume)
@@ -273,7 +280,8 @@ class ProcessIterator(BaseIterator):
             if item is not None:
                 self._try_put_index()
                 wid, reply = item
-                if self._dropped(reply.task_id):  # re-read after an iterable resume
+                if self._dropped(reply.task_id, wid if self._is_iterable else None):
+                    # re-read after an iterable resume
                     if isinstance(reply, msg.Done):
                         self._group.reader.release_now(wid, reply.segment_id)
                     continue
@@ -376,7 +384,7 @@ class ProcessIterator(BaseIterator):
     def _deliver(self, wid: int, reply: msg.Done | msg.Failed) -> Any:
         position = reply.task_id
         self._book.indices.pop(position, None)
-        self._delivered(position)
+        self._delivered(position, wid if self._is_iterable else None)
         if isinstance(reply, msg.Failed):
             raise rebuild(reply.error)
         self._stats.worker_batch(wid, reply.report)

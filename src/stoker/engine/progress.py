@@ -34,8 +34,14 @@ class EpochProgress:
     sampler_state: Any = None
     sampler_epoch: int | None = None
     live_sampler: Any = None  # a delivery-tracked sampler: its state_dict() is read live
+    # An IterableDataset read by workers: batches delivered from each worker's stream. Its
+    # task positions depend on when an ended worker's reply is read, its streams do not.
+    worker_batches: list[int] | None = None
 
-    def delivered(self, position: int, sampler_state: Any = None) -> None:
+    def delivered(self, position: int, sampler_state: Any = None, worker: int | None = None
+                  ) -> None:
+        if worker is not None and self.worker_batches is not None:
+            self.worker_batches[worker] += 1
         if position == self.prefix:
             self.prefix += 1
             while self.prefix in self.extras:
@@ -64,6 +70,9 @@ class EpochProgress:
             "sampler_epoch": self.sampler_epoch,
             "dataset_kind": self.kind,
             "num_workers": self.num_workers,
+            "worker_batches": (
+                list(self.worker_batches) if self.worker_batches is not None else None
+            ),
         }
 
 

@@ -31,6 +31,7 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "sampler_epoch": ((int, type(None)), "an int epoch or None"),
     "dataset_kind": ((str,), "'map' or 'iterable'"),
     "num_workers": ((int,), "a worker count (int >= 0)"),
+    "worker_batches": ((list, type(None)), "a list of batch counts per worker, or None"),
 }
 _COUNTS = ("iterations", "epoch", "batches", "num_workers")
 

@@ -91,6 +91,13 @@ def batch_seed(base_seed: int, epoch: int, batch_index: int) -> int:
     return mix_seed(base_seed, epoch, batch_index)
 
 
+def stream_batch_seed(base_seed: int, epoch: int, worker_id: int, ordinal: int) -> int:
+    """An IterableDataset's batch in workers: the ``ordinal``-th batch of worker
+    ``worker_id``'s stream. Its task position would depend on when the main process read an
+    ended worker's reply; which batch of its own stream it is does not."""
+    return mix_seed(base_seed, epoch, worker_id, ordinal)
+
+
 def seed_global_rngs(seed: int) -> None:
     """Seed ``random``, numpy's global RNG and torch's default generator from one seed.
 

@@ -39,6 +39,7 @@ from stoker.sampling.seeds import (
     reseeded_since,
     seed_global_rngs,
     seed_worker_rngs,
+    stream_batch_seed,
 )
 from stoker.transport.slab_writer import SlabWriter
 from stoker.workers import protocol as msg
@@ -54,6 +55,7 @@ class Worker:
         self.conn = conn
         self.epoch = spec.first_epoch
         self.exhausted = False
+        self.stream_batches = 0  # an iterable's batches read from this worker's stream
         self.init_error: RemoteError | None = None
         self.builder = BatchBuilder(spec, conn)  # the slab pool and the replies
         self.inbox = Inbox(conn, self.builder.free)  # NOTE [ Idle workers take queued tasks ]
@@ -132,6 +134,7 @@ class Worker:
         self.epoch = epoch
         self.builder.free(released)
         self.exhausted = False
+        self.stream_batches = 0
         if self.init_error is None:
             try:
                 if datapipe_seed is not None:
@@ -157,7 +160,12 @@ class Worker:
         if self.vector.adopted and self._run_batched(task_id, indices):
             return  # no user code ran: nothing to seed
         if self.seed_per_batch:
-            seed = batch_seed(self.spec.base_seed, self.epoch, task_id)
+            if self.spec.fetch.kind == "iterable":
+                seed = stream_batch_seed(self.spec.base_seed, self.epoch, self.spec.worker_id,
+                                         self.stream_batches)
+                self.stream_batches += 1
+            else:
+                seed = batch_seed(self.spec.base_seed, self.epoch, task_id)
             seed_global_rngs(seed)
             reseed(self.dataset_rngs, seed)
         # A call with a whole batch only pays for cheap CPU-bound samples: probe it once the
