@@ -85,9 +85,10 @@ _SHARD_EVENS = ("pad", "drop", "exact")
 
 
 def _check_snapshot_steps(steps: Any) -> None:
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+    # torchdata takes 0 and None alike: no periodic snapshot (its own tests use 0).
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
         raise ValueError(
-            f"snapshot_every_n_steps={steps!r}: expected a number of steps (int >= 1) or None, "
+            f"snapshot_every_n_steps={steps!r}: expected a number of steps (int >= 0) or None, "
             "as torchdata's StatefulDataLoader takes; stoker's state is exact after every step "
             "whatever the value."
         )
@@ -153,9 +154,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     skip_budget: an int is a number of samples per epoch; a float in [0, 1) a fraction of the
         epoch's samples. Default 0.01 (1%).
     snapshot_every_n_steps: accepted for torchdata ``StatefulDataLoader`` compatibility and
-        checked (``None`` or an int >= 1); it changes nothing: ``state_dict()`` is always the
-        state after the last delivered batch, kept by the main process at no cost per step
-        (torchdata ships state from its workers every n steps and replays the steps since).
+        checked (``None`` or an int >= 0, as torchdata takes them); it changes nothing:
+        ``state_dict()`` is always the state after the last delivered batch, kept by the main
+        process at no cost per step (torchdata ships state from its workers every n steps and
+        replays the steps since).
     collect_stats: ``True`` (default): measure where time goes, per batch, for
         ``loader.stats()`` (a few microseconds a batch); ``False`` measures nothing in the
         main process and ``stats()`` says so.

@@ -154,10 +154,12 @@ def test_a_torchdata_state_is_refused_with_what_to_do() -> None:
 
 def test_snapshot_every_n_steps_is_checked() -> None:
     with pytest.raises(ValueError) as info:
-        stoker.StatefulDataLoader(Squares(), snapshot_every_n_steps=0)
+        stoker.StatefulDataLoader(Squares(), snapshot_every_n_steps=-1)
     assert str(info.value) == (
-        "snapshot_every_n_steps=0: expected a number of steps (int >= 1) or None, as "
+        "snapshot_every_n_steps=-1: expected a number of steps (int >= 0) or None, as "
         "torchdata's StatefulDataLoader takes; stoker's state is exact after every step "
         "whatever the value."
     )
     assert stoker.DataLoader(Squares(), snapshot_every_n_steps=None).snapshot_every_n_steps is None
+    # 0 as torchdata takes it (no periodic snapshot; its own tests pass 0): accepted, exact.
+    assert stoker.DataLoader(Squares(), snapshot_every_n_steps=0).snapshot_every_n_steps == 0
