@@ -253,6 +253,9 @@ def _damaged_first_header() -> bytes:
      "it is bzip2-compressed; stoker reads uncompressed tar shards (a sample is one ranged "
      "read): decompress it (bzip2 -d) or re-create it uncompressed (stoker pack)"),
     ("s.tar", _zip_bytes, "it is a zip archive; re-create it as a tar (stoker pack)"),
+    ("s.tar.idx.npz", _zip_bytes,
+     "it is the index sidecar of {dir}/s.tar: pass that shard, the list of shards, or the "
+     "pack's directory"),
     ("s.tar", lambda: b"",
      "the file is empty; re-create it (stoker pack redoes an unfinished shard)"),
     ("s.tar", _damaged_first_header,
@@ -268,7 +271,7 @@ def test_a_file_that_is_not_a_tar_shard_says_what_it_is(
                   lambda: index_shard(str(shard)), lambda: list(TarShardStream(str(shard)))):
         with pytest.raises(ShardError) as info:
             build()
-        assert str(info.value) == f"{shard}: not a tar shard: {what}"
+        assert str(info.value) == f"{shard}: not a tar shard: {what.format(dir=tmp_path)}"
 
 
 def test_brace_patterns_expand_as_webdatasets_do() -> None:

@@ -70,6 +70,9 @@ def not_a_tar(path: str, head: bytes, exc: Exception) -> ShardError:
         what = (f"it is {packer}-compressed; stoker reads uncompressed tar shards (a sample is "
                 f"one ranged read): decompress it ({packer} -d) or re-create it uncompressed "
                 "(stoker pack)")
+    elif head.startswith(b"PK\x03\x04") and path.endswith(".idx.npz"):
+        what = (f"it is the index sidecar of {path[: -len('.idx.npz')]}: pass that shard, the "
+                "list of shards, or the pack's directory")
     elif head.startswith(b"PK\x03\x04"):
         what = "it is a zip archive; re-create it as a tar (stoker pack)"
     elif not head:
