@@ -171,7 +171,6 @@ class BaseIterator:
         self._drop_set: set[int] = set()
         # iterable resume in workers: batches of each worker's stream to read and drop
         self._drop_worker: list[int] | None = None
-        self._worker_batches = self._fresh_worker_batches(loader)  # a resume's replace them
         self._epoch = resume["epoch"] if resume else self._epoch + 1
         drew = first and not (resume and not resume["drew_base_seed"])
         if resume:
@@ -216,7 +215,9 @@ class BaseIterator:
             prefix=max(self._position, self._drop_below),
             extras={p for p in (*self._skip, *self._drop_set)
                     if p >= max(self._position, self._drop_below)},
-            worker_batches=self._worker_batches,
+            # Batches each worker's stream delivered: on a resume, those it drops again.
+            worker_batches=(list(self._drop_worker) if self._drop_worker is not None
+                            else self._fresh_worker_batches(loader)),
             sampler_state=resume["sampler_state"] if resume else None,
             sampler_epoch=getattr(loader.sampler, "epoch", None),
             live_sampler=self._tracked,
@@ -249,7 +250,6 @@ class BaseIterator:
                     and len(counts) == self._num_workers):
                 # Per worker: a worker's stream does not depend on timing, its positions do.
                 self._drop_worker = list(counts)
-                self._worker_batches = list(counts)
                 self._skip = set()
                 if any(counts):
                     warn_fast_forward(self._dataset, sum(counts), resume["num_workers"],

@@ -280,8 +280,7 @@ class ProcessIterator(BaseIterator):
             if item is not None:
                 self._try_put_index()
                 wid, reply = item
-                if self._dropped(reply.task_id, wid if self._is_iterable else None):
-                    # re-read after an iterable resume
+                if self._dropped(reply.task_id, wid):  # re-read after an iterable resume
                     if isinstance(reply, msg.Done):
                         self._group.reader.release_now(wid, reply.segment_id)
                     continue
@@ -384,7 +383,7 @@ class ProcessIterator(BaseIterator):
     def _deliver(self, wid: int, reply: msg.Done | msg.Failed) -> Any:
         position = reply.task_id
         self._book.indices.pop(position, None)
-        self._delivered(position, wid if self._is_iterable else None)
+        self._delivered(position, wid)
         if isinstance(reply, msg.Failed):
             raise rebuild(reply.error)
         self._stats.worker_batch(wid, reply.report)

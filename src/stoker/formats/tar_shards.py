@@ -244,6 +244,8 @@ class TarShards(Dataset[Any]):
                 return
             self._thrash = ThrashWatch(cache.budget_bytes, self._length / len(self.shards),
                                        sum(shard.size_bytes for shard in self.shards))
+        if self._thrash.warned:  # once: the rest of the run builds no sizes for it
+            return
         message = self._thrash.see({s: self.shards[s].size_bytes for s in shard_ids}, samples)
         if message is not None:
             warnings.warn(message, RuntimeWarning, stacklevel=3)

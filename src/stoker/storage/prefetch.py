@@ -228,13 +228,9 @@ class Prefetcher:
         replaced meanwhile): True when this process held one (its reads came from it)."""
         if self._pid != os.getpid():
             self.forget_after_fork()
-        with self._lock:
-            pin = self._pins.pop(path, None)
-            if pin is None:
-                return False
-            fd, size = pin
-            self._pinned_bytes -= size
-            self._known_cached.discard(path)
+        fd = self._unpin(path)
+        if fd is None:
+            return False
         try:
             cache = self.source.cache
             assert cache is not None
@@ -248,13 +244,24 @@ class Prefetcher:
         their content changed (NOTE [ Cached copies named by their content ] in ``cache.py``)."""
         if self._pid != os.getpid():
             self.forget_after_fork()
+        for path in paths:
+            fd = self._unpin(path)
+            if fd is not None:
+                os.close(fd)
         with self._lock:
-            for path in paths:
-                pin = self._pins.pop(path, None)
-                if pin is not None:
-                    os.close(pin[0])
-                    self._pinned_bytes -= pin[1]
-                self._known_cached.discard(path)
+            self._known_cached.difference_update(paths)
+
+    def _unpin(self, path: str) -> int | None:
+        """Take this process's pin of ``path`` off its books and return its fd for the caller
+        to close (None when it holds none), forgetting that it saw the object cached."""
+        with self._lock:
+            pin = self._pins.pop(path, None)
+            if pin is None:
+                return None
+            fd, size = pin
+            self._pinned_bytes -= size
+            self._known_cached.discard(path)
+        return fd
 
     def _unpin_all(self) -> None:
         with self._lock:
