@@ -18,14 +18,16 @@ class Images(torch.utils.data.Dataset):
         return 96
 
     def __getitem__(self, i: int) -> tuple:
-        return torch.full((3, 64, 64), i % 251, dtype=torch.uint8), i
+        # 48 KiB images: a batch of 8 is over SMALL_LEAF_BYTES, so its images stay in the slab
+        # (NOTE [ Small leaves do not hold the slab ]) while its labels are copied out.
+        return torch.full((3, 128, 128), i % 251, dtype=torch.uint8), i
 
 
-def _loader(**kw) -> stoker.DataLoader:
+def _loader(dataset: torch.utils.data.Dataset | None = None, **kw) -> stoker.DataLoader:
     args = dict(batch_size=8, shuffle=True, num_workers=2,
                 generator=torch.Generator().manual_seed(1))
     args.update(kw)
-    return stoker.DataLoader(Images(), **args)
+    return stoker.DataLoader(Images() if dataset is None else dataset, **args)
 
 
 def _check(x: torch.Tensor, i: torch.Tensor) -> None:
@@ -33,13 +35,22 @@ def _check(x: torch.Tensor, i: torch.Tensor) -> None:
     assert torch.equal(x, expect)
 
 
+class ImagesAndMasks(Images):
+    def __getitem__(self, i: int) -> tuple:
+        x, i = super().__getitem__(i)
+        return x, torch.ones((2, 128, 128), dtype=torch.uint8), i
+
+
 def test_pin_memory_batches_are_pinned_in_place_without_a_copy():
-    it = iter(_loader(pin_memory=True))
-    x, i = next(it)
-    assert x.is_pinned() and i.is_pinned()
+    it = iter(_loader(pin_memory=True, dataset=ImagesAndMasks()))
+    x, masks, i = next(it)
+    assert x.is_pinned() and masks.is_pinned() and i.is_pinned()
     pins = it._pins
-    assert pins is not None and pins.refused is None and pins.covers(x)
-    del it, x, i
+    assert pins is not None and pins.refused is None
+    # Images and masks in place (the masks start inside the slab), labels copied out and pinned.
+    assert pins.covers(x) and pins.covers(masks) and not pins.covers(i)
+    _check(x, i)
+    del it, x, masks, i
     gc.collect()
 
 
@@ -98,6 +109,17 @@ def test_a_bad_device_index_is_refused():
         stoker.DataLoader([1], device=f"cuda:{torch.cuda.device_count()}")
 
 
+def _decode(jpegs: list[bytes], decode_on: str, seed: int) -> torch.Tensor:
+    from stoker.device import feed
+    from stoker.image import DecodeImages
+
+    feed._BATCH.seed, feed._BATCH.device = seed, torch.device("cuda", 0)
+    try:
+        return DecodeImages(size=64, decode_on=decode_on)(jpegs)
+    finally:
+        feed._BATCH.seed = feed._BATCH.device = None
+
+
 def test_gpu_decode_matches_the_cpu_path_within_decoder_rounding():
     pytest.importorskip("torchvision", reason="GPU decoding needs torchvision")
     import io
@@ -105,22 +127,19 @@ def test_gpu_decode_matches_the_cpu_path_within_decoder_rounding():
     import numpy as np
     from PIL import Image
 
-    from stoker.device import feed
-    from stoker.image import DecodeImages
-
+    # Smooth photos-like fields: decoders round apart by a level or two there, while a crop
+    # in the wrong place differs by tens. (Pure noise made nvJPEG and libjpeg differ by 3.3
+    # levels on the H100 with the crops right, as much as a crop off by a few pixels.)
     jpegs = []
     for k in range(6):
-        pixels = np.random.default_rng(k).integers(0, 256, (200 + k, 300, 3), dtype=np.uint8)
+        coarse = np.random.default_rng(k).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+        field = Image.fromarray(coarse).resize((300, 200 + k), Image.BICUBIC)
         buf = io.BytesIO()
-        Image.fromarray(pixels).save(buf, format="JPEG", quality=95)
+        field.save(buf, format="JPEG", quality=95)
         jpegs.append(buf.getvalue())
-    outs = []
-    for decode_on in ("cuda", "cpu"):
-        feed._BATCH.seed, feed._BATCH.device = 7, torch.device("cuda", 0)
-        try:
-            outs.append(DecodeImages(size=64, decode_on=decode_on)(jpegs))
-        finally:
-            feed._BATCH.seed = feed._BATCH.device = None
-    gpu, cpu = outs
+    gpu, cpu = _decode(jpegs, "cuda", 7), _decode(jpegs, "cpu", 7)
+    other_crops = _decode(jpegs, "cpu", 8)
     assert gpu.device.type == cpu.device.type == "cuda" and gpu.shape == (6, 3, 64, 64)
-    assert (gpu.int() - cpu.int()).abs().float().mean() < 3  # same crops, decoders round apart
+    same = (gpu.int() - cpu.int()).abs().float().mean().item()
+    apart = (gpu.int() - other_crops.int()).abs().float().mean().item()
+    assert same < 2.5 and apart > 3 * same, (same, apart)  # same crops, decoders round apart

@@ -11,6 +11,11 @@ from typing import Any
 
 import pytest
 
+try:  # matplotlib builds its font cache on first import by running fc-list: do it before the
+    import matplotlib.font_manager  # noqa: F401  patch below (a fresh machine, or one test alone)
+except ImportError:
+    pass
+
 
 @pytest.fixture(autouse=True)
 def _no_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:

@@ -269,3 +269,19 @@ def test_tensors_already_on_the_device_pass_through_after_the_consumer() -> None
     assert feed.next() is resident
     waits = [arg for kind, arg in gpu.streams[1].ops if kind == "wait"]
     assert len(waits) == 1  # the copy stream waits for the consumer's work so far
+
+
+def test_the_real_and_the_fake_backend_have_the_same_event_and_stream_contract() -> None:
+    """The fake's streams once took the feed's event wrappers in ``wait_event``; torch's
+    ``Stream.wait_event`` calls ``event.wait(stream)``, which the wrapper lacked, and every
+    ``device=`` batch failed on a real GPU. The feed calls only what ``backend.Event`` names."""
+    import inspect
+
+    from stoker.device import backend, fake
+
+    wanted = {n for n, _ in inspect.getmembers(backend.Event, inspect.isfunction)
+              if not n.startswith("_")}
+    assert {"record", "query", "synchronize", "wait", "elapsed_s"} <= wanted
+    for event_class in (backend._CudaEvent, fake.FakeEvent):
+        assert wanted <= set(dir(event_class)), event_class
+    assert not hasattr(fake.FakeStream, "wait_event")  # streams are opaque to the feed

@@ -30,6 +30,26 @@ def test_a_mapping_is_registered_once_and_covers_its_tensors() -> None:
     assert not pins.covers(torch.zeros(4))
 
 
+def test_a_leaf_inside_the_slab_is_covered_and_its_copy_noted() -> None:
+    """A batch's second leaf is read with torch.frombuffer at an offset: its storage starts
+    inside the slab, not at it (it was pinned again by a copy, and its copy not waited for)."""
+    import ctypes
+
+    gpu = FakeDevice()
+    pins = HostPins(gpu, user_copies=False)
+    lease = (ctypes.c_ubyte * 256)()
+    address = ctypes.addressof(lease)
+    pins.pin(address, 256)
+    second = torch.frombuffer(lease, dtype=torch.uint8, count=64, offset=128)
+    assert pins.covers(second)
+    past_end = torch.frombuffer((ctypes.c_ubyte * 64).from_address(address + 224), count=64,
+                                dtype=torch.uint8)
+    assert not pins.covers(past_end)  # starts inside, ends beyond: not this slab's
+    event = gpu.new_event()
+    pins.note_copy(second, event)
+    assert pins._last_copy == {address: event}
+
+
 def test_unpin_waits_for_the_last_copy_from_the_slab() -> None:
     gpu = FakeDevice()
     pins = HostPins(gpu, user_copies=False)

@@ -11,7 +11,9 @@ Semantics the real backend relies on (torch 2.13, CUDA):
   from the caching allocator *for stream s* and enqueues the copy on s. From page-locked host
   memory the call returns at once; from pageable memory it returns once the bytes are staged.
 * An event recorded on s completes when everything enqueued on s before it has run;
-  ``Stream.wait_event`` makes later work on another stream wait for it, with no host sync.
+  ``Event.wait(stream)`` makes later work on another stream wait for it, with no host sync
+  (the feed's events are wrappers: torch's ``Stream.wait_event`` would call ``wait`` on them,
+  so the feed calls the event, never the stream).
 * A block allocated for s and used on stream c must be ``record_stream(c)``-ed, else freeing
   it lets the allocator hand it to the next copy on s while c still reads it.
 * ``cudart().cudaHostRegister(ptr, n, cudaHostRegisterPortable)`` page-locks memory in place
@@ -40,13 +42,17 @@ class Event(Protocol):
 
     def synchronize(self) -> None: ...
 
+    def wait(self, stream: Any) -> None:
+        """Make later work on ``stream`` wait for this event, with no host sync."""
+        ...
+
     def elapsed_s(self, end: Event) -> float:
         """Seconds of device time from this event to ``end`` (both complete)."""
         ...
 
 
 class Stream(Protocol):
-    def wait_event(self, event: Any) -> None: ...
+    """Opaque to the feed: made and made current by the backend, waited on by events."""
 
 
 class DeviceBackend(Protocol):
@@ -98,6 +104,9 @@ class _CudaEvent:
 
     def synchronize(self) -> None:
         self._event.synchronize()
+
+    def wait(self, stream: Any) -> None:
+        self._event.wait(stream)
 
     def elapsed_s(self, end: Event) -> float:
         assert isinstance(end, _CudaEvent)

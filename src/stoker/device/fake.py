@@ -33,6 +33,9 @@ class FakeEvent:
     def query(self) -> bool:
         return self.done
 
+    def wait(self, stream: Any) -> None:
+        stream.ops.append(("wait", self))
+
     def synchronize(self) -> None:
         self._gpu.run(until=lambda: self.done)
 
@@ -47,9 +50,6 @@ class FakeStream:
         self.ops: list[tuple[str, Any]] = []
         self.clock_s = 0.0
         self.log: list[str] = []  # kinds of the ops run, in order (no references kept)
-
-    def wait_event(self, event: FakeEvent) -> None:
-        self.ops.append(("wait", event))
 
     def __repr__(self) -> str:
         return f"FakeStream({self.name})"

@@ -12,7 +12,7 @@ are queued, then hands out the oldest:
    ``done``. The host batch is kept until ``done`` has completed: only then may its slab be
    released, written by a worker again or unmapped.
 2. *Hand out* (``_hand_out``): the consumer's current stream (read at that ``next()``) waits
-   for ``done`` (``wait_event``: no host synchronize), and every device tensor of the batch
+   for ``done`` (``Event.wait``: no host synchronize), and every device tensor of the batch
    is ``record_stream``-ed on it, so the caching allocator does not give its memory to a
    later copy on the feed's stream while the consumer still reads it. An event ``wanted``
    recorded on the consumer's stream just before the wait measures, once both completed,
@@ -187,7 +187,7 @@ class DeviceFeed:
             event = self._backend.new_event()
             event.record(self._backend.current_stream())
             assert self._stream is not None
-            self._stream.wait_event(event)
+            event.wait(self._stream)
             return tensor
         raise BatchDeviceError(
             f"DataLoader(device={str(self._spec.device)!r}) got a batch holding a tensor on "
@@ -209,7 +209,7 @@ class DeviceFeed:
         if self._stats.measures and len(self._timing) < _MAX_UNSETTLED:
             wanted = backend.new_event()
             wanted.record(consumer)
-        consumer.wait_event(entry.done)
+        entry.done.wait(consumer)
         for _, t in iter_tensors(entry.data):
             if backend.where(t) == "device":
                 backend.keep_until_used(t, consumer)

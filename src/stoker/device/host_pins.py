@@ -63,8 +63,9 @@ def _tell_refusal(why: str) -> None:
 
 
 def storage_address(tensor: torch.Tensor) -> int:
-    """Where a tensor's memory block starts: for a batch read from a slab, the slab itself
-    (every tensor of it views the lease, which starts at the slab's first byte)."""
+    """Where a tensor's memory block starts: for a tensor read from a slab, the byte of the
+    slab where its leaf begins (``torch.frombuffer`` at an offset starts the storage there),
+    so only a batch's first leaf starts where the slab does."""
     return int(tensor.untyped_storage().data_ptr())
 
 
@@ -97,14 +98,25 @@ class HostPins:
         with self._lock:
             self._spans[address] = nbytes
 
+    def _slab_of(self, tensor: torch.Tensor) -> int | None:
+        """The registered slab ``tensor``'s storage lies in (by range: a leaf after the first
+        starts inside its slab), or None. A handful of slabs per worker: a scan is enough."""
+        start = storage_address(tensor)
+        end = start + tensor.untyped_storage().nbytes()
+        with self._lock:
+            for address, nbytes in self._spans.items():
+                if address <= start and end <= address + nbytes:
+                    return address
+        return None
+
     def covers(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` lives in a registered slab (so it is pinned already)."""
-        return storage_address(tensor) in self._spans
+        return self._slab_of(tensor) is not None
 
     def note_copy(self, tensor: torch.Tensor, event: Event) -> None:
         """stoker queued a copy from ``tensor``; ``event`` completes after it."""
-        address = storage_address(tensor)
-        if address in self._spans:
+        address = self._slab_of(tensor)
+        if address is not None:
             self._last_copy[address] = event
 
     def unpin(self, address: int) -> None:
