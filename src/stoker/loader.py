@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 
 import torch.utils.data
 
+from stoker._core import beyond_torch as beyond
 from stoker._core.stats import LoaderStats
 from stoker.device.attach import feed_spec
 from stoker.distributed import begin_epoch, next_epoch
@@ -26,12 +27,14 @@ from stoker.engine.inline_iter import InlineIterator
 from stoker.engine.loader_state import EngineState
 from stoker.engine.process_iter import ProcessIterator
 from stoker.engine.progress import check_state
-from stoker.engine.state_fit import check_fields, check_fit
+from stoker.engine.state_fit import check_fields, check_fit, check_rank, stamp
 from stoker.engine.state_fit import describe as describe_fit
 from stoker.engine.thread_iter import ThreadIterator
+from stoker.engine.worker_streams import check_worker_streams, state_fields
 from stoker.fastpaths.auto_inline import gathers_suffice
 from stoker.fastpaths.switch import enabled as fast_paths_enabled
 from stoker.fastpaths.switch import tell_not_per_sample
+from stoker.fetch.fetchers import vectorisable
 from stoker.integrations.accelerate import remember as remember_for_accelerate
 from stoker.sampling.rng_state import RngSnapshot
 from stoker.sampling.sharded import ShardedSampler
@@ -124,9 +127,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     worker_type: ``"process"``: ``num_workers`` worker processes (torch's meaning), each
         fetching with a thread pool sized by ``worker_concurrency``; ``"thread"``: fetches run
         on threads of the main process, no processes (map-style datasets only); ``"auto"``
-        (default): processes when ``num_workers > 0``, else the calling thread; also the
-        calling thread when every batch is plain array gathers read from ``__getitem__``'s
-        source (NOTE [ Gathers need no workers ]; ``stats().inline`` says so).
+        (default): processes when ``num_workers > 0``, else the calling thread; with
+        ``beyond_torch`` naming ``"inline_gathers"`` also the calling thread when every batch
+        is plain array gathers read from ``__getitem__``'s source (NOTE [ Gathers need no
+        workers ]; ``stats().inline`` says so).
     worker_concurrency: samples each worker fetches at once. ``"auto"`` (default): one, as in
         torch, unless the dataset class declares ``stoker_thread_safe = True``; then measured
         per worker and raised while throughput rises for fetches that mostly wait (I/O). An
@@ -135,11 +139,20 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         ``signal.alarm``) and draws randomness only from ``stoker.sample_rng()`` /
         ``sample_generator()``; ``stats()`` says what it would give (NOTE [ Automatic
         concurrency ]).
-    seeding: ``"per_batch"`` (default) reseeds ``random``, numpy's global RNG and torch's
-        default generator before every batch from (base seed, epoch, batch position), in
-        whichever process fetches it, so random augmentations do not depend on ``num_workers``
-        and resume exactly. With ``num_workers=0`` the caller's RNG states are restored after
-        each fetch. ``"per_worker"`` is torch's behaviour: each worker is seeded once at start.
+    beyond_torch: ``None`` (default) reads ``STOKER_BEYOND_TORCH`` (unset: nothing beyond
+        torch); ``True`` turns on everything stoker does beyond torch's behaviour; a set of
+        names turns on those: ``"per_batch_seeding"``, ``"inline_gathers"``,
+        ``"batched_getitem"``, ``"deep_prefetch"``, ``"move_stragglers"``,
+        ``"epoch_autopilot"``, ``"shared_lists"``, ``"keep_slabs"``, ``"thread_caps"``. Each
+        changes something a program can observe (NOTE [ Same as torch unless asked ] says
+        what; the README's audit table lists every mechanism).
+    seeding: ``None`` (default): torch's seeding (each worker seeded once at start with base
+        seed + worker id), or per batch when ``beyond_torch`` names ``"per_batch_seeding"``.
+        ``"per_batch"`` reseeds ``random``, numpy's global RNG and torch's default generator
+        before every batch from (base seed, epoch, batch position), in whichever process
+        fetches it, so random augmentations do not depend on ``num_workers`` and resume across
+        ``num_workers``; with ``num_workers=0`` the caller's RNG states are restored after
+        each fetch. ``"per_worker"`` is torch's behaviour.
     stall_warning_s: with workers, if no batch arrives for this long, warn once (per stall)
         naming the busy workers, the samples they hold and their current Python stacks, and
         keep waiting. ``None`` turns it off. ``timeout`` still fails hard, with the same report.
@@ -203,7 +216,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         pin_memory_device: str = "",
         in_order: bool = True,
         snapshot_every_n_steps: int | None = 1,
-        seeding: Seeding = "per_batch",
+        seeding: Seeding | None = None,
+        beyond_torch: bool | Iterable[str] | None = None,
         stall_warning_s: float | None = 300.0,
         shard: bool = False,
         shard_even: ShardEven = "pad",
@@ -217,8 +231,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         device_prefetch: int = 1,
         device_transform: Callable[[Any], Any] | None = None,
     ) -> None:
-        if seeding not in _SEEDINGS:
-            raise ValueError(f"seeding={seeding!r}: expected one of {_SEEDINGS}.")
+        if seeding is not None and seeding not in _SEEDINGS:
+            raise ValueError(
+                f"seeding={seeding!r}: expected one of {_SEEDINGS}, or None (torch's "
+                "per-worker seeding unless beyond_torch turns on per_batch_seeding)."
+            )
+        beyond.resolve(beyond_torch)  # a bad name fails here, before any work
+        self.beyond_torch = beyond_torch  # NOTE [ Same as torch unless asked ]
         _check_snapshot_steps(snapshot_every_n_steps)
         self.snapshot_every_n_steps = snapshot_every_n_steps
         if stall_warning_s is not None and not stall_warning_s > 0:
@@ -251,10 +270,16 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             shuffle = None
         self._stoker_iterations = 0  # epochs begun (drives DistributedSampler.set_epoch)
         self._stoker_resume: dict[str, Any] | None = None
+        # By keyword: Lightning rebuilds a loader from the arguments torch's __init__ received
+        # when stoker's __init__ was not wrapped (stoker first imported inside a dataloader
+        # hook), and positional ones collide with the sampler it injects.
         super().__init__(
-            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
-            pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
-            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            dataset=dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
+            batch_sampler=batch_sampler, num_workers=num_workers, collate_fn=collate_fn,
+            pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
+            worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
+            generator=generator, prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
         # After torch's own validation of num_workers (a bad value fails there, like torch).
@@ -333,7 +358,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         resume, self._stoker_resume = self._stoker_resume, None
         if resume is not None and not resume.get("sampler_state_applies", True):
             resume = {**resume, "sampler_state": None}  # NOTE [ Constant state keys ]
-        begin_epoch(self.sampler, self.batch_sampler)
+        begin_epoch(self.sampler, self.batch_sampler,
+                    autopilot="epoch_autopilot" in self._stoker_beyond)
         if self.persistent_workers and self.num_workers > 0:
             it = self._iterator
             if it is None or it.stopped or resume is not None:  # type: ignore[attr-defined]
@@ -364,19 +390,40 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self.check_worker_number_rationality()
         return ProcessIterator(self, resume)
 
+    @property
+    def _stoker_beyond(self) -> frozenset[str]:
+        """What this loader does beyond torch, read at each use: NOTE [ Same as torch unless
+        asked ] (an argument or the environment changed between epochs counts from the next)."""
+        return beyond.resolve(getattr(self, "beyond_torch", None))
+
+    @property
+    def _stoker_seeding(self) -> Seeding:
+        """``seeding`` as given, else torch's per-worker seeding unless per_batch_seeding is on."""
+        if self.seeding is not None:
+            return self.seeding
+        return "per_batch" if "per_batch_seeding" in self._stoker_beyond else "per_worker"
+
     def _runs_inline(self) -> bool:
-        """worker_type="auto" with workers, for a dataset whose batches are plain gathers:
-        load in the calling thread (NOTE [ Gathers need no workers ])."""
-        if self.worker_type != "auto" or self.num_workers == 0:
+        """inline_gathers (beyond torch), worker_type="auto" with workers, for a dataset whose
+        batches are plain gathers: load in the calling thread (NOTE [ Gathers need no
+        workers ]). Decided again at every epoch from the loader's current arguments (a
+        worker_init_fn or collate_fn set since runs); only the probe of the dataset is kept."""
+        if self.worker_type != "auto" or self.num_workers == 0 or not self.prefetch_factor or (
+                "inline_gathers" not in self._stoker_beyond):
+            self._engine.stats.inline = False
             return False
         engine = self._engine
-        if engine.inline is None:
-            engine.inline = gathers_suffice(fetch_spec_of(self), self.worker_init_fn,
-                                            self.batch_size)
-            if engine.inline:
-                tell_not_per_sample(self.dataset, "inline")
-        engine.stats.inline = engine.inline
-        return engine.inline
+        spec = fetch_spec_of(self)
+        if self.worker_init_fn is not None or not vectorisable(spec):
+            inline = False
+        else:
+            if engine.inline is None:
+                engine.inline = gathers_suffice(spec, None, self.batch_size)
+                if engine.inline:
+                    tell_not_per_sample(self.dataset, "inline")
+            inline = engine.inline
+        engine.stats.inline = inline
+        return inline
 
     # -- answers ---------------------------------------------------------------------------
 
@@ -399,7 +446,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         """
         progress = self._engine.progress
         if self._stoker_resume is not None:
-            return dict(self._stoker_resume)
+            return stamp(self._stoker_resume)  # now this rank's
         if progress is None or progress.finished:
             state = self._fresh_state(progress)
         else:
@@ -422,7 +469,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             state["dataset_state_covers_position"] = bool(
                 self._dataset_kind and self.num_workers == 0
             )
-        return state
+        state.update(state_fields(self, progress))  # NOTE [ Worker streams resume ]
+        return stamp(state)  # rank, world size, digest: NOTE [ A state must fit its loader ]
 
     def _live_iterator_state(self) -> tuple[Any, bool]:
         """The state of ``iter(dataset)`` after the last batch delivered, when that iterator
@@ -456,7 +504,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             "sampler_state": None,
             # The epoch the next pass will run (the autopilot's next step after a finished one).
             "sampler_epoch": (
-                next_epoch(self.sampler, self.batch_sampler) if finished is not None
+                next_epoch(self.sampler, self.batch_sampler,
+                           autopilot="epoch_autopilot" in self._stoker_beyond)
+                if finished is not None
                 else getattr(self.sampler, "epoch", None)
             ),
             "dataset_kind": "iterable" if self._dataset_kind else "map",
@@ -465,9 +515,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from ``state_dict`` at the next ``iter()``; works across ``num_workers``."""
+        """Resume from ``state_dict`` at the next ``iter()``; works across ``num_workers``.
+
+        Refuses a state that does not fit this loader (NOTE [ A state must fit its loader ]),
+        and, before applying any of it, one that is not this rank's."""
         state = check_state(state_dict)
         check_fields(state)  # NOTE [ A state must fit its loader ]
+        check_rank(state)  # before any of it is applied
+        check_worker_streams(state, self)  # NOTE [ Worker streams resume ]
         if "dataset_state" in state and callable(getattr(self.dataset, "load_state_dict", None)):
             self.dataset.load_state_dict(state["dataset_state"])  # type: ignore[attr-defined]
         check_fit(state, self)  # with the dataset's own state loaded (its length may follow it)

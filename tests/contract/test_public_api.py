@@ -61,7 +61,8 @@ PUBLIC = {
 # stoker.DataLoader's own keyword-only arguments (after torch's) and their defaults, in order.
 EXTRAS = {
     "snapshot_every_n_steps": 1,  # torchdata StatefulDataLoader's (accepted, changes nothing)
-    "seeding": "per_batch",
+    "seeding": None,  # torch's per-worker seeding unless beyond_torch asks for per-batch
+    "beyond_torch": None,  # NOTE [ Same as torch unless asked ]: STOKER_BEYOND_TORCH, else off
     "stall_warning_s": 300.0,
     "shard": False,
     "shard_even": "pad",

@@ -12,6 +12,13 @@ from torch.utils.data import DataLoader as TorchLoader
 
 import stoker
 
+
+@pytest.fixture(autouse=True)
+def _beyond_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What this module tests is beyond torch (NOTE [ Same as torch unless asked ]): asked
+    for through the environment, as for a script that cannot be edited."""
+    monkeypatch.setenv("STOKER_BEYOND_TORCH", "batched_getitem,inline_gathers")
+
 # worker_type="process": with "auto" these datasets would not start workers at all (NOTE
 # [ Gathers need no workers ], tested below).
 EXECUTORS = [

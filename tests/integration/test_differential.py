@@ -559,12 +559,13 @@ _INIT_FN_SEEDED = "worker_init_fn seeded the global RNGs"
 @pytest.mark.parametrize("init_fn,dataset", [(_seed_worker, UnevenRandomDS),
                                              (_fixed_torch_seed, InitialSeedDS)])
 def test_seeds_set_in_worker_init_fn_stay(Loader, TorchLoader, init_fn, dataset, persistent):
-    """A worker_init_fn that seeds the global RNGs gets torch's per-worker streams under the
-    default seeding too (NOTE [ Seeds set in worker_init_fn stay ]), and is told so once."""
+    """A worker_init_fn that seeds the global RNGs gets torch's per-worker streams under
+    seeding="per_batch" too (NOTE [ Seeds set in worker_init_fn stay ]), and is told so once."""
     kwargs = {"batch_size": 4, "shuffle": True, "num_workers": 2, "epochs": 2,
               "persistent_workers": persistent, "worker_init_fn": init_fn}
     expected = run(TorchLoader, dataset(), **kwargs)
-    actual = run(Loader, dataset(), **kwargs)
+    options = {"seeding": "per_batch"} if Loader is not TorchLoader else {}
+    actual = run(Loader, dataset(), **kwargs, **options)
     told = [w for w in actual.warnings if _INIT_FN_SEEDED in w[1]]
     if Loader is not TorchLoader:
         assert len(told) == 1, actual.warnings
@@ -573,7 +574,7 @@ def test_seeds_set_in_worker_init_fn_stay(Loader, TorchLoader, init_fn, dataset,
 
 
 def test_worker_init_fn_without_seeding_keeps_per_batch_seeds(Loader, stoker_only):
-    kwargs = {"batch_size": 4, "shuffle": True, "epochs": 1}
+    kwargs = {"batch_size": 4, "shuffle": True, "epochs": 1, "seeding": "per_batch"}
     alone = run(Loader, UnevenRandomDS(40), num_workers=0, **kwargs)
     with_init = run(Loader, UnevenRandomDS(40), num_workers=2, worker_init_fn=_names_worker,
                     **kwargs)

@@ -172,8 +172,10 @@ def test_in_order_delivery_survives_out_of_order_completion(executor):
 
 
 def _run(dataset, **kwargs):
+    """Per-batch seeding (beyond torch): the draws do not depend on the executor."""
     gen = torch.Generator().manual_seed(11)
-    return list(stoker.DataLoader(dataset, batch_size=4, shuffle=True, generator=gen, **kwargs))
+    return list(stoker.DataLoader(dataset, batch_size=4, shuffle=True, generator=gen,
+                                  seeding="per_batch", **kwargs))
 
 
 @pytest.mark.parametrize("executor", EXECUTORS[1:] + [pytest.param({"num_workers": 1}, id="1")])

@@ -17,6 +17,13 @@ from torch.utils.data._utils import collate as torch_collate
 import stoker
 
 
+@pytest.fixture(autouse=True)
+def _beyond_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What this module tests is beyond torch (NOTE [ Same as torch unless asked ]): asked
+    for through the environment, as for a script that cannot be edited."""
+    monkeypatch.setenv("STOKER_BEYOND_TORCH", "batched_getitem,shared_lists")
+
+
 class Gathers(Dataset):
     def __init__(self, n: int = 64) -> None:
         self.x = torch.arange(n * 2.0).reshape(n, 2)

@@ -3,6 +3,7 @@ tasks ]): same batches, same order, the worker that would have waited is not wai
 
 from __future__ import annotations
 
+import pytest
 import torch
 from _engine_datasets import BLOCK_S, Gated, QueuedBehindSlow
 from _worker_harness import PlayedMain, tag_and_task
@@ -10,6 +11,13 @@ from _worker_harness import PlayedMain, tag_and_task
 import stoker
 from stoker.workers import protocol as msg
 from stoker.workers.inbox import Inbox
+
+
+@pytest.fixture(autouse=True)
+def _beyond_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What this module tests is beyond torch (NOTE [ Same as torch unless asked ]): asked
+    for through the environment, as for a script that cannot be edited."""
+    monkeypatch.setenv("STOKER_BEYOND_TORCH", "move_stragglers,per_batch_seeding")
 
 N, BS = 24, 4
 EXPECTED = [list(range(b * BS, (b + 1) * BS)) for b in range(N // BS)]

@@ -21,6 +21,13 @@ from torch.utils.data import Dataset
 from stoker.profile.memory_watch import MIB, CopyOnReadWarning, GrowthRule, MemoryWatch, read_uss
 from stoker.sharing import SharedStrList
 
+
+@pytest.fixture(autouse=True)
+def _beyond_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What this module tests is beyond torch (NOTE [ Same as torch unless asked ]): asked
+    for through the environment, as for a script that cannot be edited."""
+    monkeypatch.setenv("STOKER_BEYOND_TORCH", "shared_lists")
+
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads /proc/<pid>/smaps_rollup"
 )

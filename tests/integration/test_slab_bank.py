@@ -12,6 +12,13 @@ import torch
 import stoker
 
 
+@pytest.fixture(autouse=True)
+def _beyond_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What this module tests is beyond torch (NOTE [ Same as torch unless asked ]): asked
+    for through the environment, as for a script that cannot be edited."""
+    monkeypatch.setenv("STOKER_BEYOND_TORCH", "keep_slabs")
+
+
 class Rows(torch.utils.data.Dataset):
     """64 KiB per sample, so batches are large enough that slab reuse is what matters."""
 

@@ -108,3 +108,82 @@ def test_tampered_counts_are_refused():
         "load_state_dict: state['extra_batches'] is [4, 'x'], expected a list of batch "
         "positions (ints >= 0). " + _UNCHANGED
     )
+
+
+# -- a state belongs to its rank (the context pinned, as stoker's workers pin it) --------------
+
+_PER_RANK = (
+    "torch.distributed.checkpoint keeps one copy of each value that every rank saves under "
+    "the same key, taken from any rank, so dcp.save({'loader': loader}) gives every rank a "
+    "mix of the ranks' states: save each rank's under its own key, "
+    "dcp.save({f'loader_rank{rank}': loader, ...}) and dcp.load({f'loader_rank{rank}': "
+    "loader, ...}) with rank = torch.distributed.get_rank(). With another checkpointer, save "
+    "each rank's loader.state_dict() and load it on the same rank."
+)
+
+
+@pytest.fixture
+def place():
+    """``place(rank, world_size)`` pins this process's context until the test ends."""
+    from stoker.distributed.context import DistContext, set_context
+
+    yield lambda rank, world: set_context(DistContext(rank, world))
+    set_context(None)
+
+
+def _saved_on(place, rank: int, world: int, seed: int = 0) -> dict:
+    place(rank, world)
+    loader = stoker.DataLoader(Numbers(100), batch_size=10, shuffle=True,
+                               generator=torch.Generator().manual_seed(seed))
+    it = iter(loader)
+    next(it)
+    return loader.state_dict()
+
+
+def test_a_state_records_its_rank_and_world_size(place):
+    state = _saved_on(place, 1, 2)
+    assert (state["rank"], state["world_size"]) == (1, 2)
+
+
+def test_a_state_of_another_rank_of_the_same_world_size_is_warned_about(place):
+    """Warned, not refused: Lightning loads rank 0's checkpoint on every rank, which is right
+    when the ranks seeded alike; a run that succeeds must not fail."""
+    state = _saved_on(place, 0, 2)
+    place(1, 2)
+    with pytest.warns(UserWarning) as told:
+        _load(state)
+    assert [str(w.message) for w in told] == [
+        "load_state_dict: this state was saved by rank 0 of 2, and this process is rank 1 of "
+        "2. A loader's state belongs to the rank that saved it (the base seed and generator "
+        "states it drew, its workers' and dataset's progress): loaded here, rank 1 goes on "
+        "with rank 0's seeds, which is right only if every rank seeded its loader alike. "
+        + _PER_RANK
+    ]
+
+
+def test_a_mix_of_two_ranks_states_is_refused(place):
+    """What DCP gives a rank from a loader every rank saved under one key."""
+    theirs, ours = _saved_on(place, 0, 2, seed=1), _saved_on(place, 1, 2, seed=2)
+    assert theirs["base_seed"] != ours["base_seed"]
+    with pytest.raises(ValueError) as info:
+        _load({**ours, "base_seed": theirs["base_seed"]})
+    assert str(info.value) == (
+        "load_state_dict: this state is not the state of one rank: its fields do not match the "
+        "digest rank 1 of 2 saved with them, so some come from another rank (or were edited). "
+        "A loader's state belongs to the rank that saved it (the base seed and generator states "
+        "it drew, its workers' and dataset's progress). " + _PER_RANK
+    )
+
+
+def test_a_state_loads_on_its_own_rank_at_any_world_size_and_without_a_rank(place):
+    state = _saved_on(place, 2, 3)
+    for rank, world in ((2, 3), (1, 2), (0, 1)):  # its own rank; elastic resumes
+        place(rank, world)
+        loader = stoker.DataLoader(Numbers(100), batch_size=10, shuffle=True)
+        loader.load_state_dict(state)
+        again = loader.state_dict()  # the pending state is now this rank's
+        assert (again["rank"], again["world_size"]) == (rank, world)
+        assert len(list(loader)) == 9
+    older = {k: v for k, v in state.items() if k not in ("rank", "world_size", "digest")}
+    place(0, 3)
+    _load(older)  # saved before stoker recorded ranks

@@ -125,9 +125,9 @@ def _draws(**kwargs):
 
 
 def test_dataset_generators_are_reseeded_per_batch_whatever_the_executor():
-    reference = _draws()
+    reference = _draws(seeding="per_batch")
     for kwargs in ({"num_workers": 2}, {"worker_type": "thread"}):
-        assert torch.equal(reference, _draws(**kwargs))
+        assert torch.equal(reference, _draws(seeding="per_batch", **kwargs))
     assert len(set(reference[:, 1].tolist())) == 16  # no repeats across workers or batches
 
 
@@ -139,8 +139,9 @@ def test_torch_seeding_warns_about_dataset_generators_copied_into_workers():
     assert message == [
         "stoker: dataset.rng is a numpy.random._generator.Generator created before the workers "
         "started; each of the 2 workers gets an identical copy, so the random draws from it "
-        "repeat across workers. Draw from stoker.sample_rng() in __getitem__ instead, or use "
-        "seeding='per_batch' (the default), which reseeds it per batch."
+        "repeat across workers, as under torch. Draw from stoker.sample_rng() in __getitem__ "
+        "instead, or pass seeding='per_batch' (or beyond_torch={'per_batch_seeding'}), which "
+        "reseeds it per batch."
     ]
     assert draws[:4, 1].tolist() == draws[4:8, 1].tolist()  # torch's behaviour: repeated
 

@@ -27,10 +27,11 @@ MESSAGES = [
     msg.Hello(has_log=True),
     msg.Slab(ref=SegmentRef(segment_id=3, nbytes=4096, name=None)),
     msg.Done(epoch=1, task_id=7, segment_id=3, used=128, payload=b"structure", retired=[1],
-             skipped=[9], report=_REPORT),
+             skipped=[9], report=_REPORT, rngs=("raw", b"words", None, b"key", b"g", b"t")),
     msg.Failed(epoch=1, task_id=8, error=ValueError("bad sample")),
-    msg.Exhausted(epoch=1, task_id=9),
+    msg.Exhausted(epoch=1, task_id=9, rngs=None, dataset_state=({"i": 3},)),
     msg.Cancelled(epoch=1, task_id=10),
+    msg.Started(epoch=2, rngs=("canon", b"state"), dataset_state=None),
 ]
 
 

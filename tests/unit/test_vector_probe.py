@@ -48,7 +48,7 @@ def _states(ds):
 
 def test_a_candidate_that_draws_is_dropped_and_every_rng_put_back():
     ds = DrawsPerCall()
-    probe = VectorProbe(ds, eligible=True)
+    probe = VectorProbe(ds, eligible=True, source=True)
     assert probe.kind == "call"
     indices = [3, 1, 4]
     plain = default_collate([ds[i] for i in indices])
@@ -61,7 +61,7 @@ def test_a_candidate_that_draws_is_dropped_and_every_rng_put_back():
 
 def test_a_candidate_that_agrees_is_adopted_after_its_probes():
     ds = Plain()
-    probe = VectorProbe(ds, eligible=True)
+    probe = VectorProbe(ds, eligible=True, source=True)
     for indices in ([0, 5, 2], [7, 1]):
         assert probe.probing
         probe.check(indices, default_collate([ds[i] for i in indices]))

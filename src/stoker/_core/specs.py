@@ -20,6 +20,8 @@ class FetchSpec:
     drop_last: bool
     skip_errors: bool = False  # on_error="skip": leave out samples whose fetch raises
     fast_paths: bool = True  # NOTE [ One switch for the fast paths ] in stoker.fastpaths.switch
+    # what the loader does beyond torch: NOTE [ Same as torch unless asked ]
+    beyond: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -47,4 +49,9 @@ class WorkerSpec:
     # a DataPipe graph: its shufflers' seed, and (world size, rank) to shard it by
     datapipe_seed: int | None = None
     datapipe_ranks: tuple[int, int] | None = None
+    # NOTE [ Worker streams resume ] (stoker.engine.worker_streams): persistent workers answer
+    # each Reset with their states; ``resume`` holds, per worker id, (encoded RNG states or
+    # None, (dataset state,) or None) to restore after worker_init_fn, or is empty.
+    persistent: bool = False
+    resume: tuple[tuple[Any, Any], ...] = ()
 

@@ -34,8 +34,10 @@ Epoch autopilot
     "The user called it" is exact for stoker's ``ShardedSampler`` (it counts the calls). For
     other samplers it is read from their ``epoch`` attribute: a change since the previous pass
     means the user set it. The one case this cannot see is a user calling ``set_epoch`` with
-    the same value every epoch to repeat the order on purpose; such a user turns the autopilot
-    off in the loader. Samplers without a readable integer ``epoch`` are left alone.
+    the same value every epoch to repeat the order on purpose. Samplers without a readable
+    integer ``epoch`` are left alone. A loader applies the rule to other samplers than its own
+    ``ShardedSampler`` only with ``beyond_torch`` naming ``epoch_autopilot``: torch repeats the
+    order, and a default must not differ (NOTE [ Same as torch unless asked ]).
 """
 
 from __future__ import annotations
@@ -142,22 +144,32 @@ def auto_set_epoch(sampler: object, epoch: int, batch_sampler: object = None) ->
     return targets
 
 
-def begin_epoch(sampler: object, batch_sampler: object = None) -> list[EpochDecision]:
-    """The autopilot: apply the module docstring's rule to each target, once per pass."""
+def begin_epoch(
+    sampler: object, batch_sampler: object = None, autopilot: bool = True
+) -> list[EpochDecision]:
+    """The autopilot: apply the module docstring's rule to each target, once per pass.
+    ``autopilot=False`` (a loader's default, NOTE [ Same as torch unless asked ]) leaves every
+    sampler but stoker's own ``ShardedSampler`` (``shard=True``) alone, as torch does."""
     decisions = []
     for obj in epoch_targets(sampler, batch_sampler):
+        if not autopilot and not isinstance(obj, ShardedSampler):
+            continue
         decision = _decide(obj)
         if decision is not None:
             decisions.append(decision)
     return decisions
 
 
-def next_epoch(sampler: object, batch_sampler: object = None) -> int | None:
+def next_epoch(
+    sampler: object, batch_sampler: object = None, autopilot: bool = True
+) -> int | None:
     """The epoch ``begin_epoch`` would give the sampler at its next pass (without setting it)."""
     for obj in epoch_targets(sampler, batch_sampler):
         epoch = getattr(obj, "epoch", None)
         if not isinstance(epoch, int) or isinstance(epoch, bool):
             continue
+        if not autopilot and not isinstance(obj, ShardedSampler):
+            return epoch
         if isinstance(obj, ShardedSampler):
             auto = obj.passes_started > 0 and not obj.epoch_set_since_last_pass()
         else:

@@ -15,6 +15,9 @@ from stoker.doctor.diagnose import Kind
 
 THREAD_SAFE_PROMISE = ("opt-in: only if your __getitem__ is thread-safe and draws randomness "
                        "only from stoker.sample_rng()")
+BEYOND_TORCH_PROMISE = ("opt-in: beyond torch's behaviour (per-batch seeding, no workers for "
+                        "plain gathers, stragglers moved, ...): README, \"Same as torch, and one "
+                        "switch beyond\"")
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ def candidates(kwargs: Mapping[str, Any], kind: Kind, cores: int, cuda: bool,
         out.append(Candidate({"pin_memory": True}))
     if cuda and not kwargs.get("device"):
         out.append(Candidate({"device": "cuda"}))  # copies overlap the step (side stream)
+    if base_n > 0 and not kwargs.get("beyond_torch"):  # NOTE [ Same as torch unless asked ]
+        out.append(Candidate({"beyond_torch": True}, BEYOND_TORCH_PROMISE))
     # Threads inside a worker only add fetches that wait; for CPU work in Python they add
     # nothing on a quiet machine (one GIL per process), so they are not offered for it. (On
     # a busy machine more threads win a larger share of the CPUs from other processes: not a
@@ -73,7 +78,8 @@ def code_line(kwargs: Mapping[str, Any], overrides: Mapping[str, Any]) -> str:
     """``stoker.DataLoader(dataset, ...)`` with the user's plain arguments and the change."""
     defaults = {"batch_size": 1, "num_workers": 0, "pin_memory": False, "drop_last": False,
                 "timeout": 0, "persistent_workers": False, "in_order": True,
-                "worker_type": "auto", "worker_concurrency": "auto", "seeding": "per_batch",
+                "worker_type": "auto", "worker_concurrency": "auto", "seeding": None,
+                "beyond_torch": None,
                 "on_error": "raise", "skip_budget": 0.01, "prefetch_factor": None,
                 "device": None, "device_prefetch": 1, "device_transform": None,
                 "multiprocessing_context": None, "generator": None, "worker_init_fn": None,

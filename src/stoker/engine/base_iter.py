@@ -56,6 +56,7 @@ def fetch_spec_of(loader: Any) -> FetchSpec:
         drop_last=loader.drop_last,
         skip_errors=loader.on_error == "skip",
         fast_paths=getattr(loader, "_stoker_fast_paths", True),
+        beyond=getattr(loader, "_stoker_beyond", frozenset()),
     )
 
 
@@ -107,9 +108,10 @@ def warn_fast_forward(dataset: Any, batches: int, saved_workers: int, workers: i
     warnings.warn(message, stacklevel=5)
 
 
-# A batch handed out: its position, the sampler's state after it, and for an iterable read
-# by workers the worker whose stream it came from.
-Delivery = tuple[int, Any, "int | None"]
+# A batch handed out: its position, the sampler's state after it, the worker that loaded it
+# (None without workers), and that worker's RNG states after it (NOTE [ Worker streams
+# resume ]; None when not tracked).
+Delivery = tuple[int, Any, "int | None", Any]
 
 class BaseIterator:
     # Worker iterators call iter(sampler) a second time after the seed draw, as torch does.
@@ -121,7 +123,7 @@ class BaseIterator:
         self._index_sampler = loader._index_sampler
         self._num_workers = loader.num_workers
         self._timeout = loader.timeout
-        self._seeding = loader.seeding
+        self._seeding = getattr(loader, "_stoker_seeding", None) or loader.seeding
         self._pin_type = pin_target(loader.pin_memory, loader.pin_memory_device)
         self._pin = self._pin_type is not None
         # NOTE [ Batches on the device ]: delivery records held back while batches are ahead.
@@ -294,8 +296,8 @@ class BaseIterator:
             return False
         return position < self._drop_below or position in self._drop_set
 
-    def _delivered(self, position: int, worker: int | None = None) -> None:
-        record = (position, self._sampler_snaps.pop(position, None), worker)
+    def _delivered(self, position: int, worker: int | None = None, rngs: Any = None) -> None:
+        record = (position, self._sampler_snaps.pop(position, None), worker, rngs)
         if self._held is not None:  # copied ahead: counts once handed out
             self._held.append(record)
             return

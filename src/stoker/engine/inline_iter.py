@@ -10,7 +10,13 @@ from stoker.errors import MixedDeviceError
 from stoker.fastpaths.batched_getitem import Decline
 from stoker.fastpaths.index_tensor import VectorProbe
 from stoker.fastpaths.switch import tell_not_per_sample
-from stoker.fetch.fetchers import EMPTY, IterableFetcher, make_fetcher, vectorisable
+from stoker.fetch.fetchers import (
+    EMPTY,
+    IterableFetcher,
+    make_fetcher,
+    source_form,
+    vectorisable,
+)
 from stoker.profile.ranges import COLLATE, FETCH, stage_range
 from stoker.sampling.datapipes import distributed_settings, is_datapipe, seed_shufflers, shard
 from stoker.sampling.dataset_rngs import reseed, restore_states, save_states
@@ -39,7 +45,8 @@ class InlineIterator(BaseIterator):
         # An earlier epoch of this loader that adopted the batched form vouches for it (each
         # batch still declines where it cannot be exact): no probe batches again.
         self._vector = VectorProbe(self._dataset, vectorisable(self._fetch_spec), direct=False,
-                                   trusted=self._engine.vector_trusted is self._dataset)
+                                   trusted=self._engine.vector_trusted is self._dataset,
+                                   source=source_form(self._fetch_spec))
 
     # -- persistent_workers=True run inline (NOTE [ Gathers need no workers ]) ------------------
     # One iterator for every epoch, as with persistent workers: the base seed is drawn once,

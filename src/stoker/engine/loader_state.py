@@ -54,19 +54,34 @@ class EngineState:
         self.slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
         weakref.finalize(self, self.slab_bank.close)
 
-    def warn_init_fn_seeds_once(self) -> None:
+    def warn_init_fn_seeds_once(self, lightning: bool = False) -> None:
         """NOTE [ Seeds set in worker_init_fn stay ] in ``workers.main_loop``: said once per
-        loader, when a worker reports that its worker_init_fn seeded the global RNGs."""
+        loader, when a worker reports that its worker_init_fn seeded the global RNGs. When it
+        is the one Lightning installs, the warning names Lightning and its switch."""
         if self.init_fn_seeds_told:
             return
         self.init_fn_seeds_told = True
+        if lightning:
+            warnings.warn(
+                "Lightning's seed_everything(workers=True) gave this loader a worker_init_fn "
+                "(pl_worker_init_function) that seeds the global RNGs (random, numpy, torch) in "
+                "each worker, so stoker leaves them to it: each worker draws from its own "
+                "stream, as with torch, the augmentations depend on num_workers, and a saved "
+                "state resumes only with the same num_workers. seeding=\"per_batch\" already "
+                "gives every batch its own seeded streams, the same for any num_workers; to "
+                "have that, call seed_everything(seed, workers=False). To keep Lightning's "
+                "per-worker seeding without this warning, pass seeding=\"per_worker\".",
+                stacklevel=2,
+            )
+            return
         warnings.warn(
             "worker_init_fn seeded the global RNGs (random, numpy or torch), so stoker leaves "
             "them to it: each worker draws from its own stream, as with torch, and the "
-            "augmentations depend on num_workers. stoker's default seeding=\"per_batch\" "
-            "already gives every batch its own seeded streams, the same for any num_workers; "
-            "to have that, drop the seeding from worker_init_fn. To keep torch's behaviour "
-            "without this warning, pass seeding=\"per_worker\".",
+            "augmentations depend on num_workers. The per-batch seeding you asked for "
+            "(seeding=\"per_batch\" or beyond_torch) already gives every batch its own seeded "
+            "streams, the same for any num_workers; to have that, drop the seeding from "
+            "worker_init_fn. To keep torch's behaviour without this warning, leave seeding "
+            "to its default.",
             stacklevel=2,
         )
 

@@ -41,9 +41,15 @@ from stoker.engine.task_book import TaskBook
 from stoker.engine.worker_death import DeathWatch
 from stoker.engine.worker_group import WorkerGroup
 from stoker.engine.worker_start import forked_spec, start_workers
+from stoker.engine.worker_streams import (
+    StreamLog,
+    WorkerStreams,
+    is_lightning_init_fn,
+    resume_entries,
+)
 from stoker.fastpaths.batched_getitem import compile_batched
 from stoker.fastpaths.switch import tell_not_per_sample
-from stoker.fetch.fetchers import EmptyBatch, vectorisable
+from stoker.fetch.fetchers import EmptyBatch, source_form
 from stoker.profile.ranges import UNPACK, stage_range
 from stoker.sampling.datapipes import distributed_settings, is_datapipe
 from stoker.workers import protocol as msg
@@ -74,16 +80,23 @@ class ProcessIterator(BaseIterator):
         return None
 
     def __init__(self, loader: Any, resume: dict[str, Any] | None = None) -> None:
-        super().__init__(loader, resume)
+        super().__init__(loader, resume)  # draws the base seed first, as torch's does
+        if not loader.prefetch_factor > 0:  # torch's check and message, at iter() as in torch
+            raise AssertionError(
+                "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
         self._prefetch = loader.prefetch_factor
         self._in_order = loader.in_order
         self._persistent = loader.persistent_workers
         self._is_iterable = self._fetch_spec.kind == "iterable"
         # Which worker loads a batch changes nothing only if batches are seeded by position;
         # else (an iterable's data, and under seeding="per_worker" a batch's augmentations,
-        # depend on the worker) no task moves and workers keep torch's depth.
-        self._torch_depth = self._is_iterable or self._seeding != "per_batch"
-        self._may_move = not self._torch_depth and self._num_workers > 1
+        # depend on the worker) no task moves and workers keep torch's depth. Even then a
+        # program can tell (get_worker_info().id, the order of side effects): each is beyond
+        # torch, asked for by name (NOTE [ Same as torch unless asked ]).
+        by_position = not self._is_iterable and self._seeding == "per_batch"
+        beyond = self._fetch_spec.beyond
+        self._torch_depth = not (by_position and "deep_prefetch" in beyond)
+        self._may_move = by_position and "move_stragglers" in beyond and self._num_workers > 1
         self._stall = StallClock(self._timeout, loader.stall_warning_s)
         self._step_samples = loader.batch_size or 1
         refuse_device_tensors(self._dataset, self._num_workers)
@@ -107,7 +120,10 @@ class ProcessIterator(BaseIterator):
             self._dataset, "stoker_fetch_for_batch", None)
         self._fetch_for_stream = getattr(self._dataset, "stoker_fetch_for_stream", None) \
             if self._is_iterable else None
+        self._init_streams(loader, resume)  # NOTE [ Worker streams resume ]
         self._init_dispatch()
+        if resume and not self._is_iterable:  # continue torch's round-robin where it stopped
+            self._book.start_turn_at(resume["batches"])
         start_workers(self._group, ctx, self._specs(loader, ctx), self._prime)
         self._worker_pids = self._group.pids
         self._memory_watch = self._engine.memory_watch
@@ -119,12 +135,14 @@ class ProcessIterator(BaseIterator):
         # Under fork, large plain lists go to the workers as shared containers (NOTE
         # [ Automatic list sharing ]); spawned workers get the pickled dataset anyway.
         fork = ctx.get_start_method() == "fork"
-        shared = self._engine.list_sharing.plan(self._dataset) if fork else ()
-        if fork and vectorisable(self._fetch_spec):
+        shared = self._engine.list_sharing.plan(
+            self._dataset, asked="shared_lists" in self._fetch_spec.beyond) if fork else ()
+        if fork and source_form(self._fetch_spec):
             compile_batched(self._dataset)  # cached: forked workers inherit it
         specs = [self._spec(loader, wid, shared) for wid in range(self._num_workers)]
-        if fork:  # NOTE [ Slabs outlive workers ]
-            self._group.bank = self._engine.slab_bank
+        if fork:  # NOTE [ Slabs outlive workers ]; keep_slabs: NOTE [ Same as torch unless asked ]
+            if "keep_slabs" in self._fetch_spec.beyond:  # else freed as torch frees them
+                self._group.bank = self._engine.slab_bank
             specs = [forked_spec(self._group, s) for s in specs]
         return specs
 
@@ -145,7 +163,26 @@ class ProcessIterator(BaseIterator):
             vector_trusted=self._vector_trusted,
             datapipe_seed=self._datapipe_seed,
             datapipe_ranks=distributed_settings() if is_datapipe(self._dataset) else None,
+            persistent=self._persistent,
+            resume=self._resume_entries,
         )
+
+    # -- each worker's own streams (NOTE [ Worker streams resume ]) ----------------------------
+
+    def _init_streams(self, loader: Any, resume: dict[str, Any] | None) -> None:
+        kind, n = self._fetch_spec.kind, self._num_workers
+        self._lightning_init_fn = is_lightning_init_fn(loader.worker_init_fn)
+        self._stream_log = StreamLog(n, kind)
+        self._resume_entries = tuple(resume_entries(resume, n)) if resume else ()
+        self._progress.streams = WorkerStreams.resumed(kind, n, resume)
+        # weakly: the loader keeps the last epoch's progress, and must not keep this iterator
+        self._progress.streams.await_starts = weakref.WeakMethod(self._await_worker_starts)
+
+    def _await_worker_starts(self) -> None:
+        """Read replies until every worker start a state needs has arrived."""
+        progress = self._progress
+        while progress.streams.missing(progress.finished) and not self._group.stopped:
+            self._receive()
 
     # -- epoch state -------------------------------------------------------------------------
 
@@ -153,7 +190,7 @@ class ProcessIterator(BaseIterator):
         """NOTE [ Tasks before the next fork ] in ``engine.worker_start``."""
         book = self._book
         if not self._is_iterable and book.load[wid] < min(1, book.depth[wid]) and not (
-                book.sampler_done):
+                book.sampler_done) and book.take_turn(wid):
             self._try_put_index(wid)
 
     def _fill(self) -> None:
@@ -177,7 +214,9 @@ class ProcessIterator(BaseIterator):
         for wid, reply in self._book.ready.values():
             if isinstance(reply, msg.Done):
                 self._group.reader.release_now(wid, reply.segment_id)
+        ended = self._progress
         self._open_epoch(loader, None, first=False)
+        self._progress.streams = ended.streams.next_epoch(ended.finished)
         self._group.collect_released()
         for w in self._group.workers:
             release = self._group.take_release(w.worker_id)
@@ -332,7 +371,10 @@ class ProcessIterator(BaseIterator):
         if reply is not None:
             self._file_reply(w, reply)
 
-    def _file_reply(self, w: Any, reply: msg.Reply) -> None:
+    def _file_reply(self, w: Any, message: msg.Reply | msg.Started) -> None:
+        reply = self._stream_log.file(w.worker_id, message, self._epoch, self._progress.streams)
+        if reply is None:
+            return  # a Started, filed (NOTE [ Worker streams resume ])
         done = reply if isinstance(reply, msg.Done) else None
         if done is not None:
             self._group.reader.retire(w.worker_id, done.retired)
@@ -357,13 +399,14 @@ class ProcessIterator(BaseIterator):
         if done is not None:
             self._gives_back[wid] = done.report.concurrency == 1 and done.report.gives_back
             if done.report.init_fn_seeded:
-                self._engine.warn_init_fn_seeds_once()
+                self._progress.streams.init_fn_seeded = True
+                self._engine.warn_init_fn_seeds_once(self._lightning_init_fn)
         if book.sampler_done:
             self._let_idle_workers_go()
         book.file(wid, position, reply)
-        if done is not None and not self._torch_depth:
+        if done is not None and (not self._torch_depth or done.report.concurrency > 1):
             depth = depth_for(self._prefetch, self._step_samples, done.report.concurrency,
-                              done.used)
+                              done.used, small_batches=not self._torch_depth)
             if depth != book.depth[wid]:
                 book.depth[wid] = depth
                 self._fill()
@@ -383,7 +426,7 @@ class ProcessIterator(BaseIterator):
     def _deliver(self, wid: int, reply: msg.Done | msg.Failed) -> Any:
         position = reply.task_id
         self._book.indices.pop(position, None)
-        self._delivered(position, wid)
+        self._delivered(position, wid, reply.rngs)
         if isinstance(reply, msg.Failed):
             raise rebuild(reply.error)
         self._stats.worker_batch(wid, reply.report)

@@ -7,8 +7,10 @@ the base seed, how many batches of the epoch were delivered as a contiguous pref
 positions delivered beyond it (only with ``in_order=False``). Resuming recomputes the epoch's
 index order from the generator states, skips the delivered positions without fetching them
 and continues; per-batch seeds depend only on (base seed, epoch, position), so augmentations
-come out the same whatever ``num_workers`` was before or after. ``state_dict()`` copies a few
-fields: microseconds, no worker round trip.
+come out the same whatever ``num_workers`` was before or after. Under torch's per-worker
+seeding each worker's own RNG states are kept as well, and the state resumes only with the same
+``num_workers`` (NOTE [ Worker streams resume ] in ``engine.worker_streams``). ``state_dict()``
+copies a few fields: microseconds, no worker round trip (but for one case that note names).
 """
 
 from __future__ import annotations
@@ -37,11 +39,16 @@ class EpochProgress:
     # An IterableDataset read by workers: batches delivered from each worker's stream. Its
     # task positions depend on when an ended worker's reply is read, its streams do not.
     worker_batches: list[int] | None = None
+    # Each worker's own streams (NOTE [ Worker streams resume ] in ``engine.worker_streams``);
+    # None without worker processes.
+    streams: Any = None
 
-    def delivered(self, position: int, sampler_state: Any = None, worker: int | None = None
-                  ) -> None:
+    def delivered(self, position: int, sampler_state: Any = None, worker: int | None = None,
+                  rngs: Any = None) -> None:
         if worker is not None and self.worker_batches is not None:
             self.worker_batches[worker] += 1
+        if rngs is not None and worker is not None:
+            self.streams.delivered(worker, rngs)
         if position == self.prefix:
             self.prefix += 1
             while self.prefix in self.extras:

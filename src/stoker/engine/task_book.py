@@ -9,7 +9,6 @@ the first of its queue running (NOTE [ Idle workers take queued tasks ] in
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from typing import Any
 
@@ -40,7 +39,7 @@ class TaskBook:
         # one epoch to the next by the iterator.
         self.gives_back = gives_back
         self.sampler_done = False
-        self._rr = itertools.cycle(range(n))
+        self._turn = 0  # torch's round-robin cycle: the worker asked next
 
     # -- sending -----------------------------------------------------------------------------
 
@@ -51,10 +50,24 @@ class TaskBook:
     def pick_worker(self) -> int | None:
         """torch's cycle: the next active worker (with in_order=False, one below its depth)."""
         for _ in range(self.num_workers):
-            wid = next(self._rr)
+            wid = self._turn
+            self._turn = (wid + 1) % self.num_workers
             if self.active[wid] and (self.in_order or self.load[wid] < self.depth[wid]):
                 return wid
         return None
+
+    def take_turn(self, wid: int) -> bool:
+        """Whether the cycle is at worker ``wid`` (then it moves on): a task sent to ``wid``
+        outside ``pick_worker`` (NOTE [ Tasks before the next fork ]) takes its turn."""
+        if self._turn != wid:
+            return False
+        self._turn = (wid + 1) % self.num_workers
+        return True
+
+    def start_turn_at(self, wid: int) -> None:
+        """A resumed epoch continues the cycle where the saved run stopped, so each remaining
+        batch goes to the worker that loaded it there (NOTE [ Worker streams resume ])."""
+        self._turn = wid % self.num_workers
 
     def new_task(self, position: int, index: Any) -> None:
         self.order.append(position)

@@ -123,7 +123,8 @@ class WorkerGroup:
                 segments.close(fd)
             self.stack_logs.clear()
 
-    def file_control(self, w: WorkerHandle, message: msg.FromWorker) -> msg.Reply | None:
+    def file_control(self, w: WorkerHandle, message: msg.FromWorker
+                     ) -> msg.Reply | msg.Started | None:
         """Handle a message that carries an fd (slab, stack log); a task's reply is returned."""
         if isinstance(message, msg.Slab):
             receive_slab(self.reader, w, message.ref)
@@ -136,7 +137,7 @@ class WorkerGroup:
             return message
         return None
 
-    def drain(self, w: WorkerHandle) -> list[msg.Reply]:
+    def drain(self, w: WorkerHandle) -> list[msg.Reply | msg.Started]:
         """Read what a (possibly dead) worker left in its socket; returns the replies."""
         replies = []
         try:

@@ -57,8 +57,7 @@ def _spawn_side_by_side(group: WorkerGroup, ctx: BaseContext, specs: list[Worker
 def forked_spec(group: WorkerGroup, spec: WorkerSpec) -> WorkerSpec:
     """A forked worker's spec: the slabs its predecessor left (the reader owns them from
     here, so a failed start gives them back to the bank), and ``forked``."""
-    assert group.bank is not None
-    slabs = group.bank.withdraw(spec.worker_id)
+    slabs = group.bank.withdraw(spec.worker_id) if group.bank is not None else []
     for sid, slab in enumerate(slabs):
         group.reader.adopt_banked(spec.worker_id, sid, slab)
     return dataclasses.replace(

@@ -44,7 +44,7 @@ def gathers_suffice(spec: FetchSpec, worker_init_fn: Any, batch_size: int | None
     """Whether the batches of ``spec`` are best computed in the calling thread."""
     if worker_init_fn is not None:
         return False
-    probe = VectorProbe(spec.dataset, vectorisable(spec), direct=False)
+    probe = VectorProbe(spec.dataset, vectorisable(spec), direct=False, source=True)
     if probe.kind != "source":
         return False
     from stoker.collate import default_collate

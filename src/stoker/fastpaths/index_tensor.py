@@ -91,14 +91,17 @@ class VectorProbe:
     """
 
     def __init__(
-        self, dataset: Any, eligible: bool, direct: bool = True, trusted: bool = False
+        self, dataset: Any, eligible: bool, direct: bool = True, trusted: bool = False,
+        source: bool = False,
     ) -> None:
         """``trusted``: the batched form already passed its probes for this dataset (an
-        earlier epoch of the same loader): adopt it without probing again."""
+        earlier epoch of the same loader): adopt it without probing again. ``source``: the
+        form read from the source may be tried (beyond torch: ``batched_getitem``, NOTE [ Same
+        as torch unless asked ]); a declared ``stoker_tensor_index`` needs no more."""
         self._dataset = dataset
         self._candidates: list[tuple[str, Callable[[list[int]], Any]]] = []
         if eligible:
-            compiled = compile_batched(dataset)
+            compiled = compile_batched(dataset) if source else None
             if compiled is not None:
                 self._candidates.append(("source", compiled))
             if direct and declared_tensor_index(dataset):

@@ -281,5 +281,12 @@ def vectorisable(spec: FetchSpec) -> bool:
     )
 
 
+def source_form(spec: FetchSpec) -> bool:
+    """Whether the batched form read from ``__getitem__``'s source may be tried: beyond torch
+    (``batched_getitem``, or ``inline_gathers``, which loads with it; NOTE [ Same as torch
+    unless asked ]): it stops calling ``__getitem__`` per sample."""
+    return bool(spec.beyond & {"batched_getitem", "inline_gathers"}) and vectorisable(spec)
+
+
 def make_fetcher(spec: FetchSpec) -> MapFetcher | IterableFetcher:
     return MapFetcher(spec, spec.skip_errors) if spec.kind == "map" else IterableFetcher(spec)

@@ -15,6 +15,15 @@ other loader is returned exactly as Accelerate built it. Where the result has no
 to replace (a wrapper this module does not know, e.g. XLA's), a one-time warning says the
 loader now runs on torch's DataLoader and what to do: the engine is never bypassed silently.
 
+Those two functions may also run unwrapped (imported by name before ``import stoker``), so
+every ``DataLoaderAdapter`` Accelerate builds checks too. It is built from a dataset, and a
+dataset says nothing of the loader it came from: a torch loader the user built over the
+dataset of a stoker loader (an evaluation loader, say) must stay torch's, and two stoker
+loaders over one dataset keep their own arguments. So the adapter asks which loader is being
+rebuilt: the ``dataloader`` argument of the innermost of those two functions on the stack
+(found by their code objects), and only a stoker loader there (or an adapter over one) is
+rebuilt as a stoker loader. An adapter built outside them is left as built.
+
 ``shard=True`` is dropped from the rebuilt loader: Accelerate's batch sampler already gives
 each process its share, and stoker's sharding on top would split it again.
 """
@@ -27,9 +36,8 @@ import importlib.machinery
 import inspect
 import sys
 import warnings
-import weakref
 from collections.abc import Sequence
-from types import ModuleType
+from types import CodeType, FrameType, ModuleType
 from typing import Any
 
 import torch.utils.data
@@ -41,29 +49,25 @@ _BINDERS = (
     "accelerate", "accelerate.accelerator", "accelerate.data_loader", "transformers.trainer",
 )
 _warned: set[str] = set()
-
-
-_loaders_by_dataset: dict[int, weakref.ref[Any]] = {}
+# The code of Accelerate's functions in _WRAPPED, unwrapped: how an adapter finds their frames.
+_rebuilder_codes: set[CodeType] = set()
 
 
 def remember(loader: Any) -> None:
-    """Called by every stoker loader: Accelerate rebuilds loaders from their dataset, so the
-    dataset leads back to the stoker loader whose arguments the rebuilt one must keep."""
-    key = id(loader.dataset)
-
-    def forget(ref: weakref.ref[Any]) -> None:
-        if _loaders_by_dataset.get(key) is ref:
-            del _loaders_by_dataset[key]
-
-    _loaders_by_dataset[key] = weakref.ref(loader, forget)
+    """Called by every stoker loader; does nothing now. An adapter reads the loader being
+    rebuilt from the stack (NOTE [ Accelerate keeps stoker ]): a registry of loaders by dataset
+    named the wrong loader when loaders share a dataset."""
 
 
-def _loader_of(dataset: Any) -> Any:
-    for candidate in (dataset, getattr(dataset, "dataset", None)):  # IterableDatasetShard
-        ref = _loaders_by_dataset.get(id(candidate))
-        loader = ref() if ref is not None else None
-        if loader is not None and loader.dataset is candidate:
-            return loader
+def _being_rebuilt() -> Any:
+    """The loader Accelerate's ``prepare_data_loader`` / ``skip_first_batches`` is rebuilding
+    (their ``dataloader`` argument, read from the innermost of their frames), or None outside
+    them."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code in _rebuilder_codes:
+            return frame.f_locals.get("dataloader")
+        frame = frame.f_back
     return None
 
 
@@ -165,8 +169,8 @@ def _wrap(original: Any, what: str) -> Any:
 
 def _hook_adapter(adapter_cls: Any) -> None:
     """Every ``DataLoaderAdapter`` (``DataLoaderShard``, ``DataLoaderDispatcher``,
-    ``SkipDataLoader``) built over a stoker loader's dataset gets a stoker base loader, however
-    the function that built it was imported."""
+    ``SkipDataLoader``) Accelerate builds from a stoker loader gets a stoker base loader, however
+    the function that built it was imported; any other keeps Accelerate's."""
     init = adapter_cls.__init__
     if getattr(init, "__stoker_wrapped__", False):
         return
@@ -174,7 +178,7 @@ def _hook_adapter(adapter_cls: Any) -> None:
     @functools.wraps(init)
     def __init__(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> None:
         init(self, dataset, *args, **kwargs)
-        source = _loader_of(dataset)
+        source = stoker_source(_being_rebuilt())  # NOTE [ Accelerate keeps stoker ]
         if source is not None:
             adopt(source, self, f"accelerate's {type(self).__name__}")
 
@@ -192,6 +196,7 @@ def install(module: ModuleType) -> None:
         if original is None:
             warn_bypassed(f"accelerate.{name}", "(missing function)")
             continue
+        _rebuilder_codes.add(inspect.unwrap(original).__code__)
         wrapped = _wrap(original, f"accelerate's {name}()")
         for binder in _BINDERS:
             mod = sys.modules.get(binder)

@@ -97,8 +97,8 @@ def warn_shared_rngs(dataset: Any, rngs: list[tuple[str, Any]], num_workers: int
     warnings.warn(
         f"stoker: {path} is a {type(rng).__module__}.{type(rng).__name__} created before the "
         f"workers started; each of the {num_workers} workers gets an identical copy, so the "
-        "random draws from it repeat across workers. Draw from stoker.sample_rng() in "
-        "__getitem__ instead, or use seeding='per_batch' (the default), which reseeds it per "
-        "batch.",
+        "random draws from it repeat across workers, as under torch. Draw from "
+        "stoker.sample_rng() in __getitem__ instead, or pass seeding='per_batch' (or "
+        "beyond_torch={'per_batch_seeding'}), which reseeds it per batch.",
         stacklevel=5,
     )

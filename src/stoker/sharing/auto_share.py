@@ -29,10 +29,11 @@ fresh object per read and writes nothing shared. Two stand-ins, best first:
 The main process keeps its plain list: nothing changes there. What the worker sees is a
 ``ListStandIn`` over either: the list in every way a program can observe but its type
 (``==``, ``repr``, ``copy()``, ``+``, ``*``, comparisons, and changes, which go to the worker's
-own copy from then on, as under torch). A dataset that needs ``type(x) is list`` in its
-workers (or C code that takes only an exact list, e.g. ``json.dumps`` of the whole list) sets
-``stoker_share_lists = False``. Only under ``fork``: with ``spawn``/``forkserver`` the dataset
-is pickled into each worker anyway.
+own copy from then on, as under torch). Because a program can tell (``isinstance(x, list)``
+in the worker), sharing is beyond torch: only with ``beyond_torch`` naming ``shared_lists``
+(NOTE [ Same as torch unless asked ]) or a dataset class declaring ``stoker_share_lists =
+True``; ``stoker_share_lists = False`` refuses it even then. Only under ``fork``: with
+``spawn``/``forkserver`` the dataset is pickled into each worker anyway.
 """
 
 from __future__ import annotations
@@ -147,9 +148,13 @@ class ListSharing:
         self._entries: dict[int, _Entry] = {}  # id(list) -> entry (entry.source keeps it alive)
         self._enabled = enabled
 
-    def plan(self, dataset: Any) -> tuple[tuple[Any, str, Any], ...]:
-        """``(owner, attribute name, READ_IN_PLACE or a shared container)`` per large list."""
-        if not self._enabled or getattr(dataset, "stoker_share_lists", True) is False:
+    def plan(self, dataset: Any, asked: bool = True) -> tuple[tuple[Any, str, Any], ...]:
+        """``(owner, attribute name, READ_IN_PLACE or a shared container)`` per large list.
+        ``asked``: the loader's ``beyond_torch`` names ``shared_lists`` (NOTE [ Same as torch
+        unless asked ]: inside workers a stand-in is not ``type list``); a dataset class can
+        also ask with ``stoker_share_lists = True``, or refuse with ``False``."""
+        declared = getattr(dataset, "stoker_share_lists", None)
+        if not self._enabled or declared is False or not (asked or declared is True):
             self._entries = {}
             return ()
         found, slots = _large_lists(dataset)

@@ -90,15 +90,16 @@ class BatchBuilder:
         return Packed(segment_id, used, payload, t1 - t0, t2 - t1, t2)
 
     def done(self, epoch: int, task_id: int, packed: Packed, skipped: list,
-             report: msg.BatchReport) -> None:
+             report: msg.BatchReport, rngs: Any = None) -> None:
         msg.send(self.conn, msg.Done(
             epoch, task_id, packed.segment_id, packed.used, packed.payload, self.retired,
-            skipped, report,
+            skipped, report, rngs,
         ))
         self.retired = []
 
-    def failed(self, epoch: int, task_id: int, indices: Any, exc: BaseException) -> None:
+    def failed(self, epoch: int, task_id: int, indices: Any, exc: BaseException,
+               rngs: Any = None) -> None:
         if isinstance(exc, MixedDeviceError) and isinstance(indices, list):
             exc = exc.with_indices(indices)
         err = capture(exc, self.worker_id, "loading " + describe_indices(indices))
-        msg.send(self.conn, msg.Failed(epoch, task_id, err))
+        msg.send(self.conn, msg.Failed(epoch, task_id, err, rngs))

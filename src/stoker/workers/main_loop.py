@@ -21,7 +21,7 @@ from stoker.collate import allocating_into
 from stoker.fastpaths.batched_getitem import Decline
 from stoker.fastpaths.index_tensor import VectorProbe
 from stoker.fetch.concurrency import ConcurrencyTuner, RunQueueMeter, declared_thread_safe
-from stoker.fetch.fetchers import EMPTY, make_fetcher, vectorisable
+from stoker.fetch.fetchers import EMPTY, make_fetcher, source_form, vectorisable
 from stoker.fetch.thread_pool import (
     JOB_READY,
     SAMPLE_DONE,
@@ -46,6 +46,7 @@ from stoker.workers import protocol as msg
 from stoker.workers.batch_builder import BatchBuilder, Collated
 from stoker.workers.inbox import EOF_, Inbox
 from stoker.workers.remote_errors import RemoteError, capture
+from stoker.workers.stream_states import StreamStates
 from stoker.workers.worker_info import set_worker_info
 
 
@@ -68,6 +69,7 @@ class Worker:
         self.vector: VectorProbe | None = None
         self.pipeline: SamplePipeline | None = None
         self.run_queue = RunQueueMeter()  # this (the main) thread: where batches are fetched
+        self.streams = StreamStates(spec)  # NOTE [ Worker streams resume ]
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -89,6 +91,8 @@ class Worker:
                 shard(spec.fetch.dataset, spec.num_workers, spec.worker_id, *spec.datapipe_ranks)
             if spec.worker_init_fn is not None:
                 self._run_worker_init_fn()
+            # NOTE [ Worker streams resume ]: a resumed worker's states, after worker_init_fn
+            self.streams.begin(per_worker_streams=not self.seed_per_batch)
             self._new_fetcher()
         except Exception as exc:
             self.init_error = capture(
@@ -116,7 +120,8 @@ class Worker:
         self.fetcher.sample_context = (self.spec.base_seed, self.epoch)
         if self.vector is None:
             self.vector = VectorProbe(self.spec.fetch.dataset, vectorisable(self.spec.fetch),
-                                      trusted=self.spec.vector_trusted)
+                                      trusted=self.spec.vector_trusted,
+                                      source=source_form(self.spec.fetch))
         if self.tuner is None:
             safe = declared_thread_safe(self.spec.fetch.dataset)
             self.tuner = ConcurrencyTuner(
@@ -135,6 +140,7 @@ class Worker:
         self.builder.free(released)
         self.exhausted = False
         self.stream_batches = 0
+        self._answer_reset(epoch)
         if self.init_error is None:
             try:
                 if datapipe_seed is not None:
@@ -146,6 +152,19 @@ class Worker:
                 self.init_error = capture(
                     exc, self.spec.worker_id, "starting an epoch (iter(dataset))"
                 )
+
+    def _answer_reset(self, epoch: int) -> None:
+        """NOTE [ Worker streams resume ]: the states this epoch starts from, before
+        ``iter(dataset)``; always sent, so the main process never waits for it in vain."""
+        state = None
+        if self.init_error is None:
+            try:
+                state = self.streams.dataset_state()
+            except Exception as exc:
+                self.init_error = capture(
+                    exc, self.spec.worker_id, "saving its dataset's state (state_dict())"
+                )
+        msg.send(self.conn, msg.Started(epoch, self.streams.rngs(), state))
 
     # -- one batch at a time -----------------------------------------------------------------
 
@@ -192,7 +211,7 @@ class Worker:
             wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         except StopIteration:  # only iterables: map fetchers turn it into an error
             self.exhausted = True
-            msg.send(self.conn, msg.Exhausted(self.epoch, task_id))
+            self._send_exhausted(task_id)
             return
         except Exception as exc:
             self._fail(task_id, indices, exc)
@@ -281,13 +300,25 @@ class Worker:
             init_fn_seeded=self.seed_per_batch != self.spec.seed_per_batch,
             packed_at=packed.packed_at,
         )
-        builder.done(self.epoch, task_id, packed, skipped, report)
+        builder.done(self.epoch, task_id, packed, skipped, report, self.streams.after_batch())
 
     def _read_waiting_slabs(self) -> None:
         self.inbox.read_waiting(self.epoch, None)
 
     def _fail(self, task_id: int, indices: Any, exc: BaseException) -> None:
-        self.builder.failed(self.epoch, task_id, indices, exc)
+        self.builder.failed(self.epoch, task_id, indices, exc, self.streams.after_batch())
+
+    def _send_exhausted(self, task_id: int) -> None:
+        """The end of this worker's stream, with the states its next epoch starts from (NOTE
+        [ Worker streams resume ]); an error saving them is raised with the next epoch."""
+        try:
+            rngs, state = self.streams.at_end()
+        except Exception as exc:
+            rngs, state = self.streams.rngs(), None
+            self.init_error = capture(
+                exc, self.spec.worker_id, "saving its dataset's state (state_dict())"
+            )
+        msg.send(self.conn, msg.Exhausted(self.epoch, task_id, rngs, state))
 
     # -- many samples at once ----------------------------------------------------------------
 

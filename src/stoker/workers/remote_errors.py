@@ -2,9 +2,21 @@
 
 torch rebuilds worker exceptions as ``type(msg)`` from a string, so a custom exception whose
 constructor takes two arguments comes back as a bare ``RuntimeError`` and loses its attributes.
-stoker pickles the exception *object* (class, args and ``__dict__``, rebuilt without calling
-``__init__``), chains the worker's formatted traceback as ``__cause__`` (like
+stoker carries the exception's class and its state (``args``, the attributes builtin types keep
+outside ``__dict__`` such as ``OSError.filename``, and ``__dict__``) and rebuilds it without
+calling ``__init__``; it chains the worker's formatted traceback as ``__cause__`` (like
 ``concurrent.futures``) and adds a note naming the worker and the sample indices.
+
+NOTE [ Exceptions that do not pickle ]
+An exception holding a lock or a lambda still comes back as its own type, never as a stoker
+class: torch re-raises ``type(msg)`` there, so ``except ValueError:`` catches it, and so must it
+under stoker. The values that do not pickle are left out (an argument is replaced by its
+``repr``), the main process calls the constructor with the arguments that travelled (torch calls
+it with the message) so attributes ``__init__`` makes are made again, and a note names what was
+left out. An exception that cannot be rebuilt from its state (a ``__new__`` that wants other
+arguments) is rebuilt as torch does it: ``cls(message)``, else ``RuntimeError(message)``. Only
+when the class itself cannot be pickled (defined inside a function) does the error become
+``WorkerError``: torch's worker fails to send it at all and the loader waits for ever.
 """
 
 from __future__ import annotations
@@ -12,30 +24,82 @@ from __future__ import annotations
 import os
 import pickle
 import traceback
+import types
 from dataclasses import dataclass
 from typing import Any
 
 from stoker.errors import RemoteTraceback, WorkerError
 
 _MAX_INDICES_SHOWN = 16
+_SLOT_TYPES = (types.MemberDescriptorType, types.GetSetDescriptorType)
+# Not carried: BaseException's own (args is carried apart; the rest is per-raise), and
+# AttributeError.obj, the object that lacked the attribute: often the whole dataset, which
+# would be pickled with every such error (torch does not carry it either).
+_NOT_CARRIED = frozenset({*vars(BaseException), *vars(object), "__weakref__"})
+_NOT_CARRIED_FROM: dict[type, str] = {AttributeError: "obj"}
 
 
 @dataclass(frozen=True)
 class RemoteError:
     """A worker-side exception in transit."""
 
-    pickled: bytes | None  # None when the exception could not be pickled
+    pickled: bytes | None  # the whole exception (a ``_Carrier``); None when it did not pickle
+    pickled_type: bytes | None  # its class; None when that did not pickle either
+    pickled_state: bytes | None  # without ``pickled``: (args, slots, __dict__) less what did not
     type_name: str
     tb_text: str
     where: str
+    left_out: tuple[str, ...] = ()  # what did not pickle, as the note names it
+    construct: bool = False  # every argument travelled: the main process may call __init__
 
 
-def _rebuild(cls: type[BaseException], args: tuple, state: dict[str, Any]) -> BaseException:
+def _slot_names(cls: type) -> list[str]:
+    """Attributes kept outside ``__dict__``: builtin ones (``OSError.filename``,
+    ``UnicodeError.start``, ``StopIteration.value``) and ``__slots__``. Pickling an exception
+    restores them only through its constructor (``OSError.filename`` not even then)."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        for name, attr in vars(klass).items():
+            if not isinstance(attr, _SLOT_TYPES) or name in _NOT_CARRIED or name in names:
+                continue
+            if _NOT_CARRIED_FROM.get(klass) != name:
+                names.append(name)
+    return names
+
+
+def _slots(exc: BaseException) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in _slot_names(type(exc)):
+        try:
+            value = getattr(exc, name)
+        except AttributeError:  # e.g. BlockingIOError.characters_written when never set
+            continue
+        # An unset slot reads None and stays unset: OSError's message shows a filename2 set to
+        # None ("[Errno 2] ...: 'a' -> None").
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def _rebuild(
+    cls: type[BaseException], args: tuple, slots: dict[str, Any], attrs: dict[str, Any]
+) -> BaseException:
     # BaseException.__new__ sets .args without running a user __init__ that may need other
-    # arguments; the instance dict then restores every attribute __init__ had set.
+    # arguments; the slots and the instance dict then restore every attribute __init__ had set.
     exc = cls.__new__(cls, *args)
+    return _restore_state(exc, args, slots, attrs)
+
+
+def _restore_state(
+    exc: BaseException, args: tuple, slots: dict[str, Any], attrs: dict[str, Any]
+) -> BaseException:
     exc.args = args
-    exc.__dict__.update(state)
+    for name, value in slots.items():
+        try:
+            setattr(exc, name, value)
+        except (AttributeError, TypeError):  # read-only in this Python version
+            continue
+    exc.__dict__.update(attrs)
     return exc
 
 
@@ -47,16 +111,66 @@ class _Carrier:
 
     def __reduce__(self) -> tuple:
         exc = self.exc
-        return (_rebuild, (type(exc), exc.args, dict(getattr(exc, "__dict__", {}))))
+        return (_rebuild, (type(exc), exc.args, _slots(exc), dict(exc.__dict__)))
 
 
-def _pickle_exception(exc: BaseException) -> bytes | None:
+def _round_trip(obj: Any) -> bytes | None:
+    """``obj`` pickled, if it also unpickles (proved here, where failing is cheap)."""
     try:
-        data = pickle.dumps(_Carrier(exc))
-        pickle.loads(data)  # prove it rebuilds here, where failing is cheap
+        data = pickle.dumps(obj)
+        pickle.loads(data)
         return data
     except Exception:
         return None
+
+
+def _kind(value: Any) -> str:
+    cls = type(value)
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{_kind(value)} object>"
+
+
+def _picklable_values(values: dict[str, Any], left_out: list[str]) -> dict[str, Any]:
+    kept = {}
+    for name, value in values.items():
+        if _round_trip(value) is None:
+            left_out.append(f"attribute {name!r} ({_kind(value)})")
+        else:
+            kept[name] = value
+    return kept
+
+
+def _picklable_state(exc: BaseException) -> tuple[bytes | None, tuple[str, ...], bool]:
+    """The exception's state pickled, less what does not pickle (NOTE [ Exceptions that do not
+    pickle ]); the names of what was left out; whether every argument travelled."""
+    args, slots, attrs = exc.args, _slots(exc), dict(exc.__dict__)
+    whole = _round_trip((args, slots, attrs))
+    if whole is not None:
+        return whole, (), True
+    left_out: list[str] = []
+    kept_args = []
+    for i, arg in enumerate(args):
+        if _round_trip(arg) is None:
+            kept_args.append(_safe_repr(arg))
+            left_out.append(f"argument {i} ({_kind(arg)}, replaced by its repr)")
+        else:
+            kept_args.append(arg)
+    construct = not left_out  # no stand-in arguments: the constructor may be called
+    kept_slots = _picklable_values(slots, left_out)
+    kept_attrs = _picklable_values(attrs, left_out)
+    state = _round_trip((tuple(kept_args), kept_slots, kept_attrs))
+    if state is None:  # the parts pickle one by one but not together: keep the message only
+        state = _round_trip(((str(exc),), {}, {}))
+        left_out, construct = ["its arguments and attributes (they do not pickle together)"], False
+    return state, tuple(left_out), construct
 
 
 def describe_indices(indices: Any) -> str:
@@ -90,7 +204,15 @@ def capture(exc: BaseException, worker_id: int, doing: str) -> RemoteError:
     if any(marker in str(exc) for marker in _CUDA_IN_WORKER):
         add_note(exc, CUDA_HINT)
     tb_text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return RemoteError(_pickle_exception(exc), type(exc).__qualname__, tb_text, where)
+    fields = (type(exc).__qualname__, tb_text, where)
+    pickled_type = _round_trip(type(exc))
+    if pickled_type is None:
+        return RemoteError(None, None, None, *fields)
+    whole = _round_trip(_Carrier(exc))
+    if whole is not None:
+        return RemoteError(whole, pickled_type, None, *fields)
+    state, left_out, construct = _picklable_state(exc)  # NOTE [ Exceptions that do not pickle ]
+    return RemoteError(None, pickled_type, state, *fields, left_out, construct)
 
 
 def add_note(exc: BaseException, note: str) -> None:
@@ -100,20 +222,91 @@ def add_note(exc: BaseException, note: str) -> None:
         exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
 
 
+def _loads(data: bytes | None) -> Any:
+    if data is None:
+        return None
+    try:
+        return pickle.loads(data)
+    except Exception:  # e.g. a class the worker defined after it started
+        return None
+
+
+class _KeyErrorMessage(str):
+    """A message ``KeyError`` shows as is: its ``str`` is the ``repr`` of its argument."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _as_torch_does(cls: type[BaseException], err: RemoteError) -> BaseException:
+    """torch's rebuild (``ExceptionWrapper.reraise``): ``cls(message)``, else RuntimeError."""
+    message = f"Caught {cls.__name__} {err.where}.\nOriginal {err.tb_text}"
+    if cls is KeyError:
+        message = _KeyErrorMessage(message)
+    try:
+        return cls(message)
+    except Exception:
+        return RuntimeError(message)
+
+
+def _left_out_note(exc: BaseException, err: RemoteError, constructed: bool) -> str:
+    name = type(exc).__name__
+    how = (
+        f"by calling {name}(*args), so it holds what that constructor sets"
+        if constructed
+        else "from what travelled"
+    )
+    return (
+        f"stoker: {', '.join(err.left_out)} could not be pickled in the worker and did not "
+        f"travel to the main process; the {name} was rebuilt here {how}. Keep picklable "
+        "values on exceptions (a string, not a lock or a function) to get them back whole."
+    )
+
+
+def _from_parts(cls: type[BaseException], err: RemoteError) -> BaseException | None:
+    """The exception rebuilt from its pickled state, or None when that cannot be done."""
+    state = _loads(err.pickled_state)
+    if state is None:
+        return None
+    args, slots, attrs = state
+    if err.left_out:  # NOTE [ Exceptions that do not pickle ]
+        exc = _constructed(cls, args) if err.construct else None
+        if exc is not None:
+            _restore_state(exc, args, slots, attrs)
+            add_note(exc, _left_out_note(exc, err, constructed=True))
+            return exc
+    try:
+        exc = _rebuild(cls, args, slots, attrs)
+    except Exception:  # e.g. a __new__ that wants other arguments
+        return None
+    if err.left_out:
+        add_note(exc, _left_out_note(exc, err, constructed=False))
+    return exc
+
+
+def _constructed(cls: type[BaseException], args: tuple) -> BaseException | None:
+    try:
+        return cls(*args)
+    except Exception:  # a constructor that wants other arguments: rebuilt without it
+        return None
+
+
 def rebuild(err: RemoteError) -> BaseException:
     """The exception to raise in the main process, with the worker traceback chained."""
-    exc: BaseException | None = None
-    if err.pickled is not None:
-        try:
-            exc = pickle.loads(err.pickled)
-        except Exception:
-            exc = None
+    exc = _loads(err.pickled)
     if exc is None:
-        exc = WorkerError(
-            f"Caught {err.type_name} {err.where}, and it could not be sent to the main process "
-            f"(it does not pickle). The worker's traceback:\n{err.tb_text}"
-        )
-    else:
-        add_note(exc, f"stoker: raised {err.where}; the worker's traceback is chained above.")
+        cls = _loads(err.pickled_type)
+        if cls is None:
+            return WorkerError(
+                f"Caught {err.type_name} {err.where}, and it could not be sent to the main "
+                "process (its class does not pickle: define it at the top level of an "
+                f"importable module). The worker's traceback:\n{err.tb_text}"
+            )
+        exc = _from_parts(cls, err)
+        if exc is None:  # its message names the worker and holds the traceback already
+            return _as_torch_does(cls, err)
+    add_note(exc, f"stoker: raised {err.where}; the worker's traceback is chained above.")
     exc.__cause__ = RemoteTraceback(err.tb_text)
     return exc

@@ -127,11 +127,17 @@ def _cap_native_pools(threads: int, forked: bool) -> list[str]:
     return capped
 
 
-def cap_worker_threads(threads: int = 1, forked: bool = False) -> list[str]:
-    """Limit every reachable native pool to ``threads``; returns what was capped. ``forked``:
-    this worker was forked inside ``pools_quiet_for_fork``."""
-    for name in _THREAD_ENV:
-        os.environ[name] = str(threads)
+def cap_worker_threads(
+    threads: int = 1, forked: bool = False, every_pool: bool = True
+) -> list[str]:
+    """Limit torch's pool (as torch's workers do) and OpenCV's (a deadlock otherwise) to
+    ``threads``; with ``every_pool`` (beyond torch: ``thread_caps``, NOTE [ Same as torch
+    unless asked ]) also the BLAS/OpenMP runtimes and the ``*_NUM_THREADS`` variables, which
+    a program can read. Returns what was capped. ``forked``: this worker was forked inside
+    ``pools_quiet_for_fork``."""
+    if every_pool:
+        for name in _THREAD_ENV:
+            os.environ[name] = str(threads)
     torch.set_num_threads(threads)
     capped = ["torch"]
     cv2 = sys.modules.get("cv2")
@@ -142,7 +148,7 @@ def cap_worker_threads(threads: int = 1, forked: bool = False) -> list[str]:
             capped.append("cv2")
         except Exception:  # an unusual build without these entry points
             pass
-    return capped + _cap_native_pools(threads, forked)
+    return capped + (_cap_native_pools(threads, forked) if every_pool else [])
 
 
 @contextlib.contextmanager

@@ -28,3 +28,23 @@ def test_fit_on_a_loader_built_before_fit(
         assert (r["loader"], r["sampler"], r["batches"]) == ("DataLoader", sampler, 4)
         assert r["engine"] == [1] * 8  # every sample fetched by a stoker worker
     assert sorted(i for r in ranks for i in r["seen"]) == list(range(16))  # each sample once
+
+
+def test_fit_on_a_loader_built_in_the_hook_that_first_imports_stoker(tmp_path: Path) -> None:
+    """Lightning wraps the ``__init__`` of the DataLoader classes defined when it calls
+    ``train_dataloader``; with ``import stoker`` inside the hook only torch's records the
+    arguments, as stoker passes them, and Lightning rebuilds the loader from that record with
+    its DistributedSampler (stoker passed them positionally: "got multiple values for argument
+    'sampler'")."""
+    need("lightning")
+    run("lightning_hook_run.py", tmp_path)
+    ranks = records(tmp_path)
+    assert [(r["rank"], r["world"], r["first_import"]) for r in ranks] == [
+        (0, 2, True), (1, 2, True)
+    ]
+    for r in ranks:
+        assert (r["loader"], r["sampler"], r["batches"]) == (
+            "stoker.loader.DataLoader", "DistributedSampler", 4
+        )
+        assert r["engine"] == [1] * 8  # every sample fetched by a stoker worker
+    assert sorted(i for r in ranks for i in r["seen"]) == list(range(16))  # each sample once

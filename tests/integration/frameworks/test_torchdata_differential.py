@@ -118,6 +118,10 @@ CASES = {
     "stateful-stream": (Stream, {"batch_size": 3}),
     "plain-stream": (PlainStream, {"batch_size": 3}),
     "plain-stream-workers": (PlainStream, {"batch_size": 3, "num_workers": 2}),
+    # Its pass counter goes up inside the persistent workers: saved from the workers.
+    "stateful-stream-workers-persistent": (
+        Stream, {"batch_size": 3, "num_workers": 2, "persistent_workers": True}
+    ),
     "map": (Squares, {"batch_size": 3}),
     "map-workers-persistent": (
         Squares, {"batch_size": 3, "num_workers": 2, "persistent_workers": True}

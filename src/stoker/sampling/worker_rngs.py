@@ -1,0 +1,138 @@
+"""A worker's global RNG states as they travel and as a state dict keeps them (NOTE [ Worker
+streams resume ] in ``stoker.engine.worker_streams``).
+
+Three forms:
+
+* the *wire* form, taken in the worker after every batch (``take``): the raw byte copies of
+  NOTE [ Raw RNG snapshots ] plus torch's state as bytes, ~10 KB, a few microseconds, and
+  comparable with ``==`` so an unchanged state is not sent again. Without the raw copies
+  (``STOKER_FAST_PATHS=0``, another interpreter) it is the canonical form at once (slower).
+* the *canonical* form: one ``bytes`` in a fixed little-endian layout, independent of the
+  interpreter's object layout, so a state saved on one machine loads on another;
+* the *encoded* form kept in ``state_dict()``: that ``bytes`` in base64 (one JSON string per
+  worker, a leaf for checkpointers that descend into dicts).
+
+Restoring goes through the public APIs (``random.setstate``, ``np.random.set_state``,
+``torch.set_rng_state``): it runs once per worker start.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+import struct
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+
+from stoker.sampling import global_rngs
+from stoker.sampling.raw_rng_states import MT_WORDS
+
+_VERSION = b"SRNG1"
+_MT = struct.Struct(f"<{MT_WORDS}I")
+_INT = struct.Struct("<i")
+_GAUSS = struct.Struct("<?d")  # has a cached Gaussian, its value
+_LEN = struct.Struct("<I")
+_RAW = "raw"
+_CANON = "canon"
+
+
+def take() -> tuple:
+    """The wire form of the global RNG states now (after a batch, in a worker)."""
+    py, nps, ts = global_rngs.snapshot()
+    torch_bytes = ts.numpy().tobytes()
+    if isinstance(py[0], bytes) and isinstance(nps[0], bytes):
+        return (_RAW, py[0], py[1], nps[0], nps[1], torch_bytes)
+    return (_CANON, _canonical_public(random.getstate(), np.random.get_state(legacy=True),
+                                      torch_bytes))
+
+
+# -- to the canonical form -----------------------------------------------------------------
+
+
+def _pack(random_words: Any, random_index: int, random_gauss: float | None,
+          numpy_key: Any, numpy_pos: int, numpy_gauss: float | None, torch_bytes: bytes) -> bytes:
+    return b"".join((
+        _VERSION,
+        _INT.pack(random_index), _MT.pack(*random_words),
+        _GAUSS.pack(random_gauss is not None, random_gauss or 0.0),
+        _MT.pack(*numpy_key), _INT.pack(numpy_pos),
+        _GAUSS.pack(numpy_gauss is not None, numpy_gauss or 0.0),
+        _LEN.pack(len(torch_bytes)), torch_bytes,
+    ))
+
+
+def _canonical_public(py: Any, nps: Any, torch_bytes: bytes) -> bytes:
+    _, internal, gauss_next = py
+    _, key, pos, has_gauss, cached = nps
+    return _pack(internal[:MT_WORDS], internal[MT_WORDS], gauss_next,
+                 [int(k) for k in key], int(pos), float(cached) if has_gauss else None,
+                 torch_bytes)
+
+
+def _canonical_raw(wire: tuple) -> bytes:
+    """The raw copies are in this machine's layout (``int index; uint32 words[624]`` for
+    ``random``, ``uint32 key[624]; int pos`` and ``int has_gauss; double gauss`` for numpy)."""
+    _, random_raw, gauss_next, numpy_raw, numpy_gauss, torch_bytes = wire
+    if sys.byteorder == "little":  # the raw layouts are the canonical ones: no unpacking
+        has_gauss = struct.unpack_from("<i", numpy_gauss, 0)[0]
+        return b"".join((
+            _VERSION, random_raw, _GAUSS.pack(gauss_next is not None, gauss_next or 0.0),
+            numpy_raw, _GAUSS.pack(bool(has_gauss), struct.unpack_from("<d", numpy_gauss, 8)[0]
+                                   if has_gauss else 0.0),
+            _LEN.pack(len(torch_bytes)), torch_bytes,
+        ))
+    order = ">"
+    index, *words = struct.unpack(f"{order}i{MT_WORDS}I", random_raw)
+    *key, pos = struct.unpack(f"{order}{MT_WORDS}Ii", numpy_raw)
+    has_gauss = struct.unpack_from(f"{order}i", numpy_gauss, 0)[0]
+    cached = struct.unpack_from(f"{order}d", numpy_gauss, 8)[0]
+    return _pack(words, index, gauss_next, key, pos, cached if has_gauss else None, torch_bytes)
+
+
+def encode(state: Any) -> str:
+    """The encoded form of a wire or encoded state."""
+    if isinstance(state, str):
+        return state
+    canonical = state[1] if state[0] == _CANON else _canonical_raw(state)
+    return base64.b64encode(canonical).decode("ascii")
+
+
+# -- back into the global RNGs -------------------------------------------------------------
+
+
+def decode(text: str) -> bytes:
+    """The canonical form of an encoded state; ``ValueError`` naming what is wrong."""
+    try:
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise ValueError(f"a worker's RNG state is not base64 ({exc})") from None
+    fixed = len(_VERSION) + 2 * (_INT.size + _MT.size + _GAUSS.size) + _LEN.size
+    if not raw.startswith(_VERSION) or len(raw) < fixed:
+        raise ValueError("a worker's RNG state is not one stoker.DataLoader.state_dict() wrote")
+    return raw
+
+
+def restore(canonical: bytes) -> None:
+    """Set ``random``, numpy's global RNG and torch's default generator to a canonical state."""
+    at = len(_VERSION)
+    (index,) = _INT.unpack_from(canonical, at)
+    at += _INT.size
+    words = _MT.unpack_from(canonical, at)
+    at += _MT.size
+    has, gauss = _GAUSS.unpack_from(canonical, at)
+    at += _GAUSS.size
+    random.setstate((3, (*words, index), gauss if has else None))
+    key = np.array(_MT.unpack_from(canonical, at), dtype=np.uint32)
+    at += _MT.size
+    (pos,) = _INT.unpack_from(canonical, at)
+    at += _INT.size
+    has, gauss = _GAUSS.unpack_from(canonical, at)
+    at += _GAUSS.size
+    np.random.set_state(("MT19937", key, pos, int(has), gauss if has else 0.0))
+    (size,) = _LEN.unpack_from(canonical, at)
+    at += _LEN.size
+    state = torch.frombuffer(bytearray(canonical[at:at + size]), dtype=torch.uint8)
+    torch.set_rng_state(state.clone())

@@ -1,0 +1,623 @@
+"""User-style datasets, samplers, collates and worker_init_fns built from ``_fuzz_spec``.
+
+Everything is module-level and picklable (workers may be forked, spawned or forkserved; this
+directory is on the sys.path they inherit). The code is written the way users write it: it
+reads ``get_worker_info()``, draws from ``random``/numpy/torch, logs its calls into a list,
+keeps counters and tags, raises odd exceptions. In the main process (``num_workers=0``, and
+for samplers always) the log is the ``Log`` the test loop writes to as well, so the order of
+the user's side effects against the loop's progress is part of the record.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from collections import namedtuple
+from typing import Any
+
+import numpy as np
+import torch
+from _fuzz_known import masked
+from _fuzz_spec import (
+    BatchSamplerSpec,
+    CollateSpec,
+    DatasetSpec,
+    Leaf,
+    Node,
+    Ref,
+    SamplerSpec,
+    Tree,
+    WorkerInitSpec,
+)
+from torch.utils.data import (
+    BatchSampler,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+    default_collate,
+    default_convert,
+    get_worker_info,
+)
+
+Pair = namedtuple("Pair", ["a", "b"])
+Triple = namedtuple("Triple", ["x", "y", "z"])
+NAMEDTUPLES = {2: Pair, 3: Triple}
+
+
+class TaggedDict(dict):
+    """A dict subclass with an attribute (default_collate copies it with copy.copy)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.origin = "sample"
+
+
+class TaggedList(list):
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.origin = "sample"
+
+
+class Thing:
+    """A plain user object: default_collate refuses it, default_convert passes it through."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+# --------------------------------------------------------------------------------------------
+# Exceptions with odd constructors and attributes
+# --------------------------------------------------------------------------------------------
+
+
+class CodedError(Exception):
+    """Takes a message and an optional keyword attribute (torch rebuilds it from the message)."""
+
+    def __init__(self, msg: str, code: int = 0) -> None:
+        super().__init__(msg)
+        self.code = code
+
+
+class TwoArgError(Exception):
+    """Cannot be built from one string: torch raises RuntimeError instead."""
+
+    def __init__(self, where: str, code: int) -> None:
+        super().__init__(where, code)
+        self.where, self.code = where, code
+
+
+class MessageError(Exception):
+    """Has a ``message`` class attribute: torch rebuilds it with ``message=``."""
+
+    message = "message attribute"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class LockedError(Exception):
+    """Holds an attribute that does not pickle."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)
+        self.handle = threading.Lock()
+
+
+def make_exception(name: str, where: str) -> BaseException:
+    msg = f"fuzz fault at {where}"
+    if name == "coded":
+        return CodedError(msg, code=42)
+    if name == "two_arg":
+        return TwoArgError(msg, 42)
+    if name == "message":
+        return MessageError(msg)
+    if name == "locked":
+        return LockedError(msg)
+    return EXCEPTIONS[name](msg)
+
+
+EXCEPTIONS: dict[str, type[BaseException]] = {
+    "value": ValueError,
+    "key": KeyError,
+    "index": IndexError,
+    "type": TypeError,
+    "runtime": RuntimeError,
+    "stop": StopIteration,
+    "coded": CodedError,
+    "two_arg": TwoArgError,
+    "message": MessageError,
+    "locked": LockedError,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# The log the main process shares with the test loop
+# --------------------------------------------------------------------------------------------
+
+
+class Log(list):
+    """Events in the order the user's code saw them; ``add`` notes whether on the main thread."""
+
+    def add(self, *event: Any) -> None:
+        on_main = threading.current_thread() is threading.main_thread()
+        self.append((*event, "main" if on_main else "thread"))
+
+
+# --------------------------------------------------------------------------------------------
+# Samples
+# --------------------------------------------------------------------------------------------
+
+
+def _np_dtype(name: str) -> np.dtype:
+    return np.dtype(name)
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _np_array(leaf: Leaf, base: int) -> np.ndarray:
+    numel = int(np.prod(leaf.shape)) if leaf.shape else 1
+    raw = np.arange(numel, dtype=np.int64) + base
+    if leaf.dtype == "bool":
+        raw = raw % 2
+    elif leaf.dtype in ("uint8", "int8"):
+        raw = raw % 100
+    out = raw.astype(_np_dtype(leaf.dtype)).reshape(leaf.shape)
+    if leaf.dtype.startswith("float"):
+        out = out + np.asarray(0.25, dtype=out.dtype)
+    if leaf.dtype.startswith("complex"):
+        out = out + np.asarray(0.5j, dtype=out.dtype)
+    return out
+
+
+def _tensor(leaf: Leaf, base: int) -> torch.Tensor:
+    numel = int(np.prod(leaf.shape)) if leaf.shape else 1
+    raw = torch.arange(numel, dtype=torch.int64) + base
+    if leaf.dtype == "bool":
+        raw = raw % 2
+    elif leaf.dtype in ("uint8", "int8"):
+        raw = raw % 100
+    out = raw.to(_torch_dtype(leaf.dtype)).reshape(leaf.shape)
+    if out.is_floating_point():
+        out = out + 0.25
+    if out.is_complex():
+        out = out + 0.5j
+    return out
+
+
+def make_leaf(leaf: Leaf, index: int, number: int) -> Any:
+    """The value of leaf ``number`` of sample ``index`` (fresh leaves; alt for odd indices)."""
+    if leaf.alt is not None and index % 2 == 1:
+        leaf = leaf.alt
+    base = index * 10 + number
+    kind = leaf.kind
+    if kind == "np":
+        return _np_array(leaf, base)
+    if kind == "npscalar":
+        return _np_array(Leaf("np", leaf.dtype, ()), base)[()]
+    if kind == "torch":
+        return _tensor(leaf, base)
+    if kind == "tscalar":
+        return _tensor(Leaf("torch", leaf.dtype, ()), base)
+    if kind == "int":
+        return base
+    if kind == "float":
+        return base + 0.5
+    if kind == "bool":
+        return index % 2 == 0
+    if kind == "str":
+        return f"s{base}"
+    if kind == "bytes":
+        return b"b%d" % base
+    if kind == "none":
+        return None
+    if kind == "obj":
+        return Thing(base)
+    if kind == "np_str":
+        return np.array([f"s{base}", "x"])
+    raise AssertionError(f"unknown leaf kind {kind!r}")
+
+
+def _view(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.numel() > 1:
+        return value.reshape(-1)[1:]
+    if isinstance(value, np.ndarray) and value.size > 1:
+        return value.reshape(-1)[1:]
+    return value
+
+
+def iter_leaves(tree: Tree) -> list[Tree]:
+    """The leaves of ``tree`` (Leaf, Ref, Obs) in depth-first order."""
+    if isinstance(tree, Node):
+        return [leaf for child in tree.children for leaf in iter_leaves(child)]
+    return [tree]
+
+
+def build_tables(tree: Tree, n: int) -> dict[int, Any]:
+    """The arrays a dataset holds for its ``view``/``copy`` leaves: row i is sample i's value."""
+    tables: dict[int, Any] = {}
+    for number, leaf in enumerate(iter_leaves(tree)):
+        if isinstance(leaf, Leaf) and leaf.source != "fresh":
+            rows = [make_leaf(Leaf(leaf.kind, leaf.dtype, leaf.shape), i, number)
+                    for i in range(max(n, 1))]
+            if leaf.kind == "np":
+                tables[number] = np.stack(rows)
+            else:
+                tables[number] = torch.stack(rows)
+    return tables
+
+
+# --------------------------------------------------------------------------------------------
+# Datasets
+# --------------------------------------------------------------------------------------------
+
+
+class _SampleMaker:
+    """What every fuzz dataset shares: building samples and the observations in them."""
+
+    def _setup(self, spec: DatasetSpec, log: Log, progress: dict[str, int]) -> None:
+        self.spec = spec
+        self.log = log
+        self.progress = progress
+        self.tables = build_tables(spec.tree, spec.n)
+        self.tag = "init"
+        self.init_obs = "none"
+        self.iter_obs = "none"
+        self.calls = 0
+
+    def _observe(self, name: str) -> Any:
+        info = get_worker_info()
+        if name == "wid":
+            return -1 if info is None else info.id
+        if name == "nw":
+            return -1 if info is None else info.num_workers
+        if name == "seed":
+            return "none" if info is None else str(info.seed)
+        if name == "ds_is_self":
+            return info is None or info.dataset is self
+        if name == "iseed":
+            return str(torch.initial_seed())
+        if name == "py":
+            return random.random()
+        if name == "np":
+            return int(np.random.randint(0, 1 << 30))
+        if name == "th":
+            return torch.randint(0, 1 << 30, ())
+        if name == "main_thread":
+            return threading.current_thread() is threading.main_thread()
+        if name == "pid":
+            return f"pid:{os.getpid()}"
+        if name == "init":
+            return self.init_obs
+        if name == "tag":
+            return self.tag
+        if name == "prog":
+            return self.progress["received"]
+        if name == "calls":
+            return self.calls
+        if name == "iter":
+            return self.iter_obs
+        raise AssertionError(f"unknown observation {name!r}")
+
+    def _build(self, tree: Tree, index: int, made: list[Any]) -> Any:
+        if isinstance(tree, Node):
+            children = [self._build(child, index, made) for child in tree.children]
+            if tree.kind == "dict":
+                return dict(zip(tree.keys, children, strict=True))
+            if tree.kind == "tagged_dict":
+                return TaggedDict(zip(tree.keys, children, strict=True))
+            if tree.kind == "list":
+                return children
+            if tree.kind == "tagged_list":
+                return TaggedList(children)
+            if tree.kind == "tuple":
+                return tuple(children)
+            return NAMEDTUPLES[len(children)](*children)
+        number = len(made)
+        if isinstance(tree, Leaf):
+            if tree.source == "fresh":
+                value = make_leaf(tree, index, number)
+            else:
+                row = self.tables[number][index, ...]  # a view, also of a 0-d row
+                value = row if tree.source == "view" else row.copy() if isinstance(
+                    row, np.ndarray) else row.clone()
+        elif isinstance(tree, Ref):
+            target = made[tree.target] if tree.target < number else None
+            value = _view(target) if tree.view else target
+        else:
+            value = {name: self._observe(name) for name in tree.names}
+        made.append(value)
+        return value
+
+    def sample(self, index: int) -> Any:
+        self.calls += 1
+        fault = self.spec.fault
+        if fault is not None and fault.at == index:
+            raise make_exception(fault.exc, f"sample {index}")
+        return self._build(self.spec.tree, index, [])
+
+
+class FuzzMapDataset(_SampleMaker, Dataset):
+    def __init__(self, spec: DatasetSpec, log: Log, progress: dict[str, int]) -> None:
+        self._setup(spec, log, progress)
+
+    def __len__(self) -> int:
+        if not masked("len_calls"):
+            self.log.add("len(ds)")
+        return self.spec.n
+
+    def __getitem__(self, index: int) -> Any:
+        self.log.add("getitem", index)
+        return self.sample(index)
+
+
+class FuzzBatchedDataset(FuzzMapDataset):
+    """Map-style with ``__getitems__`` (torch's batched fetch)."""
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        self.log.add("getitems", tuple(indices))
+        return [self.sample(i) for i in indices]
+
+
+class FuzzIterDataset(_SampleMaker, IterableDataset):
+    def __init__(self, spec: DatasetSpec, log: Log, progress: dict[str, int]) -> None:
+        self._setup(spec, log, progress)
+
+    def _indices(self) -> range | list[int]:
+        info = get_worker_info()
+        n, split = self.spec.n, self.spec.split
+        if info is None or split == "dup":
+            return range(n)
+        if split == "shard":
+            return range(info.id, n, info.num_workers)
+        if split == "first":
+            return range(n) if info.id == 0 else []
+        # uneven: worker k yields the k-th of a split into 1, 2, 3, ... parts
+        step = max(1, n // (info.num_workers + 1))
+        return range(info.id * step, min(n, (info.id + 1) * step + info.id))
+
+    def __iter__(self) -> Any:
+        self.log.add("iter(ds)")
+        self.iter_obs = f"{random.random()!r}/{np.random.randint(1 << 30)}/" + (
+            f"{int(torch.randint(1 << 30, ()))}"
+        )
+        for index in self._indices():
+            yield self.sample(index)
+
+
+
+class SizedFuzzIterDataset(FuzzIterDataset):
+    """An IterableDataset with ``__len__`` (``lie``: two fewer than it yields)."""
+
+    def __len__(self) -> int:
+        if not masked("len_calls"):
+            self.log.add("len(ds)")
+        return self.spec.n if self.spec.length == "true" else max(0, self.spec.n - 2)
+
+
+def build_dataset(spec: DatasetSpec, log: Log, progress: dict[str, int]) -> Any:
+    if spec.style == "iter":
+        cls = FuzzIterDataset if spec.length == "none" else SizedFuzzIterDataset
+        return cls(spec, log, progress)
+    cls = FuzzBatchedDataset if spec.style == "map_getitems" else FuzzMapDataset
+    return cls(spec, log, progress)
+
+
+# --------------------------------------------------------------------------------------------
+# Samplers and batch samplers
+# --------------------------------------------------------------------------------------------
+
+
+class LoggingSampler(Sampler[int]):
+    """A user sampler: logs ``__iter__``, each index it yields and ``__len__``.
+
+    ``stateful``: a new order every epoch (counts its ``__iter__`` calls); ``progress``: reads
+    how many batches the loop has received when it yields; ``raising``: fails on the 3rd index;
+    ``nolen``: this class as it is, without ``__len__`` (the others get ``SizedLoggingSampler``).
+    """
+
+    def __init__(self, spec: SamplerSpec, n: int, log: Log, progress: dict[str, int]) -> None:
+        self.spec, self.n, self.log, self.progress = spec, n, log, progress
+        self.epoch = 0
+
+    def _order(self) -> list[int]:
+        kind, n = self.spec.kind, self.n
+        if kind == "rev":
+            return list(range(n))[::-1]
+        if kind == "stateful":
+            shift = self.epoch * 3
+            return [(i + shift) % n for i in range(n)] if n else []
+        return list(range(n))
+
+    def __iter__(self) -> Any:
+        self.log.add("sampler.iter", self.spec.kind)
+        self.epoch += 1
+        order = self._order()
+        for k, index in enumerate(order):
+            if self.spec.kind == "progress":
+                index = (index + self.progress["received"]) % self.n
+            if self.spec.kind == "raising" and k == 2:
+                raise make_exception("coded", "sampler")
+            self.log.add("sampler.next", index)
+            yield index
+
+
+class SizedLoggingSampler(LoggingSampler):
+    def __len__(self) -> int:
+        if not masked("len_calls"):
+            self.log.add("sampler.len")
+        return self.n
+
+
+def build_sampler(spec: SamplerSpec, n: int, log: Log, progress: dict[str, int]) -> Any:
+    kind = spec.kind
+    gen = torch.Generator().manual_seed(spec.seed)
+    if kind == "seq":
+        return SequentialSampler(range(n))
+    if kind == "list":
+        return [(3 * i + 1) % max(n, 1) for i in range(n)]
+    if kind == "random":
+        return RandomSampler(range(n))  # draws from the main process's torch RNG
+    if kind == "random_gen":
+        return RandomSampler(range(n), generator=gen)
+    if kind == "random_repl":
+        return RandomSampler(range(n), replacement=True, num_samples=n + 2, generator=gen)
+    if kind == "subset_random":
+        return SubsetRandomSampler(list(range(0, n, 2)), generator=gen)
+    if kind == "weighted":
+        return WeightedRandomSampler([float(i % 3 + 1) for i in range(n)], n, generator=gen)
+    if kind == "nolen":
+        return LoggingSampler(spec, n, log, progress)
+    return SizedLoggingSampler(spec, n, log, progress)
+
+
+class LoggingBatchSampler(Sampler[list[int]]):
+    """A user batch sampler: ``variable`` batch sizes 1, 2, 3, 1, 2, 3...; ``stateful`` a
+    different split every epoch; ``progress`` batches sized by the loop's progress."""
+
+    def __init__(self, spec: BatchSamplerSpec, n: int, log: Log, progress: dict[str, int]) -> None:
+        self.spec, self.n, self.log, self.progress = spec, n, log, progress
+        self.epoch = 0
+
+    def __iter__(self) -> Any:
+        self.log.add("batch_sampler.iter", self.spec.kind)
+        self.epoch += 1
+        start, k = 0, 0
+        while start < self.n:
+            if self.spec.kind == "stateful":
+                size = 1 + (k + self.epoch) % 3
+            elif self.spec.kind == "progress":
+                size = 1 + self.progress["received"] % 3
+            else:
+                size = 1 + k % 3
+            batch = list(range(start, min(self.n, start + size)))
+            self.log.add("batch_sampler.next", tuple(batch))
+            yield batch
+            start, k = start + size, k + 1
+
+    def __len__(self) -> int:
+        if not masked("len_calls"):
+            self.log.add("batch_sampler.len")
+        return (self.n + 1) // 2
+
+
+def build_batch_sampler(
+    spec: BatchSamplerSpec, n: int, log: Log, progress: dict[str, int]
+) -> Any:
+    if spec.kind == "torch":
+        assert spec.sampler is not None
+        inner = build_sampler(spec.sampler, n, log, progress)
+        return BatchSampler(inner, spec.batch_size, spec.drop_last)
+    return LoggingBatchSampler(spec, n, log, progress)
+
+
+# --------------------------------------------------------------------------------------------
+# Collates and worker_init_fns
+# --------------------------------------------------------------------------------------------
+
+COLLATE_OBS = ("c_wid", "c_seed", "c_py", "c_np", "c_th", "c_main", "c_calls", "c_pid", "c_n")
+
+
+def _first_array(tree: Any) -> Any:
+    if isinstance(tree, (torch.Tensor, np.ndarray)):
+        return tree
+    if isinstance(tree, dict):
+        tree = list(tree.values())
+    if isinstance(tree, (list, tuple)):
+        for child in tree:
+            found = _first_array(child)
+            if found is not None:
+                return found
+    return None
+
+
+def _to_numpy(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.numpy()
+    if isinstance(tree, dict):
+        return {k: _to_numpy(v) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*(_to_numpy(v) for v in tree))
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_to_numpy(v) for v in tree)
+    return tree
+
+
+class FuzzCollate:
+    """A user collate_fn: a base behaviour plus observations, aliasing and a fault."""
+
+    def __init__(self, spec: CollateSpec, log: Log) -> None:
+        self.spec, self.log = spec, log
+        self.calls = 0
+
+    def _observe(self, name: str, batch: list[Any]) -> Any:
+        info = get_worker_info()
+        values = {
+            "c_wid": lambda: -1 if info is None else info.id,
+            "c_seed": lambda: "none" if info is None else str(info.seed),
+            "c_py": random.random,
+            "c_np": lambda: int(np.random.randint(0, 1 << 30)),
+            "c_th": lambda: int(torch.randint(0, 1 << 30, ())),
+            "c_main": lambda: threading.current_thread() is threading.main_thread(),
+            "c_calls": lambda: self.calls,
+            "c_pid": lambda: f"pid:{os.getpid()}",
+            "c_n": lambda: len(batch) if isinstance(batch, list) else -1,
+        }
+        return values[name]()
+
+    def __call__(self, batch: Any) -> Any:
+        self.calls += 1
+        spec = self.spec
+        self.log.add("collate", spec.tag, len(batch) if isinstance(batch, list) else -1)
+        fault = spec.fault
+        info = get_worker_info()
+        if fault is not None and fault.at == self.calls and (
+            fault.worker is None or (info is not None and info.id == fault.worker)
+        ):
+            raise make_exception(spec.fault.exc, f"collate call {self.calls}")
+        if spec.base == "default":
+            out = default_collate(batch)
+        elif spec.base == "convert":
+            out = default_convert(batch)
+        elif spec.base == "identity":
+            out = batch
+        elif spec.base == "numpy":
+            out = _to_numpy(default_collate(batch))
+        else:  # "first"
+            out = batch[0] if isinstance(batch, list) and batch else batch
+        if not spec.obs and not spec.alias:
+            return out
+        extra: dict[str, Any] = {name: self._observe(name, batch) for name in spec.obs}
+        if spec.alias:
+            first = _first_array(out)
+            extra["same"] = first
+            extra["view"] = _view(first) if first is not None else None
+        return {"batch": out, "tag": spec.tag, "extra": extra}
+
+
+class FuzzWorkerInit:
+    """A user worker_init_fn: records what it sees on its dataset copy; may reseed numpy."""
+
+    def __init__(self, spec: WorkerInitSpec) -> None:
+        self.spec = spec
+
+    def __call__(self, worker_id: int) -> None:
+        info = get_worker_info()
+        spec = self.spec
+        if spec.fault_worker == worker_id:
+            raise make_exception("coded", f"worker_init_fn {worker_id}")
+        if spec.reseed_np:
+            np.random.seed(info.seed % 2**32)
+        if spec.draws:
+            info.dataset.init_obs = (
+                f"{spec.tag}:{worker_id}:{info.id}/{info.num_workers}:{info.seed}:"
+                f"{torch.initial_seed()}:{random.random()!r}:{np.random.randint(1 << 30)}:"
+                f"{int(torch.randint(1 << 30, ()))}"
+            )

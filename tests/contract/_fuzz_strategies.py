@@ -1,0 +1,351 @@
+"""Hypothesis strategies that generate ``Case``s: user-style datasets, samplers, collates and
+loader arguments, mostly valid under torch, sometimes not (torch's construction errors are
+part of the contract too).
+
+Where torch's own result depends on timing (``in_order=False`` with two or more workers),
+the case leaves out what would make the comparison flaky under torch itself: observations
+that depend on which worker built a sample (map-style only: an iterable's workers each
+build their own stream), faults, and stopping an epoch early. The record sorts such epochs'
+batches (``Case.order_free``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from _fuzz_cases import COLLATE_OBS, EXCEPTIONS
+from _fuzz_known import masked
+from _fuzz_spec import (
+    OBS_NAMES,
+    OBS_STABLE,
+    BatchSamplerSpec,
+    Case,
+    CollateSpec,
+    DatasetSpec,
+    EpochSpec,
+    Fault,
+    Leaf,
+    Node,
+    Obs,
+    Op,
+    Ref,
+    SamplerSpec,
+    Tree,
+    WorkerInitSpec,
+)
+from hypothesis import strategies as st
+
+NP_DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8",
+             "bool", "complex64")
+TORCH_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+                "uint8", "bool", "complex64")
+COLLATE_OBS_STABLE = ("c_main", "c_n")
+SAMPLER_KINDS = ("seq", "rev", "list", "random", "random_gen", "random_repl", "subset_random",
+                 "weighted", "stateful", "progress", "nolen", "raising")
+WORKER_TIMEOUT_S = (30.0, 45)  # every blocking next() with workers ends (timeout=0 would not)
+
+shapes = st.lists(st.sampled_from((0, 1, 2, 3)), max_size=2).map(tuple)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the case as a whole allows, decided before its parts are drawn."""
+
+    style: str
+    num_workers: int
+    in_order: bool | None
+    num_workers_op: int | None  # loader.num_workers reassigned before the second epoch
+
+    @property
+    def workers_ever(self) -> bool:
+        return self.num_workers > 0 or bool(self.num_workers_op)
+
+    @property
+    def order_free(self) -> bool:
+        """torch's own order depends on timing: no faults, no early stops (see module doc)."""
+        return self.in_order is False and self.num_workers >= 2
+
+    @property
+    def stable_only(self) -> bool:
+        """Only observations that do not depend on the worker that built the sample."""
+        return self.order_free and self.style != "iter"
+
+    @property
+    def errors_allowed(self) -> bool:
+        """Faults, and data default_collate refuses (which worker fails first is timing)."""
+        return not self.order_free
+
+    @property
+    def worker_init_faults(self) -> bool:
+        return self.errors_allowed and not (
+            self.workers_ever and masked("worker_init_error_repeats"))
+
+    @property
+    def views(self) -> bool:
+        return not (self.workers_ever and masked("layout_through_workers"))
+
+    @property
+    def mixed(self) -> bool:
+        """Leaves whose type, dtype or shape changes from sample to sample."""
+        return self.errors_allowed and not (self.workers_ever and masked("worker_collate"))
+
+    @property
+    def stop_iteration(self) -> bool:
+        """May the dataset or collate_fn raise StopIteration?"""
+        if self.style != "iter":
+            return not masked("stop_iteration_in_map_style")
+        return not (self.workers_ever and masked("stop_iteration_in_worker_collate"))
+
+    @property
+    def aliasing(self) -> bool:
+        return not (self.workers_ever and masked("aliasing_across_workers"))
+
+
+@st.composite
+def leaves(draw: Any, allow_bad: bool, views: bool = True, mixed: bool = True) -> Leaf:
+    kinds = ["np", "np", "torch", "torch", "npscalar", "tscalar", "int", "float", "bool", "str"]
+    if allow_bad:
+        kinds += ["bytes", "none", "obj", "np_str"]
+    kind = draw(st.sampled_from(kinds))
+    dtype = ""
+    if kind in ("np", "npscalar"):
+        dtype = draw(st.sampled_from(NP_DTYPES))
+    elif kind in ("torch", "tscalar"):
+        dtype = draw(st.sampled_from(TORCH_DTYPES))
+    shape = draw(shapes) if kind in ("np", "torch") else ()
+    if not views:  # layout_through_workers: empty arrays' strides
+        shape = tuple(max(1, d) for d in shape)
+    source = "fresh"
+    if kind in ("np", "torch"):
+        sources = ("fresh", "fresh", "view", "copy") if views else ("fresh", "copy")
+        source = draw(st.sampled_from(sources))
+    alt = None
+    if mixed and source == "fresh" and draw(st.integers(0, 5)) == 0:  # mixed across samples
+        alt = draw(leaves(allow_bad=False, views=views))
+        if alt.source != "fresh":
+            alt = Leaf(alt.kind, alt.dtype, alt.shape)
+    return Leaf(kind, dtype, shape, source, alt)
+
+
+def obs_leaves(names: tuple[str, ...]) -> st.SearchStrategy[Obs]:
+    return st.lists(st.sampled_from(names), min_size=1, max_size=6, unique=True).map(
+        lambda ns: Obs(tuple(ns))
+    )
+
+
+def nodes(children: st.SearchStrategy[Tree]) -> st.SearchStrategy[Node]:
+    keyed = st.lists(children, min_size=1, max_size=4).flatmap(
+        lambda cs: st.tuples(
+            st.sampled_from(("dict", "dict", "tagged_dict")),
+            st.just(tuple(cs)),
+            st.lists(st.sampled_from(("a", "b", "img", "label", 0, 1, 7)), min_size=len(cs),
+                     max_size=len(cs), unique=True).map(tuple),
+        ).map(lambda t: Node(t[0], t[1], t[2]))
+    )
+    seq = st.tuples(
+        st.sampled_from(("list", "tagged_list", "tuple")),
+        st.lists(children, min_size=1, max_size=3).map(tuple),
+    ).map(lambda t: Node(t[0], t[1]))
+    named = st.sampled_from((2, 3)).flatmap(
+        lambda k: st.lists(children, min_size=k, max_size=k).map(
+            lambda cs: Node("namedtuple", tuple(cs))
+        )
+    )
+    return st.one_of(keyed, seq, named)
+
+
+def _count(tree: Tree) -> int:
+    return sum(_count(c) for c in tree.children) if isinstance(tree, Node) else 1
+
+
+def _add_refs(tree: Tree, picks: list[int], counter: list[int]) -> Tree:
+    """Turn leaves into references to earlier leaves: ``picks[k]`` for leaf k (-1: keep)."""
+    if isinstance(tree, Node):
+        return Node(tree.kind, tuple(_add_refs(c, picks, counter) for c in tree.children),
+                    tree.keys)
+    number = counter[0]
+    counter[0] += 1
+    pick = picks[number]
+    if pick < 0 or number == 0:
+        return tree
+    return Ref(target=pick % number, view=bool(pick % 2))
+
+
+@st.composite
+def trees(draw: Any, plan: Plan) -> Tree:
+    """A sample's structure; what it may hold depends on the plan (see ``Plan``)."""
+    obs_names = OBS_STABLE if plan.stable_only else OBS_NAMES
+    allow_bad = plan.errors_allowed and draw(st.integers(0, 5)) == 0
+    leaf = leaves(allow_bad, views=plan.views, mixed=plan.mixed)
+    base = st.one_of(leaf, leaf, obs_leaves(obs_names))
+    tree = draw(st.recursive(base, nodes, max_leaves=6))
+    n = _count(tree)
+    if plan.aliasing and n > 1 and draw(st.integers(0, 3)) == 0:
+        picks = draw(st.lists(st.sampled_from((-1, -1, 0, 1, 2, 3)), min_size=n, max_size=n))
+        tree = _add_refs(tree, picks, [0])
+    return tree
+
+
+def faults(n: int, stop: bool = True) -> st.SearchStrategy[Fault]:
+    names = sorted(name for name in EXCEPTIONS if stop or name != "stop")
+    return st.builds(Fault, st.integers(0, max(0, n)), st.sampled_from(names))
+
+
+@st.composite
+def collates(draw: Any, plan: Plan, tag: str) -> CollateSpec:
+    names = COLLATE_OBS_STABLE if plan.stable_only else COLLATE_OBS
+    bases = ("default", "default", "identity", "first", "convert")
+    if plan.errors_allowed:
+        bases += ("numpy",)  # fails on bfloat16 tensors
+    base = draw(st.sampled_from(bases))
+    obs = tuple(draw(st.lists(st.sampled_from(names), max_size=4, unique=True)))
+    fault = None
+    if plan.errors_allowed:
+        fault = draw(st.none() | st.none() | faults(3, plan.stop_iteration))
+        if fault is not None and plan.num_workers > 1 and draw(st.booleans()):
+            fault = Fault(fault.at, fault.exc, draw(st.integers(0, plan.num_workers - 1)))
+    alias = draw(st.booleans()) if plan.aliasing else False
+    return CollateSpec(base, obs, alias, fault, tag)
+
+
+@st.composite
+def worker_inits(draw: Any, plan: Plan, tag: str) -> WorkerInitSpec:
+    fault = None
+    if plan.worker_init_faults:
+        last = max(0, plan.num_workers - 1)
+        fault = draw(st.none() | st.none() | st.none() | st.integers(0, last))
+    return WorkerInitSpec(draw(st.booleans()), draw(st.booleans()), fault, tag)
+
+
+@st.composite
+def samplers(draw: Any) -> SamplerSpec:
+    return SamplerSpec(draw(st.sampled_from(SAMPLER_KINDS)), draw(st.integers(0, 3)))
+
+
+@st.composite
+def batch_samplers(draw: Any) -> BatchSamplerSpec:
+    kind = draw(st.sampled_from(("torch", "torch", "variable", "stateful", "progress")))
+    if kind != "torch":
+        return BatchSamplerSpec(kind)
+    return BatchSamplerSpec(kind, draw(samplers()), draw(st.integers(1, 4)), draw(st.booleans()))
+
+
+def _maybe(draw: Any, args: list[tuple[str, Any]], name: str, values: st.SearchStrategy) -> None:
+    """Pass ``name`` explicitly (drawn from ``values``) or leave torch's default."""
+    if draw(st.booleans()):
+        args.append((name, draw(values)))
+
+
+@st.composite
+def loader_args(draw: Any, plan: Plan) -> tuple[tuple[str, Any], ...]:
+    args: list[tuple[str, Any]] = []
+    style, num_workers = plan.style, plan.num_workers
+    how = draw(st.sampled_from(("plain", "plain", "sampler", "batch_sampler")))
+    if style == "iter":
+        how = "plain"
+    if how == "batch_sampler":
+        args.append(("batch_sampler", draw(batch_samplers())))
+    else:
+        _maybe(draw, args, "batch_size", st.sampled_from((None, 1, 2, 3, 5)))
+        if dict(args).get("batch_size", 1) is not None:
+            _maybe(draw, args, "drop_last", st.booleans())
+        if how == "sampler":
+            args.append(("sampler", draw(samplers())))
+        elif style != "iter":
+            _maybe(draw, args, "shuffle", st.sampled_from((None, False, True)))
+    if num_workers or draw(st.booleans()):
+        args.append(("num_workers", num_workers))
+    _maybe(draw, args, "collate_fn", st.none() | collates(plan, "c0"))
+    _maybe(draw, args, "pin_memory", st.booleans())
+    if num_workers:
+        args.append(("timeout", draw(st.sampled_from(WORKER_TIMEOUT_S))))
+        _maybe(draw, args, "worker_init_fn", st.none() | worker_inits(plan, "w0"))
+        _maybe(draw, args, "prefetch_factor", st.sampled_from((None, 1, 2, 3)))
+        _maybe(draw, args, "persistent_workers", st.booleans())
+    else:
+        timeouts = (0,) if masked("timeout_without_workers") else (0, 5.0)
+        _maybe(draw, args, "timeout", st.sampled_from(timeouts))
+        _maybe(draw, args, "worker_init_fn", st.none() | worker_inits(plan, "w0"))
+    _maybe(draw, args, "generator", st.none() | st.integers(0, 3))
+    if plan.in_order is not None:
+        args.append(("in_order", plan.in_order))
+    if draw(st.integers(0, 9)) == 0:
+        args.append(draw(_invalid_arg(style, num_workers)))
+    perm = draw(st.permutations(range(len(args))))
+    return tuple(args[i] for i in perm)
+
+
+def _invalid_arg(style: str, num_workers: int) -> st.SearchStrategy[tuple[str, Any]]:
+    """One argument torch refuses at construction (with this dataset and worker count)."""
+    bad: list[tuple[str, Any]] = [("timeout", -1.0), ("batch_size", 0)]
+    if style == "iter":
+        bad += [("shuffle", True), ("sampler", SamplerSpec("seq")),
+                ("batch_sampler", BatchSamplerSpec("variable"))]
+    if num_workers == 0:
+        bad += [("prefetch_factor", 2), ("persistent_workers", True)]
+    else:
+        bad += [("prefetch_factor", 0)]
+    return st.sampled_from(bad)
+
+
+@st.composite
+def epochs(draw: Any, plan: Plan) -> tuple[EpochSpec, ...]:
+    ops: list[Op] = []
+    if draw(st.booleans()):
+        ops.append(Op("worker_init_fn", draw(st.none() | worker_inits(plan, "w1"))))
+    if draw(st.booleans()):
+        new_collate = collates(plan, "c1")
+        if plan.errors_allowed:
+            new_collate = st.none() | new_collate  # torch then calls None: TypeError
+        ops.append(Op("collate_fn", draw(new_collate)))
+    if draw(st.integers(0, 3)) == 0:
+        ops.append(Op("generator", draw(st.none() | st.integers(4, 6))))
+    if plan.num_workers_op is not None:
+        ops.append(Op("num_workers", plan.num_workers_op))
+    if draw(st.integers(0, 7)) == 0:
+        ops.append(Op(draw(st.sampled_from(("batch_size", "drop_last", "sampler"))), None))
+    specs = []
+    for number in range(2):
+        stop = None if plan.order_free else draw(st.none() | st.none() | st.integers(1, 3))
+        specs.append(EpochSpec(
+            ops=tuple(ops) if number == 1 else (),
+            stop_after=stop,
+            continue_on_error=draw(st.booleans()),
+            hold=draw(st.booleans()),
+        ))
+    return tuple(specs)
+
+
+@st.composite
+def plans(draw: Any) -> Plan:
+    style = draw(st.sampled_from(("map", "map", "map_getitems", "iter", "iter")))
+    num_workers = draw(st.sampled_from((0, 0, 1, 2, 2, 3)))
+    in_order = draw(st.sampled_from((None, None, True, False)))
+    num_workers_op = None
+    if in_order is None and draw(st.integers(0, 5)) == 0:
+        # timeout>0 comes with workers; taking them away would meet timeout_without_workers
+        low = 1 if num_workers and masked("timeout_without_workers") else 0
+        high = 0 if not num_workers and masked("num_workers_raised_later") else 2
+        num_workers_op = draw(st.integers(low, high))
+    return Plan(style, num_workers, in_order, num_workers_op)
+
+
+@st.composite
+def cases(draw: Any) -> Case:
+    plan = draw(plans())
+    tree = draw(trees(plan))
+    n = draw(st.integers(0, 11))
+    fault = None
+    if plan.errors_allowed:  # an iterable's __iter__ ending with StopIteration is its end
+        stop = plan.stop_iteration or plan.style == "iter"
+        fault = draw(st.none() | st.none() | faults(n, stop))
+    split = draw(st.sampled_from(("shard", "dup", "uneven", "first")))
+    length = draw(st.sampled_from(("none", "true", "lie")))
+    return Case(
+        dataset=DatasetSpec(plan.style, n, tree, fault, split, length),
+        args=draw(loader_args(plan)),
+        epochs=draw(epochs(plan)),
+        len_first=draw(st.booleans()),
+        main_seed=draw(st.integers(0, 3)),
+    )

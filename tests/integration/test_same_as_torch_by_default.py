@@ -1,0 +1,193 @@
+"""Issue 30: with default arguments a program sees what torch's DataLoader gives it. Each test
+runs the same script through torch's DataLoader and the loader under test, in the same process,
+and compares everything the script can see; each failed on facd28b.
+
+Under ``STOKER_TEST_LOADER=torch`` both sides are torch's: the expectations are torch's own.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from _default_datasets import (
+    Arrays,
+    Noisy,
+    Paths,
+    Seeds,
+    ShuffledShards,
+    WhoLoads,
+    add_hundred,
+    where_collated,
+)
+
+import stoker
+
+
+def _plain(batch: Any) -> Any:
+    """A batch as plain, comparable values."""
+    if isinstance(batch, torch.Tensor):
+        return (str(batch.dtype), batch.tolist())
+    if isinstance(batch, (list, tuple)):
+        return (type(batch).__name__, [_plain(b) for b in batch])
+    return batch
+
+
+def _epochs(loader: Any, epochs: int = 2) -> list[list[Any]]:
+    return [[_plain(b) for b in loader] for _ in range(epochs)]
+
+
+def _both(Loader: type, TorchLoader: type, script: Any) -> None:
+    """Run ``script(LoaderClass)`` for torch's loader and the one under test; same result."""
+    expected = script(TorchLoader)
+    got = script(Loader)
+    assert got == expected
+
+
+# 1
+def test_persistent_workers_keep_the_dataset_they_started_with(Loader, TorchLoader):
+    def script(cls: type) -> list:
+        ds = Arrays()
+        loader = cls(ds, batch_size=16, num_workers=2, persistent_workers=True, timeout=60)
+        first = [_plain(b) for b in loader]
+        ds.x[:] = -1.0  # the script changes its arrays between epochs
+        return [first, [_plain(b) for b in loader]]
+
+    _both(Loader, TorchLoader, script)
+
+
+# 2
+def test_a_worker_init_fn_and_collate_fn_set_after_the_first_epoch_run(Loader, TorchLoader):
+    def script(cls: type) -> list:
+        loader = cls(Arrays(), batch_size=16, num_workers=2, timeout=60)
+        first = [_plain(b) for b in loader]
+        loader.worker_init_fn = add_hundred
+        second = [_plain(b) for b in loader]
+        loader.collate_fn = where_collated
+        third = [_plain(b) for b in loader]
+        return [first, second, third]
+
+    _both(Loader, TorchLoader, script)
+
+
+# 3
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_seeds_and_draws_inside_workers_are_torchs(Loader, TorchLoader, num_workers):
+    def script(cls: type) -> list:
+        torch.manual_seed(11)
+        random.seed(11)
+        np.random.seed(11)
+        loader = cls(Seeds(), batch_size=4, shuffle=True, num_workers=num_workers,
+                     generator=torch.Generator().manual_seed(5), timeout=60 if num_workers else 0)
+        return _epochs(loader)
+
+    _both(Loader, TorchLoader, script)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_shards_shuffled_with_random_in_iter_come_in_torchs_order(
+    Loader, TorchLoader, num_workers
+):
+    def script(cls: type) -> list:
+        random.seed(3)
+        torch.manual_seed(3)
+        loader = cls(ShuffledShards(), batch_size=3, num_workers=num_workers,
+                     timeout=60 if num_workers else 0)
+        return _epochs(loader)
+
+    _both(Loader, TorchLoader, script)
+
+
+# 4
+def test_in_process_loading_leaves_the_scripts_rng_streams_as_torch_does(Loader, TorchLoader):
+    def script(cls: type) -> list:
+        torch.manual_seed(0)
+        random.seed(0)
+        np.random.seed(0)
+        loader = cls(Noisy(), batch_size=4, shuffle=True)
+        epochs = _epochs(loader)
+        after = (torch.rand(3).tolist(), random.random(), float(np.random.rand()))
+        return [epochs, after]
+
+    _both(Loader, TorchLoader, script)
+
+
+# 5
+@pytest.mark.parametrize("set_epoch", [None, 0])
+def test_a_distributed_sampler_is_advanced_only_by_the_script(Loader, TorchLoader, set_epoch):
+    def script(cls: type) -> list:
+        ds = Arrays(40)
+        sampler = torch.utils.data.DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True)
+        loader = cls(ds, batch_size=5, sampler=sampler)
+        out = []
+        for _ in range(3):
+            if set_epoch is not None:
+                sampler.set_epoch(set_epoch)
+            out.append([_plain(b) for b in loader])
+        return out
+
+    _both(Loader, TorchLoader, script)
+
+
+# 6
+def _slab_mappings() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("stoker-slab" in line for line in f)
+
+
+def test_a_finished_loader_keeps_no_shared_memory(stoker_only):
+    class Images(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 128
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.full((3, 64, 64), float(i))
+
+    before = _slab_mappings()
+    loaders = [stoker.DataLoader(Images(), batch_size=32, num_workers=2, timeout=60)
+               for _ in range(3)]
+    for loader in loaders:  # three validation loaders, each run to its end
+        for batch in loader:
+            del batch
+    gc.collect()
+    assert _slab_mappings() == before  # torch frees an epoch's batches when it ends
+    kept = stoker.DataLoader(Images(), batch_size=32, num_workers=2, timeout=60,
+                             beyond_torch={"keep_slabs"})
+    for batch in kept:
+        del batch
+    gc.collect()
+    assert _slab_mappings() > before  # the opt-in keeps them for the next epoch
+    del kept, loaders
+    gc.collect()
+    assert _slab_mappings() == before
+
+
+# 8
+def test_a_large_list_is_a_list_inside_workers(Loader, TorchLoader):
+    def script(cls: type) -> list:
+        loader = cls(Paths(), batch_size=4, sampler=range(0, 70_000, 7_000), num_workers=2,
+                     timeout=60)
+        return [_plain(b) for b in loader]
+
+    _both(Loader, TorchLoader, script)
+
+
+# 9
+def test_prefetch_factor_zero_with_workers_is_refused_at_iter_as_torch_does(Loader):
+    loader = Loader(Arrays(20), batch_size=2, num_workers=2, prefetch_factor=0)
+    assert len(loader) == 10
+    with pytest.raises(AssertionError, match="^prefetch_factor must be greater than 0 for "
+                                             "MultiProcessingDataLoaderIter$"):
+        iter(loader)
+
+
+# 10
+@pytest.mark.parametrize("straggle_cpu_s", [0.0, 0.6])
+def test_batch_k_is_loaded_by_worker_k_mod_num_workers(Loader, straggle_cpu_s):
+    loader = Loader(WhoLoads(straggle_cpu_s), batch_size=4, num_workers=3, timeout=60)
+    for k, (_, workers) in enumerate(loader):
+        assert workers.tolist() == [k % 3] * 4, k
