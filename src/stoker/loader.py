@@ -22,7 +22,12 @@ from stoker._core.stats import LoaderStats
 from stoker.device.attach import feed_spec
 from stoker.distributed import begin_epoch, next_epoch
 from stoker.distributed.context import DistContext, detect, rank_and_world
-from stoker.engine.base_iter import BaseIterator, fetch_spec_of, stateful_sampler_of
+from stoker.engine.base_iter import (
+    BaseIterator,
+    fetch_spec_of,
+    keeps_main_rngs,
+    stateful_sampler_of,
+)
 from stoker.engine.inline_iter import InlineIterator
 from stoker.engine.loader_state import EngineState
 from stoker.engine.process_iter import ProcessIterator
@@ -36,7 +41,7 @@ from stoker.fastpaths.switch import enabled as fast_paths_enabled
 from stoker.fastpaths.switch import tell_not_per_sample
 from stoker.fetch.fetchers import vectorisable
 from stoker.integrations.accelerate import remember as remember_for_accelerate
-from stoker.sampling.rng_state import RngSnapshot
+from stoker.sampling.rng_state import RngSnapshot, check_main_rngs
 from stoker.sampling.sharded import ShardedSampler
 
 T_co = TypeVar("T_co", covariant=True)
@@ -152,7 +157,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         before every batch from (base seed, epoch, batch position), in whichever process
         fetches it, so random augmentations do not depend on ``num_workers`` and resume across
         ``num_workers``; with ``num_workers=0`` the caller's RNG states are restored after
-        each fetch. ``"per_worker"`` is torch's behaviour.
+        each fetch. ``"per_worker"`` is torch's behaviour; its states resume with the same
+        ``num_workers`` (NOTE [ Worker streams resume ], NOTE [ Main streams resume ]).
     stall_warning_s: with workers, if no batch arrives for this long, warn once (per stall)
         naming the busy workers, the samples they hold and their current Python stacks, and
         keep waiting. ``None`` turns it off. ``timeout`` still fails hard, with the same report.
@@ -179,7 +185,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         does. Copies run on a side stream of stoker's, ``device_prefetch`` batches ahead; your
         current stream waits for them on an event (no synchronize), and slabs are page-locked
         in place, so nothing is copied on the host (NOTE [ Batches on the device ]).
-    device_prefetch: batches whose copies are queued ahead of the one handed out (default 1).
+    device_prefetch: batches whose copies are queued ahead of the one handed out (default 1;
+        none under torch's seeding with ``num_workers=0``, where a batch loaded ahead would
+        draw from the caller's global RNGs before the caller's step: NOTE [ Main streams
+        resume ]).
     device_transform: a function run on the device right after each batch's copy, on the copy
         stream (``uint8`` -> ``float``, normalize, ``channels_last``, GPU image decoding with
         ``stoker.image.DecodeImages``); it receives the batch on the device and returns the
@@ -485,7 +494,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def _fresh_state(self, finished: Any) -> dict[str, Any]:
         """The state of an epoch not begun yet: generators as they are now."""
-        rng = RngSnapshot(self.generator, self._index_sampler)
+        rng = RngSnapshot(self.generator, self._index_sampler, main_rngs=keeps_main_rngs(self))
         rng.capture()
         persistent_alive = (
             finished is not None and self._iterator is not None
@@ -515,7 +524,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from ``state_dict`` at the next ``iter()``; works across ``num_workers``.
+        """Resume from ``state_dict`` at the next ``iter()``: with the same ``num_workers``, and
+        across ``num_workers`` when the state was saved under per-batch seeding.
 
         Refuses a state that does not fit this loader (NOTE [ A state must fit its loader ]),
         and, before applying any of it, one that is not this rank's."""
@@ -523,6 +533,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         check_fields(state)  # NOTE [ A state must fit its loader ]
         check_rank(state)  # before any of it is applied
         check_worker_streams(state, self)  # NOTE [ Worker streams resume ]
+        check_main_rngs(state.get("rng"))  # NOTE [ Main streams resume ]
         if "dataset_state" in state and callable(getattr(self.dataset, "load_state_dict", None)):
             self.dataset.load_state_dict(state["dataset_state"])  # type: ignore[attr-defined]
         check_fit(state, self)  # with the dataset's own state loaded (its length may follow it)

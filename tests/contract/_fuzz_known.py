@@ -73,8 +73,10 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "(promoted, as torch does without workers); a tensor with a numpy scalar or float "
         "gives torch AttributeError ('float' object has no attribute 'numel'), "
         "stoker TypeError; shapes (1, 3) and () give torch 'Trying to resize storage that "
-        "is not resizable', stoker 'stack expects each tensor to be equal size'. Masked: "
-        "with workers, a leaf keeps its type, dtype and shape across samples."
+        "is not resizable', stoker 'stack expects each tensor to be equal size'; the same "
+        "with batch_size=None and default_collate as collate_fn, which collates the leaves "
+        "of one sample. Masked: with workers, a leaf keeps its type, dtype and shape across "
+        "samples, and no default_collate of single samples."
     ),
     "stop_iteration_in_map_style": (
         "StopIteration raised by a map-style dataset's __getitem__ (or a collate_fn) ends "
@@ -94,6 +96,20 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "left None by the constructor): both raise TypeError, torch \"'<=' not supported "
         "between instances of 'NoneType' and 'int'\", stoker \"'>' not supported ...\". "
         "Masked: num_workers is not raised from 0 between epochs."
+    ),
+    "persistent_iterable_fewer_workers": (
+        "IterableDataset, persistent_workers=True, num_workers=3, loader.num_workers = 1 "
+        "after the first epoch: torch's second epoch runs on its 3 persistent workers "
+        "([0..5] again), stoker's raises IndexError('list index out of range'). Masked: "
+        "num_workers is not lowered between epochs for an iterable with persistent workers."
+    ),
+    "collate_type_error_retry": (
+        "torch's default_collate catches TypeError around a sequence's (and a mapping's) "
+        "elements and collates them again as a plain list (dict), so a failing inner collate "
+        "runs twice: with samples [0] and [np.ones((3, 2))] (an int then an array), torch "
+        "warns 'Creating a tensor from a list of numpy.ndarrays is extremely slow' twice "
+        "under torch.set_warn_always(True), stoker once (the error raised is the same). "
+        "Masked: a Python or numpy scalar leaf does not alternate with a numpy array."
     ),
     "aliasing_across_workers": (
         "batch leaves that are the same tensor or views of one tensor (a collate_fn returning "

@@ -2,11 +2,12 @@
 loader arguments, mostly valid under torch, sometimes not (torch's construction errors are
 part of the contract too).
 
-Where torch's own result depends on timing (``in_order=False`` with two or more workers),
-the case leaves out what would make the comparison flaky under torch itself: observations
-that depend on which worker built a sample (map-style only: an iterable's workers each
-build their own stream), faults, and stopping an epoch early. The record sorts such epochs'
-batches (``Case.order_free``).
+Where torch's own result depends on timing, the case leaves out what would make the
+comparison flaky under torch itself (see ``Plan``): with ``in_order=False`` and two or more
+workers, observations that depend on which worker built a sample (map-style only: an
+iterable's workers each build their own stream), errors, and stopping an epoch early (the
+record sorts such epochs' batches, ``Case.order_free``); with an iterable dataset and two or
+more persistent workers, errors and stopping the first epoch early.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from _fuzz_cases import COLLATE_OBS, EXCEPTIONS
+from _fuzz_callables import COLLATE_OBS
+from _fuzz_cases import EXCEPTIONS
 from _fuzz_known import masked
 from _fuzz_spec import (
     OBS_NAMES,
@@ -48,6 +50,12 @@ WORKER_TIMEOUT_S = (30.0, 45)  # every blocking next() with workers ends (timeou
 shapes = st.lists(st.sampled_from((0, 1, 2, 3)), max_size=2).map(tuple)
 
 
+def rarely(draw: Any, one_in: int) -> bool:
+    """True about once in ``one_in + 1`` draws. (Not ``integers(0, k) == 0``: hypothesis
+    draws the simplest value, 0, far more often than 1 in k+1.)"""
+    return draw(st.integers(0, one_in)) == one_in
+
+
 @dataclass(frozen=True)
 class Plan:
     """What the case as a whole allows, decided before its parts are drawn."""
@@ -56,6 +64,14 @@ class Plan:
     num_workers: int
     in_order: bool | None
     num_workers_op: int | None  # loader.num_workers reassigned before the second epoch
+    persistent: bool | None  # persistent_workers passed (None: left out)
+    how: str  # "plain" | "sampler" | "batch_sampler"
+    batch_size: int | None | str  # "omit": not passed
+
+    @property
+    def unbatched(self) -> bool:
+        """batch_size=None: the collate_fn gets one sample at a time."""
+        return self.batch_size is None
 
     @property
     def workers_ever(self) -> bool:
@@ -72,9 +88,19 @@ class Plan:
         return self.order_free and self.style != "iter"
 
     @property
+    def first_epoch_whole(self) -> bool:
+        """The first epoch must run to its end: with an iterable dataset, two or more
+        persistent workers and a worker that runs out early, how many tasks torch sends the
+        others before it hears of that is timing, and stopping early leaves those workers
+        (their RNG, their counters) at a timing-dependent place for the second epoch."""
+        return self.order_free or (
+            self.style == "iter" and self.num_workers >= 2 and bool(self.persistent))
+
+    @property
     def errors_allowed(self) -> bool:
-        """Faults, and data default_collate refuses (which worker fails first is timing)."""
-        return not self.order_free
+        """Faults, and data default_collate refuses (which worker fails first is timing; an
+        error ends the epoch early)."""
+        return not self.first_epoch_whole
 
     @property
     def worker_init_faults(self) -> bool:
@@ -121,10 +147,14 @@ def leaves(draw: Any, allow_bad: bool, views: bool = True, mixed: bool = True) -
         sources = ("fresh", "fresh", "view", "copy") if views else ("fresh", "copy")
         source = draw(st.sampled_from(sources))
     alt = None
-    if mixed and source == "fresh" and draw(st.integers(0, 5)) == 0:  # mixed across samples
+    if mixed and source == "fresh" and rarely(draw, 5):  # mixed across samples
         alt = draw(leaves(allow_bad=False, views=views))
         if alt.source != "fresh":
             alt = Leaf(alt.kind, alt.dtype, alt.shape)
+        if kind in ("int", "float", "bool", "npscalar") and alt.kind == "np" and masked(
+            "collate_type_error_retry"
+        ):
+            alt = None
     return Leaf(kind, dtype, shape, source, alt)
 
 
@@ -176,12 +206,12 @@ def _add_refs(tree: Tree, picks: list[int], counter: list[int]) -> Tree:
 def trees(draw: Any, plan: Plan) -> Tree:
     """A sample's structure; what it may hold depends on the plan (see ``Plan``)."""
     obs_names = OBS_STABLE if plan.stable_only else OBS_NAMES
-    allow_bad = plan.errors_allowed and draw(st.integers(0, 5)) == 0
+    allow_bad = plan.errors_allowed and rarely(draw, 5)
     leaf = leaves(allow_bad, views=plan.views, mixed=plan.mixed)
     base = st.one_of(leaf, leaf, obs_leaves(obs_names))
     tree = draw(st.recursive(base, nodes, max_leaves=6))
     n = _count(tree)
-    if plan.aliasing and n > 1 and draw(st.integers(0, 3)) == 0:
+    if plan.aliasing and n > 1 and rarely(draw, 3):
         picks = draw(st.lists(st.sampled_from((-1, -1, 0, 1, 2, 3)), min_size=n, max_size=n))
         tree = _add_refs(tree, picks, [0])
     return tree
@@ -195,9 +225,12 @@ def faults(n: int, stop: bool = True) -> st.SearchStrategy[Fault]:
 @st.composite
 def collates(draw: Any, plan: Plan, tag: str) -> CollateSpec:
     names = COLLATE_OBS_STABLE if plan.stable_only else COLLATE_OBS
-    bases = ("default", "default", "identity", "first", "convert")
-    if plan.errors_allowed:
-        bases += ("numpy",)  # fails on bfloat16 tensors
+    bases: tuple[str, ...] = ("identity", "first", "convert")  # never fail
+    # default_collate of one sample (batch_size=None) collates the sample's own leaves: they
+    # may differ in type (worker_collate); numpy fails on bfloat16 tensors.
+    one_sample_mixes = plan.unbatched and plan.workers_ever and masked("worker_collate")
+    if plan.errors_allowed and not one_sample_mixes:
+        bases += ("default", "default", "numpy")
     base = draw(st.sampled_from(bases))
     obs = tuple(draw(st.lists(st.sampled_from(names), max_size=4, unique=True)))
     fault = None
@@ -240,15 +273,13 @@ def _maybe(draw: Any, args: list[tuple[str, Any]], name: str, values: st.SearchS
 @st.composite
 def loader_args(draw: Any, plan: Plan) -> tuple[tuple[str, Any], ...]:
     args: list[tuple[str, Any]] = []
-    style, num_workers = plan.style, plan.num_workers
-    how = draw(st.sampled_from(("plain", "plain", "sampler", "batch_sampler")))
-    if style == "iter":
-        how = "plain"
+    style, num_workers, how = plan.style, plan.num_workers, plan.how
     if how == "batch_sampler":
         args.append(("batch_sampler", draw(batch_samplers())))
     else:
-        _maybe(draw, args, "batch_size", st.sampled_from((None, 1, 2, 3, 5)))
-        if dict(args).get("batch_size", 1) is not None:
+        if plan.batch_size != "omit":
+            args.append(("batch_size", plan.batch_size))
+        if not plan.unbatched:
             _maybe(draw, args, "drop_last", st.booleans())
         if how == "sampler":
             args.append(("sampler", draw(samplers())))
@@ -262,7 +293,8 @@ def loader_args(draw: Any, plan: Plan) -> tuple[tuple[str, Any], ...]:
         args.append(("timeout", draw(st.sampled_from(WORKER_TIMEOUT_S))))
         _maybe(draw, args, "worker_init_fn", st.none() | worker_inits(plan, "w0"))
         _maybe(draw, args, "prefetch_factor", st.sampled_from((None, 1, 2, 3)))
-        _maybe(draw, args, "persistent_workers", st.booleans())
+        if plan.persistent is not None:
+            args.append(("persistent_workers", plan.persistent))
     else:
         timeouts = (0,) if masked("timeout_without_workers") else (0, 5.0)
         _maybe(draw, args, "timeout", st.sampled_from(timeouts))
@@ -270,7 +302,7 @@ def loader_args(draw: Any, plan: Plan) -> tuple[tuple[str, Any], ...]:
     _maybe(draw, args, "generator", st.none() | st.integers(0, 3))
     if plan.in_order is not None:
         args.append(("in_order", plan.in_order))
-    if draw(st.integers(0, 9)) == 0:
+    if rarely(draw, 9):
         args.append(draw(_invalid_arg(style, num_workers)))
     perm = draw(st.permutations(range(len(args))))
     return tuple(args[i] for i in perm)
@@ -299,15 +331,16 @@ def epochs(draw: Any, plan: Plan) -> tuple[EpochSpec, ...]:
         if plan.errors_allowed:
             new_collate = st.none() | new_collate  # torch then calls None: TypeError
         ops.append(Op("collate_fn", draw(new_collate)))
-    if draw(st.integers(0, 3)) == 0:
+    if rarely(draw, 3):
         ops.append(Op("generator", draw(st.none() | st.integers(4, 6))))
     if plan.num_workers_op is not None:
         ops.append(Op("num_workers", plan.num_workers_op))
-    if draw(st.integers(0, 7)) == 0:
+    if rarely(draw, 7):
         ops.append(Op(draw(st.sampled_from(("batch_size", "drop_last", "sampler"))), None))
     specs = []
     for number in range(2):
-        stop = None if plan.order_free else draw(st.none() | st.none() | st.integers(1, 3))
+        early = plan.order_free or (number == 0 and plan.first_epoch_whole)
+        stop = None if early else draw(st.none() | st.none() | st.integers(1, 3))
         specs.append(EpochSpec(
             ops=tuple(ops) if number == 1 else (),
             stop_after=stop,
@@ -322,20 +355,30 @@ def plans(draw: Any) -> Plan:
     style = draw(st.sampled_from(("map", "map", "map_getitems", "iter", "iter")))
     num_workers = draw(st.sampled_from((0, 0, 1, 2, 2, 3)))
     in_order = draw(st.sampled_from((None, None, True, False)))
+    persistent = draw(st.sampled_from((None, False, True))) if num_workers else None
     num_workers_op = None
-    if in_order is None and draw(st.integers(0, 5)) == 0:
+    if in_order is None and rarely(draw, 5):
         # timeout>0 comes with workers; taking them away would meet timeout_without_workers
         low = 1 if num_workers and masked("timeout_without_workers") else 0
         high = 0 if not num_workers and masked("num_workers_raised_later") else 2
-        num_workers_op = draw(st.integers(low, high))
-    return Plan(style, num_workers, in_order, num_workers_op)
+        if style == "iter" and persistent and masked("persistent_iterable_fewer_workers"):
+            low = max(low, num_workers)
+        if low <= high:
+            num_workers_op = draw(st.integers(low, high))
+    how = "plain"
+    if style != "iter":
+        how = draw(st.sampled_from(("plain", "plain", "sampler", "batch_sampler")))
+    batch_size: int | None | str = "omit"
+    if how != "batch_sampler" and draw(st.booleans()):
+        batch_size = draw(st.sampled_from((None, 1, 2, 3, 5)))
+    return Plan(style, num_workers, in_order, num_workers_op, persistent, how, batch_size)
 
 
 @st.composite
 def cases(draw: Any) -> Case:
     plan = draw(plans())
     tree = draw(trees(plan))
-    n = draw(st.integers(0, 11))
+    n = draw(st.integers(1, 11)) if not rarely(draw, 9) else 0
     fault = None
     if plan.errors_allowed:  # an iterable's __iter__ ending with StopIteration is its end
         stop = plan.stop_iteration or plan.style == "iter"

@@ -42,17 +42,27 @@ from typing import Any
 import pytest
 from _fuzz_known import KNOWN_DIFFERENCES, UNMASK_ENV
 from _fuzz_record import compare_case
-from _fuzz_spec import Case, CollateSpec, DatasetSpec, EpochSpec, Fault, Leaf, Op, WorkerInitSpec
+from _fuzz_spec import (
+    Case,
+    CollateSpec,
+    DatasetSpec,
+    EpochSpec,
+    Fault,
+    Leaf,
+    Node,
+    Op,
+    WorkerInitSpec,
+)
 from _fuzz_strategies import cases
 from hypothesis import HealthCheck, given, seed, settings
 
 # The leak check (tests/integration/conftest.py), as tests/contract/conftest.py loaded it.
 _leak = sys.modules["_stoker_contract_leak_check"]
 
-FUZZ_EXAMPLES = 600
+FUZZ_EXAMPLES = 1200
 SOAK_EXAMPLES = int(os.environ.get("STOKER_FUZZ_EXAMPLES", "3000"))
 SOAK_SEED = os.environ.get("STOKER_FUZZ_SEED")
-PER_EXAMPLE_S = 2.0  # generous: the bounded run averages ~0.2 s an example on 2 cores
+PER_EXAMPLE_S = 0.5  # a hang still ends the test: the bounded run averages ~0.07 s an example
 
 _SETTINGS = dict(
     deadline=None,
@@ -63,19 +73,21 @@ _SETTINGS = dict(
 )
 
 
-def check(case: Case) -> None:
-    """Run ``case`` through torch and stoker; fail with the differences, or on a leak."""
+def check(case: Case, loader_cls: type) -> None:
+    """Run ``case`` through torch and ``loader_cls``; fail with the differences, or on a
+    leak. (``loader_cls`` is the conftest's ``Loader``: with ``STOKER_TEST_LOADER=torch``
+    the fuzzer compares torch with itself, which shows that the cases are deterministic.)"""
     before = _leak.snapshot()
-    found = compare_case(case, settle=lambda: _leak.wait_for_baseline(before))
+    found = compare_case(case, lambda: _leak.wait_for_baseline(before), loader_cls)
     # AssertionError, not pytest.fail: hypothesis then prints the falsifying Case(...).
     assert found is None, f"stoker differs from torch:\n{found}"
 
 
 @pytest.mark.timeout(FUZZ_EXAMPLES * PER_EXAMPLE_S + 120)
 @settings(max_examples=FUZZ_EXAMPLES, derandomize=True, **_SETTINGS)
-@given(cases())
-def test_stoker_matches_torch(case: Case) -> None:
-    check(case)
+@given(case=cases())
+def test_stoker_matches_torch(Loader: type, case: Case) -> None:
+    check(case, Loader)
 
 
 def _seeded(test: Any) -> Any:
@@ -87,9 +99,9 @@ def _seeded(test: Any) -> Any:
 @pytest.mark.timeout(SOAK_EXAMPLES * PER_EXAMPLE_S + 300)
 @_seeded
 @settings(max_examples=SOAK_EXAMPLES, derandomize=False, **_SETTINGS)
-@given(cases())
-def test_stoker_matches_torch_soak(case: Case) -> None:
-    check(case)
+@given(case=cases())
+def test_stoker_matches_torch_soak(Loader: type, case: Case) -> None:
+    check(case, Loader)
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,6 +147,15 @@ MINIMAL_CASES: dict[str, Case] = {
     "num_workers_raised_later": Case(
         _map(), (), (EpochSpec(), EpochSpec(ops=(Op("num_workers", 1),)))
     ),
+    "persistent_iterable_fewer_workers": Case(
+        DatasetSpec("iter", 6, _INT, split="shard"),
+        (("num_workers", 3), ("persistent_workers", True), ("timeout", 30.0)),
+        (EpochSpec(), EpochSpec(ops=(Op("num_workers", 1),))),
+    ),
+    "collate_type_error_retry": Case(
+        _map(Node("list", (Leaf("int", alt=Leaf("np", "float32", (3, 2))),)), n=7),
+        (("batch_size", 5),), _ONE_EPOCH,
+    ),
     "aliasing_across_workers": Case(
         _map(Leaf("torch", "float32", (3,))),
         _WORKERS + (("collate_fn", CollateSpec("default", alias=True)),),
@@ -155,10 +176,12 @@ def test_every_known_difference_has_a_minimal_case() -> None:
         for name in sorted(MINIMAL_CASES) if name in KNOWN_DIFFERENCES
     ],
 )
-def test_known_difference_still_occurs(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_known_difference_still_occurs(
+    name: str, Loader: type, stoker_only: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """XPASS (a failure, strict) means stoker now matches torch here: delete the entry from
     ``_fuzz_known.KNOWN_DIFFERENCES`` so the fuzzer generates the feature again. Only this
     entry's switch is off, so the case fails on this difference alone."""
     monkeypatch.setenv(UNMASK_ENV, name)
-    check(MINIMAL_CASES[name])
+    check(MINIMAL_CASES[name], Loader)
 

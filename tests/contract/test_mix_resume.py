@@ -3,7 +3,13 @@
 (Named ``test_mix_resume.py``: ``tests/unit/test_mix.py`` exists and the test directories are
 not packages, so two ``test_mix.py`` would collide at collection.)
 
-The sources draw a random augmentation per sample, so per-batch seeding is covered as well.
+The sources draw a random augmentation per sample, so seeding is covered as well: every test
+that resumes with the ``num_workers`` it saved with runs under explicit per-batch seeding and
+under the default, torch's per-worker seeding (the ``seeding`` fixture in ``conftest.py``; its
+docstring says why the default's loaders seed the global RNGs first); resuming at another
+``num_workers`` is a promise of per-batch seeding alone (under torch's seeding the rest of the
+epoch depends on which worker loads which batch), so that test names it alone.
+
 A map-style mix is resumed by the loader like any map-style dataset (O(1) skip); an iterable
 mix is re-read and fast-forwarded, which is exact because each shard's mix is a deterministic
 function of (seed, epoch, shard) (see ``stoker.mix``).
@@ -11,6 +17,7 @@ function of (seed, epoch, shard) (see ``stoker.mix``).
 
 from __future__ import annotations
 
+import random
 import re
 import warnings
 from typing import Any
@@ -69,7 +76,15 @@ def iterable_mix(stop: str = "first_exhausted", **kwargs: Any) -> Any:
                stop=stop, **kwargs)
 
 
-def loader(dataset: Any, num_workers: int = 0, **kwargs: Any) -> Any:
+def loader(dataset: Any, num_workers: int = 0, seeding: str = "per_batch", **kwargs: Any) -> Any:
+    """``seeding="default"`` names none (torch's) and seeds the global RNGs first, as a script
+    does at its start (``conftest.seeding``)."""
+    if seeding == "default":
+        random.seed(1234)
+        np.random.seed(1234)
+        torch.manual_seed(1234)
+    else:
+        kwargs["seeding"] = seeding
     return stoker.DataLoader(dataset, num_workers=num_workers,
                              generator=torch.Generator().manual_seed(1), **kwargs)
 
@@ -79,24 +94,29 @@ def loader(dataset: Any, num_workers: int = 0, **kwargs: Any) -> Any:
     [(0, "first_exhausted", True, None), (0, "all_exhausted", False, None),
      (0, "cycle", True, None), (2, "first_exhausted", True, 5), (2, "all_exhausted", False, 4)],
 )
-def test_map_mix_resumes(num_workers: int, stop: str, shuffle: bool, steps: int | None) -> None:
+def test_map_mix_resumes(
+    num_workers: int, stop: str, shuffle: bool, steps: int | None, seeding: str
+) -> None:
     check = assert_resumes_exactly(
-        lambda: loader(map_mix(stop), num_workers, batch_size=4, shuffle=shuffle), steps=steps
+        lambda: loader(map_mix(stop), num_workers, batch_size=4, shuffle=shuffle,
+                       seeding=seeding),
+        steps=steps,
     )
     assert sum(check.epoch_lengths) > 0
 
 
-def test_map_mix_epoch_travels_with_the_loader_state() -> None:
+def test_map_mix_epoch_travels_with_the_loader_state(seeding: str) -> None:
     # The saving loader's mix is at epoch 2; the resumed one is built at epoch 0 and gets the
     # epoch back from the loader's state (``dataset_state``).
     check = assert_resumes_exactly(
-        lambda: loader(map_mix(epoch=2), batch_size=3, shuffle=True),
-        resume_loader=lambda: loader(map_mix(), batch_size=3, shuffle=True),
+        lambda: loader(map_mix(epoch=2), batch_size=3, shuffle=True, seeding=seeding),
+        resume_loader=lambda: loader(map_mix(), batch_size=3, shuffle=True, seeding=seeding),
     )
     assert check.resumes > 2
 
 
 def test_map_mix_with_different_num_workers_after_resume() -> None:
+    # Per-batch seeding only (module docstring).
     assert_resumes_exactly(
         lambda: loader(map_mix(), 2, batch_size=4, shuffle=True),
         resume_loader=lambda: loader(map_mix(), 0, batch_size=4, shuffle=True),
@@ -104,11 +124,12 @@ def test_map_mix_with_different_num_workers_after_resume() -> None:
     )
 
 
-def test_map_mix_sharded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_map_mix_sharded(seeding: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert_resumes_exactly(
-        lambda: loader(map_mix("all_exhausted"), batch_size=3, shuffle=True, shard=True)
+        lambda: loader(map_mix("all_exhausted"), batch_size=3, shuffle=True, shard=True,
+                       seeding=seeding)
     )
 
 
@@ -121,7 +142,8 @@ _FAST_FORWARD = re.escape("Resuming IterableMix (an IterableDataset) by reading 
      (2, "all_exhausted", 4)],
 )
 def test_iterable_mix_resumes(
-    num_workers: int, stop: str, steps: int | None, monkeypatch: pytest.MonkeyPatch
+    num_workers: int, stop: str, steps: int | None, seeding: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(base_iter, "_warned_fast_forward", set())  # see test_resume_contract
     if num_workers == 0:
@@ -129,19 +151,25 @@ def test_iterable_mix_resumes(
         # iterator with state_dict/load_state_dict): nothing is read again, nothing to warn.
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            assert_resumes_exactly(lambda: loader(iterable_mix(stop), 0, batch_size=3))
+            assert_resumes_exactly(
+                lambda: loader(iterable_mix(stop), 0, batch_size=3, seeding=seeding))
         return
     with pytest.warns(UserWarning, match=_FAST_FORWARD):
         assert_resumes_exactly(
-            lambda: loader(iterable_mix(stop), num_workers, batch_size=3), steps=steps
+            lambda: loader(iterable_mix(stop), num_workers, batch_size=3, seeding=seeding),
+            steps=steps,
         )
 
 
-def test_iterable_mix_cycle_with_num_samples_resumes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_iterable_mix_cycle_with_num_samples_resumes(
+    seeding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(base_iter, "_warned_fast_forward", set())
     with pytest.warns(UserWarning, match=_FAST_FORWARD):
         check = assert_resumes_exactly(
-            lambda: loader(iterable_mix("cycle", num_samples=40), 2, batch_size=4), steps=4
+            lambda: loader(iterable_mix("cycle", num_samples=40), 2, batch_size=4,
+                           seeding=seeding),
+            steps=4,
         )
     assert sum(check.epoch_lengths) == 2 * 10
 

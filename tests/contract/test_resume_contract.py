@@ -1,9 +1,26 @@
 """``assert_resumes_exactly`` over the loader's configuration matrix.
 
 Every dataset here draws from ``random``, numpy's global RNG and torch's global RNG in
-``__getitem__``/``__iter__``, so the batches also check that per-batch seeding makes
-augmentations depend only on (base seed, epoch, batch position): the same after a resume, and
-the same for any ``num_workers``.
+``__getitem__``/``__iter__``, so the batches also check the augmentations after a resume.
+
+Seeding (the ``seeding`` fixture, ``conftest.py``)
+    The matrix runs under explicit per-batch seeding (``seeding="per_batch"`` in ``build``),
+    which makes augmentations depend only on (base seed, epoch, batch position): the same after
+    a resume and the same for any ``num_workers``, whatever the caller's global RNGs did. Every
+    configuration that resumes with the ``num_workers`` it saved with runs under the default
+    seeding too (torch's per-worker seeding, NOTE [ Same as torch unless asked ]; the fixture
+    clears ``STOKER_BEYOND_TORCH`` so the default is torch's): each worker draws from its own
+    streams, which the state carries (NOTE [ Worker streams resume ]), and with
+    ``num_workers=0`` the samples draw from the main process's global RNGs, which the state
+    carries too (NOTE [ Main streams resume ]); the resume is as exact. ``build`` then seeds
+    ``random``, numpy and torch first, as a script does at its start, so that the reference,
+    the saving run and every resumed run start from the same streams. Two promises hold only
+    under per-batch seeding, so their tests name it alone: resuming at another
+    ``num_workers`` (under torch's seeding the rest of the epoch depends on which worker loads
+    which batch; such a state is refused, tested here too), and ``in_order=False`` below
+    (under torch's seeding which worker loads a batch depends on timing, so its augmentations
+    differ run to run even without a resume; ``test_worker_stream_resume`` checks what holds
+    there: every worker's stream continues).
 
 Workers are used sparingly (each resume starts them again): configurations with workers check a
 handful of save points (``steps=4..5``, always including step 0, the end of the first epoch and
@@ -54,6 +71,7 @@ from torch.utils.data import (
 )
 
 import stoker
+from stoker._core import beyond_torch
 from stoker.distributed import shard_iterable
 from stoker.engine import base_iter
 from stoker.testing import (
@@ -164,11 +182,28 @@ class GlobalRngCheckpoint(stoker.DataLoader):
         super().load_state_dict(state)
 
 
+PER_BATCH, DEFAULT = "per_batch", "default"  # the ``seeding`` fixture's values (conftest)
+
+
+def seed_globals(seed: int = 1234) -> None:
+    """What a script does at its start (``seed_everything``)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def build(
     num_workers: int = 0, *, dataset: Any = None, n: int = N, seed: int | None = 3,
-    loader_cls: type = stoker.DataLoader, **kwargs: Any,
+    loader_cls: type = stoker.DataLoader, seeding: str = PER_BATCH, **kwargs: Any,
 ) -> Any:
-    """A loader over a fresh dataset; ``seed=None`` means ``generator=None`` (global RNG)."""
+    """A loader over a fresh dataset; ``seed=None`` means ``generator=None`` (global RNG).
+
+    ``seeding``: ``"default"`` passes none (torch's seeding) and seeds the global RNGs first
+    (module docstring); any other value is passed as ``seeding=``."""
+    if seeding != PER_BATCH:
+        seed_globals()  # torch's seeding with num_workers=0: the samples draw from these
+    if seeding != DEFAULT:
+        kwargs["seeding"] = seeding
     if seed is None:
         torch.manual_seed(1234)  # the shuffle and the base seed come from the global RNG
         generator = None
@@ -194,26 +229,29 @@ MAP_CASES = [
 
 
 @pytest.mark.parametrize(("shuffle", "drop_last", "batch_size"), MAP_CASES)
-def test_map_style_every_step(shuffle: bool, drop_last: bool, batch_size: int | None) -> None:
+def test_map_style_every_step(
+    shuffle: bool, drop_last: bool, batch_size: int | None, seeding: str
+) -> None:
     check = assert_resumes_exactly(
-        loaders(shuffle=shuffle, drop_last=drop_last, batch_size=batch_size), epochs=2
+        loaders(shuffle=shuffle, drop_last=drop_last, batch_size=batch_size, seeding=seeding),
+        epochs=2,
     )
     per_epoch = N if batch_size in (None, 1) else (N // 5 if drop_last else -(-N // 5))
     assert check.epoch_lengths == (per_epoch, per_epoch)
     assert check.steps == tuple(range(2 * per_epoch + 1))
 
 
-def test_three_epochs_odd_size() -> None:
-    assert_resumes_exactly(loaders(n=23, shuffle=True, batch_size=4), epochs=3)
+def test_three_epochs_odd_size(seeding: str) -> None:
+    assert_resumes_exactly(loaders(n=23, shuffle=True, batch_size=4, seeding=seeding), epochs=3)
 
 
 def test_per_worker_seeding_resumes_with_workers_off() -> None:
-    # seeding="per_worker" with num_workers=0: the dataset draws from the caller's global RNGs.
-    # Those advance as the run goes, so only the order (not the augmentation) is resumable;
-    # here the dataset draws nothing, to check the order alone.
-    assert_resumes_exactly(
-        loaders(dataset=torch.arange(N), shuffle=True, batch_size=3, seeding="per_worker")
-    )
+    # seeding="per_worker" named (the default's value) with num_workers=0: the samples draw
+    # from the caller's global RNGs, whose states at the epoch start and at the save point
+    # travel in the state (NOTE [ Main streams resume ]): augmentations resume too.
+    loader = build(shuffle=True, batch_size=3, seeding="per_worker")
+    assert set(loader.state_dict()["rng"]) == {"generator", "globals", "globals_at_save"}
+    assert_resumes_exactly(loaders(shuffle=True, batch_size=3, seeding="per_worker"), epochs=3)
 
 
 # -- map-style with workers ------------------------------------------------------------------
@@ -222,15 +260,19 @@ def test_per_worker_seeding_resumes_with_workers_off() -> None:
     ("shuffle", "batch_size", "drop_last"),
     [(True, 5, False), (False, None, False), (True, 4, True)],
 )
-def test_map_style_two_workers(shuffle: bool, batch_size: int | None, drop_last: bool) -> None:
+def test_map_style_two_workers(
+    shuffle: bool, batch_size: int | None, drop_last: bool, seeding: str
+) -> None:
     assert_resumes_exactly(
-        loaders(num_workers=2, shuffle=shuffle, batch_size=batch_size, drop_last=drop_last),
+        loaders(num_workers=2, shuffle=shuffle, batch_size=batch_size, drop_last=drop_last,
+                seeding=seeding),
         steps=5,
     )
 
 
 @pytest.mark.parametrize(("before", "after"), [(0, 2), (2, 0), (2, 1)])
 def test_resume_with_different_num_workers(before: int, after: int) -> None:
+    # Per-batch seeding only: its augmentations do not depend on num_workers.
     assert_resumes_exactly(
         loaders(num_workers=before, shuffle=True, batch_size=3),
         resume_loader=loaders(num_workers=after, shuffle=True, batch_size=3),
@@ -238,7 +280,56 @@ def test_resume_with_different_num_workers(before: int, after: int) -> None:
     )
 
 
+@pytest.mark.parametrize(("before", "after"), [(0, 2), (2, 0)])
+def test_default_seeding_refuses_another_num_workers(
+    before: int, after: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under torch's seeding the rest of the epoch continues streams only num_workers=before
+    # has: the state is refused, naming the seeding that resumes anywhere.
+    monkeypatch.delenv(beyond_torch.ENV, raising=False)
+    loader = build(before, shuffle=True, batch_size=3, seeding=DEFAULT)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    with pytest.raises(ValueError) as info:
+        build(after, shuffle=True, batch_size=3, seeding=DEFAULT).load_state_dict(state)
+    if before == 0:
+        cause = ("its samples drew their random numbers from the main process's global RNGs "
+                 "(num_workers=0), so the rest of the epoch continues those streams")
+    else:
+        cause = ("each worker draws its random numbers from its own streams, seeded once with "
+                 "base_seed + worker_id, so the rest of the epoch depends on which worker loads "
+                 "which batch")
+    assert str(info.value) == (
+        f"load_state_dict: this state was saved with num_workers={before} under torch's "
+        f"per-worker seeding (seeding=\"per_worker\"): {cause} and cannot be drawn by "
+        f"num_workers={after}. Load it into a loader with num_workers={before}, or save it from "
+        "a loader built with seeding=\"per_batch\" (or beyond_torch=True), which seeds every "
+        "batch from its position: its states resume at any num_workers."
+    )
+
+
+@pytest.mark.parametrize("key", ["globals", "globals_at_save"])
+def test_a_corrupted_main_rng_state_is_refused(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(beyond_torch.ENV, raising=False)
+    loader = build(shuffle=True, batch_size=3, seeding=DEFAULT)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    state["rng"][key] = "aGVsbG8="  # base64, but not of RNG states
+    with pytest.raises(ValueError) as info:
+        build(shuffle=True, batch_size=3, seeding=DEFAULT).load_state_dict(state)
+    assert str(info.value) == (
+        f"load_state_dict: state['rng'][{key!r}] is not the main process's global RNG states "
+        "(not one stoker.DataLoader.state_dict() wrote). Pass the dict returned by "
+        "DataLoader.state_dict() unchanged."
+    )
+
+
 def test_out_of_order_delivery() -> None:
+    # Per-batch seeding only: under torch's seeding the worker that loads a batch (and so its
+    # augmentations) depends on timing with in_order=False (module docstring).
     assert_resumes_exactly(
         loaders(num_workers=2, dataset=SlowOnWorker0(), shuffle=True, batch_size=2,
                 in_order=False),
@@ -246,9 +337,10 @@ def test_out_of_order_delivery() -> None:
     )
 
 
-def test_persistent_workers() -> None:
+def test_persistent_workers(seeding: str) -> None:
     assert_resumes_exactly(
-        loaders(num_workers=2, shuffle=True, batch_size=3, persistent_workers=True),
+        loaders(num_workers=2, shuffle=True, batch_size=3, persistent_workers=True,
+                seeding=seeding),
         epochs=3, steps=5,
     )
 
@@ -256,71 +348,139 @@ def test_persistent_workers() -> None:
 # -- generator=None: torch's global RNG ------------------------------------------------------
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_global_rng(num_workers: int) -> None:
+def test_global_rng(num_workers: int, seeding: str) -> None:
     assert_resumes_exactly(
-        loaders(num_workers=num_workers, seed=None, shuffle=True, batch_size=5),
+        loaders(num_workers=num_workers, seed=None, shuffle=True, batch_size=5, seeding=seeding),
         epochs=3, steps=None if num_workers == 0 else 5,
     )
 
 
-def test_global_rng_with_a_full_checkpoint() -> None:
+def test_global_rng_with_a_full_checkpoint(seeding: str) -> None:
     # The training checkpoint restores torch's global RNG too, before load_state_dict: the
     # loader's own restore must agree with it.
     assert_resumes_exactly(
-        loaders(seed=None, shuffle=True, batch_size=5, loader_cls=GlobalRngCheckpoint),
+        loaders(seed=None, shuffle=True, batch_size=5, loader_cls=GlobalRngCheckpoint,
+                seeding=seeding),
         epochs=3,
     )
 
 
-def test_global_rng_resumed_run_continues_the_callers_stream() -> None:
-    # After a resume, torch's global RNG is where the uninterrupted run had it at the save
-    # point, whatever the resumed process did to it before load_state_dict.
-    reference = build(seed=None, shuffle=True, batch_size=5)
+def _callers_draws(seeding: str, num_workers: int = 0) -> list[Any]:
+    """The caller's next draws: torch's global RNG (the order's source: the loader restores
+    it); under torch's seeding with num_workers=0 ``random``'s and numpy's too (the samples
+    drew from all three: the loader restores them)."""
+    if seeding == PER_BATCH or num_workers:
+        return [torch.rand(3)]
+    return [torch.rand(3), random.random(), np.random.rand()]
+
+
+def test_global_rng_resumed_run_continues_the_callers_stream(seeding: str) -> None:
+    # After a resume, the global RNGs are where the uninterrupted run had them at the save
+    # point, whatever the resumed process did to them before load_state_dict. Per-batch
+    # seeding leaves them to the caller while a batch loads; under torch's seeding the next
+    # batch draws from them first, as it did in the uninterrupted run.
+    reference = build(seed=None, shuffle=True, batch_size=5, seeding=seeding)
     it = iter(reference)
     next(it)
     state = reference.state_dict()
-    expected = torch.rand(3)  # the caller's next draw in the uninterrupted run
-    resumed = build(seed=None, shuffle=True, batch_size=5)
-    torch.manual_seed(99)  # the resumed process drew something else meanwhile
+    following = [next(it)] if seeding == DEFAULT else []
+    expected = _callers_draws(seeding)  # the caller's next draws in the uninterrupted run
+    resumed = build(seed=None, shuffle=True, batch_size=5, seeding=seeding)
+    seed_globals(99)  # the resumed process drew something else meanwhile
     resumed.load_state_dict(state)
-    next(iter(resumed))
-    assert torch.equal(torch.rand(3), expected)
+    batch = next(iter(resumed))
+    if following:
+        same_batches(following, [batch])
+    got = _callers_draws(seeding)
+    assert torch.equal(got[0], expected[0])
+    assert got[1:] == expected[1:]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_state_between_iter_and_the_first_batch(num_workers: int, seeding: str) -> None:
+    # torchdata's test_map_iterrupted_shuffle: a state taken right after iter(). Without a
+    # generator a RandomSampler draws its seed from torch's global RNG at its first next(),
+    # which with num_workers=0 comes after that state: the resumed run must draw it there too,
+    # not before the save point is put back (NOTE [ Main streams resume ]).
+    reference = build(num_workers, seed=None, shuffle=True, batch_size=5, seeding=seeding)
+    it = iter(reference)
+    state = reference.state_dict()
+    expected = list(it)
+    expected_draws = _callers_draws(seeding, num_workers)
+    resumed = build(num_workers, seed=None, shuffle=True, batch_size=5, seeding=seeding)
+    seed_globals(99)
+    resumed.load_state_dict(state)
+    same_batches(expected, list(resumed))
+    got = _callers_draws(seeding, num_workers)
+    assert torch.equal(got[0], expected_draws[0])
+    assert got[1:] == expected_draws[1:]
+
+
+@pytest.mark.parametrize("iterable", [False, True], ids=["map", "iterable"])
+def test_preempted_again_before_the_first_batch(
+    iterable: bool, seeding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A resumed job saves again between iter() and its first batch: that state must resume
+    # exactly too. An iterable at num_workers=0 under torch's seeding is read up to the save
+    # point from the epoch start's global RNGs; the state taken meanwhile keeps the loaded
+    # save point.
+    monkeypatch.setattr(base_iter, "_warned_fast_forward", set())
+
+    def make() -> Any:
+        dataset = AugmentedStream() if iterable else None
+        return build(dataset=dataset, shuffle=not iterable, batch_size=3, seeding=seeding)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the iterable's fast-forward
+        expected = list(make())
+        first = make()
+        it = iter(first)
+        head = [next(it), next(it)]
+        state = first.state_dict()
+        second = make()
+        second.load_state_dict(state)
+        again = iter(second)
+        state = second.state_dict()
+        del again
+        third = make()
+        third.load_state_dict(state)
+        same_batches(expected, head + list(third))
 
 
 # -- samplers --------------------------------------------------------------------------------
 
-def test_subset_random_sampler() -> None:
+def test_subset_random_sampler(seeding: str) -> None:
     def make() -> Any:
         sampler = SubsetRandomSampler(range(1, N, 2), generator=torch.Generator().manual_seed(5))
-        return build(sampler=sampler, batch_size=2)
+        return build(sampler=sampler, batch_size=2, seeding=seeding)
 
     assert_resumes_exactly(make)
 
 
-def test_weighted_random_sampler() -> None:
+def test_weighted_random_sampler(seeding: str) -> None:
     def make() -> Any:
         sampler = WeightedRandomSampler(
             [float(i + 1) for i in range(N)], num_samples=17, replacement=True,
             generator=torch.Generator().manual_seed(6),
         )
-        return build(sampler=sampler, batch_size=3)
+        return build(sampler=sampler, batch_size=3, seeding=seeding)
 
     assert_resumes_exactly(make)
 
 
-def test_custom_batch_sampler() -> None:
+def test_custom_batch_sampler(seeding: str) -> None:
     check = assert_resumes_exactly(
-        lambda: build(batch_sampler=RandomSizeBatches(N)), epochs=3
+        lambda: build(batch_sampler=RandomSizeBatches(N), seeding=seeding), epochs=3
     )
     assert len(set(check.epoch_lengths)) > 1, "the batch sizes should differ between epochs"
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_sampler_with_its_own_state(num_workers: int) -> None:
+def test_sampler_with_its_own_state(num_workers: int, seeding: str) -> None:
     # Its epoch is advanced by the loader's epoch autopilot (it has set_epoch and ``epoch``),
     # so a state saved after an epoch's loop ended must carry the *next* epoch.
     assert_resumes_exactly(
-        lambda: build(num_workers, sampler=ResumableSampler(N), batch_size=3),
+        lambda: build(num_workers, sampler=ResumableSampler(N), batch_size=3, seeding=seeding),
         epochs=3, steps=None if num_workers == 0 else 5,
     )
 
@@ -331,13 +491,15 @@ _FAST_FORWARD = re.escape("Resuming AugmentedStream (an IterableDataset) by read
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_iterable_dataset(num_workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_iterable_dataset(
+    num_workers: int, seeding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The warning is given once per dataset object, remembered by id(); a fresh registry keeps
     # an id reused from an earlier test's dataset from hiding it.
     monkeypatch.setattr(base_iter, "_warned_fast_forward", set())
     with pytest.warns(UserWarning, match=_FAST_FORWARD):
         assert_resumes_exactly(
-            lambda: build(num_workers, dataset=AugmentedStream(), batch_size=3),
+            lambda: build(num_workers, dataset=AugmentedStream(), batch_size=3, seeding=seeding),
             steps=None if num_workers == 0 else 5,
         )
 
@@ -366,26 +528,28 @@ def test_iterable_fast_forward_warns_once_per_dataset(monkeypatch: pytest.Monkey
 @pytest.mark.parametrize(
     ("num_workers", "shard_even"), [(0, "pad"), (0, "exact"), (0, "drop"), (2, "exact")]
 )
-def test_sharded(num_workers: int, shard_even: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sharded(
+    num_workers: int, shard_even: str, seeding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # 20 samples, rank 1 of 3, batch_size=3: 7 samples (pad, exact) or 6 (drop) per epoch.
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
     check = assert_resumes_exactly(
         loaders(num_workers=num_workers, n=20, shuffle=True, batch_size=3, shard=True,
-                shard_even=shard_even),
+                shard_even=shard_even, seeding=seeding),
         epochs=3, steps=None if num_workers == 0 else 5,
     )
     per_epoch = 2 if shard_even == "drop" else 3
     assert check.epoch_lengths == (per_epoch,) * 3
 
 
-def test_sharded_iterable(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sharded_iterable(seeding: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setattr(base_iter, "_warned_fast_forward", set())
     with pytest.warns(UserWarning, match=_FAST_FORWARD):
         check = assert_resumes_exactly(
-            lambda: build(dataset=AugmentedStream(20), batch_size=2, shard=True)
+            lambda: build(dataset=AugmentedStream(20), batch_size=2, shard=True, seeding=seeding)
         )
     assert check.epoch_lengths == (4, 4)  # rank 1 of 3 reads 1, 4, ..., 19: 7 samples
 

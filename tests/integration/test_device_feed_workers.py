@@ -189,3 +189,60 @@ def test_an_iterable_that_keeps_its_own_position_is_not_read_ahead(gpu: FakeDevi
         gpu.run()
         rest.append(batch.tolist())
     assert got + rest == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
+
+
+class Drawing(torch.utils.data.Dataset):
+    """A random augmentation from torch's global RNG: under torch's seeding with
+    ``num_workers=0`` that is the caller's own stream."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.rand(2) + i
+
+
+def _steps(gpu: FakeDevice | None, it: Any, n: int | None = None) -> list[Any]:
+    """Each batch, then the caller's step drawing from the same global RNG (dropout, say)."""
+    out = []
+    for batch in it:
+        if gpu is not None:
+            gpu.run()
+        out.append((batch.tolist(), torch.rand(1).item()))
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+def test_the_callers_global_rngs_are_not_drawn_ahead(
+    gpu: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NOTE [ Main streams resume ]: a batch loaded ahead would draw before the caller's step,
+    # which torch never does, and the state's save point would hold its draws: device= copies
+    # each batch when it is asked for there, and the resume is exact.
+    monkeypatch.delenv("STOKER_BEYOND_TORCH", raising=False)
+
+    def loader_of() -> stoker.DataLoader:
+        loader = stoker.DataLoader(Drawing(), batch_size=2, shuffle=True,
+                                   generator=torch.Generator().manual_seed(5))
+        loader._stoker_feed_spec = FeedSpec(torch.device("cpu"), 3, None)
+        return loader
+
+    torch.manual_seed(0)
+    expected = _steps(None, torch.utils.data.DataLoader(
+        Drawing(), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(5)))
+    torch.manual_seed(0)
+    loader = loader_of()
+    it = iter(loader)
+    head = _steps(gpu, it, 2)
+    state = loader.state_dict()
+    del it
+    torch.manual_seed(99)  # the resumed process drew something else before loading
+    resumed = loader_of()
+    resumed.load_state_dict(state)
+    assert head + _steps(gpu, resumed) == expected
+    per_batch = stoker.DataLoader(Drawing(), batch_size=2, seeding="per_batch")
+    per_batch._stoker_feed_spec = FeedSpec(torch.device("cpu"), 3, None)
+    it = iter(per_batch)
+    assert it._feed._spec.ahead == 3  # per-batch seeding draws nothing of the caller's
+    del it

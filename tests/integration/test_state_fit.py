@@ -64,10 +64,25 @@ def test_a_state_that_does_not_fit_says_which_field(change, field, saved, now):
 
 
 def test_a_state_that_fits_resumes_across_num_workers():
-    state = _saved()
-    loader = stoker.DataLoader(Numbers(100), batch_size=10, shuffle=True, num_workers=2)
+    # Per-batch seeding's promise: under torch's per-worker seeding a state is refused at
+    # another num_workers once a batch was delivered (NOTE [ Worker streams resume ]).
+    state = _saved(seeding="per_batch")
+    loader = stoker.DataLoader(Numbers(100), batch_size=10, shuffle=True, num_workers=2,
+                               seeding="per_batch")
     loader.load_state_dict(state)
     assert len(list(loader)) == 7
+
+
+def test_a_state_of_torchs_seeding_resumes_at_its_num_workers():
+    state = _saved()
+    loader = stoker.DataLoader(Numbers(100), batch_size=10, shuffle=True,
+                               generator=torch.Generator().manual_seed(0))
+    loader.load_state_dict(state)
+    assert len(list(loader)) == 7
+    with pytest.raises(ValueError, match=r"^load_state_dict: this state was saved with "
+                                         r"num_workers=0 under torch's per-worker seeding"):
+        stoker.DataLoader(Numbers(100), batch_size=10, shuffle=True,
+                          num_workers=2).load_state_dict(state)
 
 
 @pytest.mark.parametrize(

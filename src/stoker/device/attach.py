@@ -25,6 +25,11 @@ def make_feed(loader: Any, iterator: Any) -> DeviceFeed | None:
         # Its state_dict() is its own position (loader.state_dict() saves it as such): batches
         # pulled ahead would be counted in it. Copy each batch when it is asked for instead.
         spec = dataclasses.replace(spec, ahead=0)
+    elif getattr(iterator, "_main_rngs", False):
+        # Samples draw from the caller's global RNGs (NOTE [ Main streams resume ]): a batch
+        # pulled ahead would draw before the caller's step does (torch never does), and the
+        # state's save point would hold draws of batches not handed out.
+        spec = dataclasses.replace(spec, ahead=0)
     return DeviceFeed(spec, CudaBackend(spec.device), iterator, loader._engine.stats,
                       pins=iterator._pins)
 

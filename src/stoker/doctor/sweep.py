@@ -88,17 +88,17 @@ def run_sweep(measure_one: MeasureOne, found: Sequence[Candidate],
     plan.append(None)
     for k, cand in enumerate(plan, 1):
         label = BASELINE if cand is None else cand.name()
-        if announce is not None:
-            announce(f"[{k}/{len(plan)}] {label}")
-        try:
+        try:  # Ctrl-C right after the announcement (a test sends it then) is ours too
+            if announce is not None:
+                announce(f"[{k}/{len(plan)}] {label}")
             run = measure_one(label, {} if cand is None else dict(cand.overrides))
+            if cand is None:
+                sweep.baselines.append(run)
+            else:
+                sweep.tried.append((cand, run))
         except KeyboardInterrupt:  # between runs, or while one was starting
             sweep.interrupted = True
             break
-        if cand is None:
-            sweep.baselines.append(run)
-        else:
-            sweep.tried.append((cand, run))
         if run.interrupted:
             sweep.interrupted = True
             break

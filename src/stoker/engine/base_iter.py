@@ -108,6 +108,14 @@ def warn_fast_forward(dataset: Any, batches: int, saved_workers: int, workers: i
     warnings.warn(message, stacklevel=5)
 
 
+def keeps_main_rngs(loader: Any) -> bool:
+    """Whether the loader's state keeps the main process's global RNGs (NOTE [ Main streams
+    resume ] in ``sampling.rng_state``): samples drawn from them in the calling thread, under
+    torch's per-worker seeding, with ``num_workers=0``."""
+    seeding = getattr(loader, "_stoker_seeding", None) or loader.seeding
+    return loader.num_workers == 0 and loader.worker_type != "thread" and seeding != "per_batch"
+
+
 # A batch handed out: its position, the sampler's state after it, the worker that loaded it
 # (None without workers), and that worker's RNG states after it (NOTE [ Worker streams
 # resume ]; None when not tracked).
@@ -116,6 +124,9 @@ Delivery = tuple[int, Any, "int | None", Any]
 class BaseIterator:
     # Worker iterators call iter(sampler) a second time after the seed draw, as torch does.
     _reiter_after_seed = False
+    # Worker iterators send their first tasks at iter(), so the sampler's first draws precede
+    # any state_dict(); the others draw from it at the first next().
+    _draws_at_iter = False
 
     def __init__(self, loader: Any, resume: dict[str, Any] | None) -> None:
         self._dataset = loader.dataset
@@ -131,7 +142,9 @@ class BaseIterator:
         self._held: list[Delivery] | None = None
         self._pins: Any = None  # NOTE [ Slabs pinned in place ]; set by iterators with slabs
         self._feed_spec = loader._stoker_feed_spec
-        self._rng = RngSnapshot(loader.generator, self._index_sampler)
+        # NOTE [ Main streams resume ]: the feed (device=) reads it too: nothing pulled ahead
+        self._main_rngs = keeps_main_rngs(loader)
+        self._rng = RngSnapshot(loader.generator, self._index_sampler, self._main_rngs)
         self._stateful = stateful_sampler_of(self._index_sampler)
         self._tracked = self._stateful if is_delivery_tracked(self._stateful) else None
         self._step_slots = loader.batch_size or 1  # nominal slots per step, for ``advance``
@@ -238,6 +251,10 @@ class BaseIterator:
         prefix = resume["batches"]
         self._skip = set(resume["extra_batches"])
         if self._fetch_spec.kind == "iterable":
+            # Read again, or moved by its iterator's state, from the epoch start's global RNGs;
+            # the save point's come back before the next batch (NOTE [ Main streams resume ];
+            # ``InlineIterator._next_data``).
+            self._rng.hold_save_point()
             covered = resume.get("dataset_state_covers_position") or (
                 resume.get("dataset_iter_state") is not None
             )
@@ -268,6 +285,11 @@ class BaseIterator:
             for _ in itertools.islice(self._sampler_iter, prefix):
                 pass
         self._position = prefix
+        if not (prefix or self._skip or self._draws_at_iter):
+            # Saved between iter() and the first next(): the sampler had drawn nothing (a
+            # RandomSampler without a generator draws its seed from torch's global RNG at its
+            # first next()); that draw comes after the save point, as it did.
+            return
         # Draw the next batch now, while a borrowed global RNG is still in place.
         first = next(self._sampler_iter, None)
         rest = () if first is None else itertools.chain([first], self._sampler_iter)

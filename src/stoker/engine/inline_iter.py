@@ -142,9 +142,16 @@ class InlineIterator(BaseIterator):
     def _next_data(self) -> Any:
         while True:
             position, index = self._next_index()
+            if self._rng.held and position >= self._drop_below and (
+                    position not in self._drop_set):
+                # NOTE [ Main streams resume ]: what was delivered is read again (or the
+                # iterator's state loaded); the rest of the epoch draws from the global RNGs
+                # as they were at the save point.
+                self._rng.release_save_point()
             try:
                 data = self._fetch(position, index)
             except StopIteration:
+                self._rng.release_save_point()  # (an iterable that ended while read again)
                 raise
             except MixedDeviceError as exc:
                 raise exc.with_indices(index) if isinstance(index, list) else exc from None

@@ -73,6 +73,7 @@ class ProcessIterator(BaseIterator):
     ``DeathWatch`` and ``engine.stall`` report dead and stuck workers."""
 
     _reiter_after_seed = True
+    _draws_at_iter = True
 
     def _fresh_worker_batches(self, loader: Any) -> list[int] | None:
         if isinstance(loader.dataset, IterableDataset):

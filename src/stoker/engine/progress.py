@@ -9,7 +9,9 @@ index order from the generator states, skips the delivered positions without fet
 and continues; per-batch seeds depend only on (base seed, epoch, position), so augmentations
 come out the same whatever ``num_workers`` was before or after. Under torch's per-worker
 seeding each worker's own RNG states are kept as well, and the state resumes only with the same
-``num_workers`` (NOTE [ Worker streams resume ] in ``engine.worker_streams``). ``state_dict()``
+``num_workers`` (NOTE [ Worker streams resume ] in ``engine.worker_streams``); with
+``num_workers=0``, the main process's global RNG states at the epoch start and at the save point
+(NOTE [ Main streams resume ] in ``sampling.rng_state``). ``state_dict()``
 copies a few fields: microseconds, no worker round trip (but for one case that note names).
 """
 

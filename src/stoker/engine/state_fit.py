@@ -7,8 +7,12 @@ and kind of sampler: loaded into a loader whose dataset grew from 100 to 120 sam
 ``batch_size`` or ``shuffle`` changed, the same positions name other samples, and the epoch
 would silently repeat some and never show others. So ``state_dict()`` records what the
 positions depend on (``"loader"``), and ``load_state_dict`` refuses a state that does not fit,
-naming the field, the saved value and the current one; ``num_workers``, ``worker_type`` and the
-world size may differ (the state is independent of them). Every field is type-checked and the
+naming the field, the saved value and the current one. The world size may differ; so may
+``num_workers`` and ``worker_type`` under per-batch seeding (each batch's draws depend on its
+position alone), but under torch's per-worker seeding the rest of the epoch continues the
+streams of the workers (or, with ``num_workers=0``, of the main process) that drew the
+delivered batches, so a state that delivered anything is refused at another ``num_workers``
+(``check_worker_streams``, NOTE [ Worker streams resume ]). Every field is type-checked and the
 counts are checked against ``len(loader)``, so a hand-edited or corrupted state fails with the
 field's name instead of an internal error, or a wrong resume.
 

@@ -4,10 +4,14 @@ NOTE [ Tasks before the next fork ]
 Forking a worker costs the main process ~6 ms (its page tables), and workers are forked
 one after another. Sending tasks only once all were forked left the first worker idle
 for the forks after it, at the start of every epoch. So each worker of a map-style
-dataset gets its first task as soon as it is forked (``prime``); the rest follow after the
-last fork, in the same order as before (task k to worker k mod n at the start), so which
-worker loads which batch does not change. An IterableDataset's tasks follow torch's
-round-robin cycle, which is only walked after every fork.
+dataset gets its first task as soon as it is forked (``prime``) if the round-robin cycle is at
+it; the rest follow after the last fork, in the same order as before, so which worker loads
+which batch does not change: at an epoch's start task k goes to worker k mod n, and a resumed
+epoch starts the cycle where the saved run stopped (``TaskBook.start_turn_at``: position p to
+worker p mod n, the first at ``batches`` mod n; NOTE [ Worker streams resume ]), so a worker
+forked before the one whose turn it is gets its first task after the last fork. An
+IterableDataset's tasks follow torch's round-robin cycle, which is only walked after every
+fork.
 """
 
 from __future__ import annotations

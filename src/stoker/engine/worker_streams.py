@@ -39,9 +39,11 @@ Per-worker streams only continue with the same ``num_workers``: ``load_state_dic
 another count once anything was delivered (``check_worker_streams``), naming
 ``seeding="per_batch"`` / ``beyond_torch=True``, whose states resume at any ``num_workers`` (or
 Lightning's ``seed_everything(workers=False)``, or the seeding in ``worker_init_fn``, when those
-made the streams per-worker). Cost per map-style batch under per-worker seeding: ~4 us in the
-worker, ~2 us more on the socket (both ends) when the states changed, ~0.2 us in the main
-process; nothing for an IterableDataset's batches or under per-batch seeding. Generators a
+made the streams per-worker). A state saved with ``num_workers=0`` under torch's seeding carries
+the main process's streams instead (NOTE [ Main streams resume ] in ``sampling.rng_state``) and
+is refused at another count the same way. Cost per map-style batch under per-worker seeding:
+~4 us in the worker, ~2 us more on the socket (both ends) when the states changed, ~0.2 us in
+the main process; nothing for an IterableDataset's batches or under per-batch seeding. Generators a
 dataset owns (``self.rng``) are not saved: under per-worker seeding every worker has an
 identical copy, which stoker warns about.
 """
@@ -336,8 +338,13 @@ def check_worker_streams(state: dict[str, Any], loader: Any) -> None:
             r is not None for r in rngs)):
         return  # nothing drawn yet that the rest of the epoch continues
     cause, fix = _why(seeding)
+    follows = "depends on which worker loads which batch"
+    if saved == 0:  # NOTE [ Main streams resume ]
+        cause = (" under torch's per-worker seeding (seeding=\"per_worker\"): its samples drew "
+                 "their random numbers from the main process's global RNGs (num_workers=0),")
+        follows = "continues those streams"
     raise ValueError(
         f"load_state_dict: this state was saved with num_workers={saved}{cause} so the rest of "
-        f"the epoch depends on which worker loads which batch and cannot be drawn by "
-        f"num_workers={now}. Load it into a loader with num_workers={saved}, or {fix}"
+        f"the epoch {follows} and cannot be drawn by num_workers={now}. Load it into a loader "
+        f"with num_workers={saved}, or {fix}"
     )

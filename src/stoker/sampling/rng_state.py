@@ -4,6 +4,40 @@ An epoch's order is fixed by the generator states at the moment the iterator is 
 the loader's ``generator`` (or torch's global RNG when there is none: ``RandomSampler`` and the
 base seed then draw from it) and any ``torch.Generator`` a sampler keeps as an attribute.
 Saving those states is enough to recompute the order later without fetching anything.
+
+NOTE [ Main streams resume ]
+Under torch's per-worker seeding with ``num_workers=0`` (torch's default), samples draw their
+random augmentations from the main process's own global RNGs (``random``, numpy's, torch's),
+interleaved with the script's own draws (dropout, its augmentations), as under torch. Each
+batch then depends on everything drawn before it, so recomputing the epoch's order and
+skipping the delivered positions is not enough. Such a loader's snapshot (``main_rngs=True``)
+also keeps the three global RNG states, in ``sampling.worker_rngs``' form (raw copies taken in
+a few microseconds, encoded as one base64 string when a state is asked for):
+
+* ``globals``: at the epoch start, put back before the epoch's draws (a sampler that shuffles
+  with ``random`` or numpy draws its order again);
+* ``globals_at_save``: when ``state_dict()`` was called (after the last delivered batch and
+  whatever the script drew since), put back once the resumed iterator has recomputed the
+  epoch's order and base seed: the rest of the epoch and the script's draws after it are those
+  of the uninterrupted run. A state of an epoch not begun has ``""`` here (its save point is
+  the epoch start, ``globals``), so the keys never change (NOTE [ Constant state keys ]).
+
+Two draws keep their place. An IterableDataset cannot seek: its delivered batches are read
+again (or its iterator's state loaded, which may read them) from the epoch start's states, as
+they were first read, and the save point's come back before the first batch after them
+(``hold_save_point``; a ``state_dict()`` meanwhile still records the loaded save point). And a
+state taken between ``iter()`` and the first batch: a sampler's first draw (a
+``RandomSampler`` without a generator draws its seed from torch's global RNG at its first
+``next()``) came after it, so the resumed iterator draws it after the save point is back too
+(``BaseIterator._skip_delivered``).
+
+Per-batch seeding needs none of it (each batch reseeds the global RNGs and puts the script's
+streams back). The loader keeps no batch ahead of the script in this case (``device=``
+copies each batch when asked for, ``device.attach``): a batch fetched ahead would draw before
+the script's step does, which torch never does. A state saved here loads at another
+``num_workers`` only before anything was delivered (NOTE [ Worker streams resume ]); an
+iterator that does not keep the main streams ignores them, and one that does but loads a state
+without them starts from the global RNGs as they are.
 """
 
 from __future__ import annotations
@@ -14,6 +48,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from stoker.sampling import worker_rngs
+
+_MAIN = "globals"  # NOTE [ Main streams resume ]
+_MAIN_AT_SAVE = "globals_at_save"
+_AT_SAVE = ("global_torch_at_save", _MAIN_AT_SAVE)
 
 
 def _encode(state: torch.Tensor) -> str:
@@ -37,15 +77,23 @@ def sampler_generators(index_sampler: Any) -> dict[str, torch.Generator]:
 
 
 class RngSnapshot:
-    """The generator states an epoch starts from, captured raw and encoded only when asked."""
+    """The generator states an epoch starts from, captured raw and encoded only when asked;
+    with ``main_rngs``, the main process's global RNGs too (NOTE [ Main streams resume ])."""
 
-    def __init__(self, loader_generator: torch.Generator | None, index_sampler: Any) -> None:
+    def __init__(self, loader_generator: torch.Generator | None, index_sampler: Any,
+                 main_rngs: bool = False) -> None:
         self._loader_generator = loader_generator
         self._named = {
             k: g for k, g in sampler_generators(index_sampler).items() if g is not loader_generator
         }
         self._raw: dict[str, torch.Tensor] = {}
         self._encoded: dict[str, str] | None = None
+        self._main_rngs = main_rngs
+        self._main: Any = None  # the global RNGs at the epoch start (``worker_rngs`` form)
+        self._at_save: tuple[Any, str] | None = None  # the last save point taken, encoded
+        # Save-point states of a resume not put back yet (``hold_save_point``).
+        self._pending: tuple[str | None, str | None] | None = None
+        self.held = False
 
     def capture(self) -> None:
         raw = {k: g.get_state() for k, g in self._named.items()}
@@ -54,25 +102,44 @@ class RngSnapshot:
         else:
             raw["global_torch"] = torch.get_rng_state()
         self._raw, self._encoded = raw, None
+        if self._main_rngs:
+            self._main = worker_rngs.take()
 
     def encoded(self) -> dict[str, str]:
         if self._encoded is None:
             self._encoded = {k: _encode(v) for k, v in self._raw.items()}
+            if self._main_rngs:
+                self._encoded[_MAIN] = worker_rngs.encode(self._main)
         return self._encoded
 
     def encoded_with_save_point(self) -> dict[str, str]:
-        """The epoch-start states, plus torch's global RNG now when the epoch drew from it."""
+        """The epoch-start states, plus the global RNGs the epoch draws from as they are now:
+        torch's when the epoch's order drew from it, all three with ``main_rngs``."""
         encoded = self.encoded()
-        if "global_torch" not in encoded:
-            return encoded
-        return {**encoded, "global_torch_at_save": _encode(torch.get_rng_state())}
+        # Held back (``hold_save_point``): the loaded state's save point is still the one.
+        torch_held, main_held = self._pending if self.held and self._pending else (None, None)
+        at_save: dict[str, str] = {}
+        if "global_torch" in encoded:
+            at_save["global_torch_at_save"] = (
+                _encode(torch.get_rng_state()) if torch_held is None else torch_held)
+        if self._main_rngs:
+            at_save[_MAIN_AT_SAVE] = self._main_now() if main_held is None else main_held
+        return {**encoded, **at_save} if at_save else encoded
+
+    def _main_now(self) -> str:
+        """The global RNGs now, encoded; a state asked for at every step without a draw in
+        between (a dataset that draws nothing) encodes them once."""
+        now = worker_rngs.take()
+        if self._at_save is None or self._at_save[0] != now:
+            self._at_save = (now, worker_rngs.encode(now))
+        return self._at_save[1]
 
     def encoded_unsaved(self) -> dict[str, str]:
         """The state of an epoch not begun: the same keys, with no save point ("")."""
         encoded = self.encoded()
-        if "global_torch" not in encoded:
-            return encoded
-        return {**encoded, "global_torch_at_save": ""}
+        unsaved = {k: "" for k, present in (("global_torch_at_save", "global_torch" in encoded),
+                                             (_MAIN_AT_SAVE, self._main_rngs)) if present}
+        return {**encoded, **unsaved} if unsaved else encoded
 
     @contextlib.contextmanager
     def restored(self, encoded: dict[str, str]) -> Iterator[None]:
@@ -82,11 +149,21 @@ class RngSnapshot:
         continues from there, as it did originally). So does torch's global RNG (the source
         when the loader has no ``generator``): after the epoch's draws it is set to its state
         at the save point, so the following epochs draw what they drew in the original run.
+        With ``main_rngs`` all three global RNGs are, likewise (NOTE [ Main streams resume ]).
         """
         at_save = encoded.get("global_torch_at_save")
-        encoded = {k: v for k, v in encoded.items() if k != "global_torch_at_save"}
+        main_at_save = encoded.get(_MAIN_AT_SAVE) if self._main_rngs else None
+        main = encoded.get(_MAIN) if self._main_rngs else None
+        encoded = {k: v for k, v in encoded.items() if k not in (*_AT_SAVE, _MAIN)}
         self._raw = {k: _decode(v) for k, v in encoded.items()}
         self._encoded = dict(encoded)
+        if self._main_rngs:
+            if main:
+                worker_rngs.restore(worker_rngs.decode(main))
+            # A state saved without them (by a loader that did not keep them): the epoch
+            # starts from the global RNGs as they are.
+            self._main = main or worker_rngs.take()
+            self._encoded[_MAIN] = worker_rngs.encode(self._main)
         for key, generator in self._named.items():
             if key in self._raw:
                 generator.set_state(self._raw[key])
@@ -94,6 +171,7 @@ class RngSnapshot:
             self._loader_generator.set_state(self._raw["generator"])
         if "global_torch" in self._raw:
             torch.set_rng_state(self._raw["global_torch"])
+        self._pending, self.held = (at_save, main_at_save), False
         try:
             yield
         finally:
@@ -101,5 +179,43 @@ class RngSnapshot:
             # an epoch not begun: its save point is the epoch start, so the epoch's draws leave
             # the global RNG where they left it originally (its save point is "": the key is
             # there all the same, so the state's keys never change; see ``encoded_unsaved``).
-            if at_save:
-                torch.set_rng_state(_decode(at_save))
+            if not self.held:
+                self.release_save_point()
+
+    def hold_save_point(self) -> None:
+        """With ``main_rngs``: keep the save point back when the epoch's draws end, for an
+        iterable brought up to it (its delivered batches read again, or its iterator's state
+        loaded, draw from the global RNGs as they did from the epoch start);
+        ``release_save_point`` puts it back before the first batch after it is read."""
+        self.held = self._main_rngs
+
+    def release_save_point(self) -> None:
+        """Put the global RNGs back at the loaded state's save point (once)."""
+        pending, self._pending, self.held = self._pending, None, False
+        if pending is None:
+            return
+        at_save, main_at_save = pending
+        if at_save:
+            torch.set_rng_state(_decode(at_save))
+        if main_at_save:
+            worker_rngs.restore(worker_rngs.decode(main_at_save))
+
+
+def check_main_rngs(rng: Any) -> None:
+    """Refuse (at ``load_state_dict``) a state whose main-process RNG states (NOTE [ Main
+    streams resume ]) are not ones ``state_dict()`` wrote."""
+    if not isinstance(rng, dict):
+        return
+    for key in (_MAIN, _MAIN_AT_SAVE):
+        text = rng.get(key)
+        if text is None or text == "":
+            continue
+        try:
+            if not isinstance(text, str):
+                raise ValueError(f"a {type(text).__name__}, not a str")
+            worker_rngs.decode(text)
+        except ValueError as exc:
+            raise ValueError(
+                f"load_state_dict: state['rng'][{key!r}] is not the main process's global RNG "
+                f"states ({exc}). Pass the dict returned by DataLoader.state_dict() unchanged."
+            ) from None

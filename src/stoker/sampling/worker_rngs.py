@@ -1,5 +1,6 @@
 """A worker's global RNG states as they travel and as a state dict keeps them (NOTE [ Worker
-streams resume ] in ``stoker.engine.worker_streams``).
+streams resume ] in ``stoker.engine.worker_streams``); the main process's, in the same forms,
+with ``num_workers=0`` (NOTE [ Main streams resume ] in ``stoker.sampling.rng_state``).
 
 Three forms:
 
@@ -108,10 +109,10 @@ def decode(text: str) -> bytes:
     try:
         raw = base64.b64decode(text.encode("ascii"), validate=True)
     except (ValueError, UnicodeEncodeError) as exc:
-        raise ValueError(f"a worker's RNG state is not base64 ({exc})") from None
+        raise ValueError(f"not base64 ({exc})") from None
     fixed = len(_VERSION) + 2 * (_INT.size + _MT.size + _GAUSS.size) + _LEN.size
     if not raw.startswith(_VERSION) or len(raw) < fixed:
-        raise ValueError("a worker's RNG state is not one stoker.DataLoader.state_dict() wrote")
+        raise ValueError("not one stoker.DataLoader.state_dict() wrote")
     return raw
 
 
