@@ -518,6 +518,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 if finished is not None
                 else getattr(self.sampler, "epoch", None)
             ),
+            "sampler_started": False,
             "dataset_kind": "iterable" if self._dataset_kind else "map",
             "num_workers": self.num_workers,
             "worker_batches": None,  # NOTE [ Constant state keys ]: mid-epoch states have it

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import torch
 from _fuzz_cases import Log, make_exception, view_of
-from _fuzz_known import masked
 from _fuzz_spec import BatchSamplerSpec, CollateSpec, SamplerSpec, WorkerInitSpec
 from torch.utils.data import (
     BatchSampler,
@@ -72,8 +71,7 @@ class LoggingSampler(Sampler[int]):
 
 class SizedLoggingSampler(LoggingSampler):
     def __len__(self) -> int:
-        if not masked("len_calls"):
-            self.log.add("sampler.len")
+        self.log.add("sampler.len")
         return self.n
 
 
@@ -124,8 +122,7 @@ class LoggingBatchSampler(Sampler[list[int]]):
             start, k = start + size, k + 1
 
     def __len__(self) -> int:
-        if not masked("len_calls"):
-            self.log.add("batch_sampler.len")
+        self.log.add("batch_sampler.len")
         return (self.n + 1) // 2
 
 

@@ -19,11 +19,6 @@ STRICT_ENV = "STOKER_FUZZ_STRICT"
 UNMASK_ENV = "STOKER_FUZZ_UNMASK"  # comma-separated names: turn just these switches off
 
 KNOWN_DIFFERENCES: dict[str, str] = {
-    "len_calls": (
-        "len(dataset) / len(sampler) / len(batch_sampler) is called once more per epoch "
-        "than torch calls it (a dataset or sampler that logs or counts its __len__ calls "
-        "sees it). Masked: the fuzz datasets and samplers do not log their __len__ calls."
-    ),
     "is_shared": (
         "batches from workers are not in shared memory: torch's tensors from workers have "
         "is_shared() True, stoker's False. Masked: is_shared is not recorded."
@@ -96,12 +91,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "left None by the constructor): both raise TypeError, torch \"'<=' not supported "
         "between instances of 'NoneType' and 'int'\", stoker \"'>' not supported ...\". "
         "Masked: num_workers is not raised from 0 between epochs."
-    ),
-    "persistent_iterable_fewer_workers": (
-        "IterableDataset, persistent_workers=True, num_workers=3, loader.num_workers = 1 "
-        "after the first epoch: torch's second epoch runs on its 3 persistent workers "
-        "([0..5] again), stoker's raises IndexError('list index out of range'). Masked: "
-        "num_workers is not lowered between epochs for an iterable with persistent workers."
     ),
     "collate_type_error_retry": (
         "torch's default_collate catches TypeError around a sequence's (and a mapping's) "

@@ -289,6 +289,8 @@ def loader_args(draw: Any, plan: Plan) -> tuple[tuple[str, Any], ...]:
         args.append(("num_workers", num_workers))
     _maybe(draw, args, "collate_fn", st.none() | collates(plan, "c0"))
     _maybe(draw, args, "pin_memory", st.booleans())
+    if rarely(draw, 9):
+        args.append(("pin_memory_device", "cpu"))  # deprecated: torch warns with pin_memory
     if num_workers:
         args.append(("timeout", draw(st.sampled_from(WORKER_TIMEOUT_S))))
         _maybe(draw, args, "worker_init_fn", st.none() | worker_inits(plan, "w0"))
@@ -361,8 +363,6 @@ def plans(draw: Any) -> Plan:
         # timeout>0 comes with workers; taking them away would meet timeout_without_workers
         low = 1 if num_workers and masked("timeout_without_workers") else 0
         high = 0 if not num_workers and masked("num_workers_raised_later") else 2
-        if style == "iter" and persistent and masked("persistent_iterable_fewer_workers"):
-            low = max(low, num_workers)
         if low <= high:
             num_workers_op = draw(st.integers(low, high))
     how = "plain"

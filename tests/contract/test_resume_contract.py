@@ -396,24 +396,36 @@ def test_global_rng_resumed_run_continues_the_callers_stream(seeding: str) -> No
     assert got[1:] == expected[1:]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_state_between_iter_and_the_first_batch(num_workers: int, seeding: str) -> None:
-    # torchdata's test_map_iterrupted_shuffle: a state taken right after iter(). Without a
-    # generator a RandomSampler draws its seed from torch's global RNG at its first next(),
-    # which with num_workers=0 comes after that state: the resumed run must draw it there too,
-    # not before the save point is put back (NOTE [ Main streams resume ]).
-    reference = build(num_workers, seed=None, shuffle=True, batch_size=5, seeding=seeding)
+def _resume_between_iter_and_the_first_batch(before: int, after: int, seeding: str) -> None:
+    """torchdata's test_map_iterrupted_shuffle: a state taken right after iter(). Without a
+    generator a RandomSampler draws its seed from torch's global RNG at its first next(),
+    which with num_workers=0 comes after that state (workers send tasks at iter(): before it):
+    the resumed run must draw it on the same side of the save point (NOTE [ Main streams
+    resume ]), whatever its own num_workers."""
+    reference = build(before, seed=None, shuffle=True, batch_size=5, seeding=seeding)
     it = iter(reference)
     state = reference.state_dict()
     expected = list(it)
-    expected_draws = _callers_draws(seeding, num_workers)
-    resumed = build(num_workers, seed=None, shuffle=True, batch_size=5, seeding=seeding)
+    expected_draws = _callers_draws(seeding, before)
+    resumed = build(after, seed=None, shuffle=True, batch_size=5, seeding=seeding)
     seed_globals(99)
     resumed.load_state_dict(state)
     same_batches(expected, list(resumed))
-    got = _callers_draws(seeding, num_workers)
+    got = _callers_draws(seeding, before)
     assert torch.equal(got[0], expected_draws[0])
     assert got[1:] == expected_draws[1:]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_state_between_iter_and_the_first_batch(num_workers: int, seeding: str) -> None:
+    _resume_between_iter_and_the_first_batch(num_workers, num_workers, seeding)
+
+
+@pytest.mark.parametrize(("before", "after"), [(0, 2), (2, 0)])
+def test_state_between_iter_and_the_first_batch_at_another_num_workers(
+    before: int, after: int
+) -> None:
+    _resume_between_iter_and_the_first_batch(before, after, PER_BATCH)
 
 
 @pytest.mark.parametrize("iterable", [False, True], ids=["map", "iterable"])

@@ -4,11 +4,12 @@ The unit property tests (``tests/unit/test_collate_hypothesis.py``) call stoker'
 ``default_collate`` directly. These run the same random structures through a real loader, on
 the inline path (``num_workers=0``) and the worker path (``num_workers=2``: collate into a
 shared-memory slab, pack, send a descriptor, rebuild over a lease in the main process), and
-compare every batch with ``torch.utils.data.default_collate`` of the same samples: types,
+compare every batch with ``torch.utils.data.default_collate`` of the same samples (on the
+worker path, as it runs in torch's workers, with ``get_worker_info()`` set): types,
 container and namedtuple types, dtypes, shapes, values (bit for bit), strings. A batch torch
 cannot collate must make the loader raise the same exception type, with the same message, at
 that batch. With ``STOKER_TEST_LOADER=torch`` only the inline path runs: torch's own workers
-do not match its ``default_collate`` (see ``test_worker_path_collates_like_torch``).
+rebuild errors around a rewritten message (see ``test_worker_path_collates_like_torch``).
 
 Starting workers for every Hypothesis example would be too slow, so one example is a list of
 *groups* (each group is one batch from the unit tests' ``batches()`` strategy) and runs one
@@ -118,6 +119,21 @@ def torch_outcome(group: list[Any]) -> tuple[str, Any]:
     return _unit.outcome(lambda: torch.utils.data.default_collate(group))
 
 
+def torch_worker_outcome(group: list[Any]) -> tuple[str, Any]:
+    """``torch_outcome`` as torch's collate runs inside a worker (``get_worker_info()`` set):
+    tensors stacked with ``out=`` shaped and typed like the first sample."""
+    from torch.utils.data._utils import worker as torch_worker
+
+    saved = torch_worker._worker_info
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=0, num_workers=1, seed=0, dataset=None
+    )
+    try:
+        return torch_outcome(group)
+    finally:
+        torch_worker._worker_info = saved
+
+
 def check_error(ours: BaseException, theirs: BaseException, g: int) -> None:
     assert type(ours) is type(theirs), (
         f"group {g}: the loader raised {type(ours).__name__}: {ours}; "
@@ -129,7 +145,8 @@ def check_error(ours: BaseException, theirs: BaseException, g: int) -> None:
 def run_groups(Loader: type, groups: list[list[Any]], num_workers: int) -> tuple[int, int]:
     """Check every group's batch (or error); return how many groups collate and raise."""
     dataset = GroupsDataset(groups)
-    outcomes = [torch_outcome(group) for group in groups]
+    reference = torch_worker_outcome if num_workers else torch_outcome
+    outcomes = [reference(group) for group in groups]
     good = [g for g, (kind, _) in enumerate(outcomes) if kind == "ok"]
     bad = [g for g, (kind, _) in enumerate(outcomes) if kind == "raised"]
     # Epoch 1: every group torch collates, then the first failing one; then one epoch per
@@ -212,13 +229,14 @@ def test_inline_path_collates_like_torch(Loader, groups):
 @example(groups=EXAMPLES[1])
 @example(groups=EXAMPLES[2])
 def test_worker_path_collates_like_torch(Loader, stoker_only, groups):
-    """stoker-only: torch's own workers do not collate like ``default_collate`` does.
+    """stoker-only: torch's own workers rebuild errors around a rewritten message.
 
     In a worker, torch stacks tensors into shared memory with ``out=`` of the first sample's
     dtype (so ``[float32, float64]`` gives float32, not float64, and ``[int8, float32]`` raises
-    TypeError), fails differently on some bad batches (AttributeError instead of TypeError for
-    a tensor batch holding a list) and rebuilds errors around a rewritten message. stoker's
-    workers give exactly ``default_collate``'s batch, or its exception type and message.
+    TypeError) and fails differently on some bad batches (AttributeError instead of TypeError
+    for a tensor batch holding a list): stoker's workers give that batch, or that exception
+    type and message (``default_collate`` run with ``get_worker_info()`` set), NOTE [ Collate
+    in a worker is torch's in-worker collate ].
     """
     check_groups(Loader, groups, num_workers=2)
 

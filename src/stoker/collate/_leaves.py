@@ -7,6 +7,17 @@ errors). Two things differ on purpose, neither visible in the result:
   memory;
 * batches of same-shape numeric ndarrays and of plain ``int``/``float``/``bool`` skip torch's
   per-element conversion: one output allocation, one C-level copy.
+
+NOTE [ Collate in a worker is torch's in-worker collate ]
+Inside a worker (``torch.utils.data.get_worker_info()`` is set, as stoker's workers set it)
+torch's ``collate_tensor_fn`` stacks into a shared-memory ``out=`` tensor made from the first
+sample: the batch takes the first sample's dtype (int32 then int64 gives int32, int64 values
+wrapped), a dtype that cannot be cast to it raises TypeError, a non-tensor raises
+AttributeError (``numel``), and shapes too small for the first one's raise "Trying to resize
+storage that is not resizable". We give the same: a batch of one dtype (the common case) is
+stacked as before, into the slab; a plain stack that fails or changes the dtype, a tensor
+subclass, or inputs that need grad (``out=`` refuses them) is collated by torch's own function,
+and the result copied into the slab.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data._utils import collate as _torch_collate
+from torch.utils.data._utils.worker import get_worker_info as _torch_worker_info
 
 from stoker.collate import _alloc
 from stoker.errors import MixedDeviceError
@@ -72,14 +84,15 @@ def collate_tensor_fn(batch: Any, *, collate_fn_map: CollateFnMap | None = None)
     if elem.layout in _SPARSE_LAYOUTS:
         raise RuntimeError(_SPARSE_MSG)
     allocator = _alloc.current_allocator()
+    in_worker = _torch_worker_info() is not None
     try:
         if allocator is None:
             if _interleaved_batch(batch, elem):
                 out = torch.empty((len(batch), *elem.shape), dtype=elem.dtype)
                 if _copy_interleaved(batch, out):
                     return out
-            return torch.stack(batch, 0)
-        return _stack_with(allocator, batch, elem)
+            return _stacked(batch, elem, in_worker)
+        return _stack_with(allocator, batch, elem, in_worker)
     except RuntimeError:
         _raise_if_mixed_devices(batch)
         raise
@@ -95,7 +108,25 @@ def _raise_if_mixed_devices(batch: Any) -> None:
         raise MixedDeviceError(positions) from None
 
 
-def _stack_with(allocator: Any, batch: Any, elem: torch.Tensor) -> Any:
+def _stacked(batch: Any, elem: torch.Tensor, in_worker: bool) -> Any:
+    """``torch.stack(batch, 0)``; in a worker, what torch's in-worker collate gives (NOTE
+    [ Collate in a worker is torch's in-worker collate ])."""
+    if not in_worker:
+        return torch.stack(batch, 0)
+    try:
+        result = torch.stack(batch, 0)
+    except Exception:
+        result = None
+    if (
+        type(result) is torch.Tensor
+        and result.dtype == elem.dtype
+        and not result.requires_grad
+    ):
+        return result  # every sample cast to the first one's dtype: the values torch's out= gets
+    return _torch_collate.collate_tensor_fn(batch)
+
+
+def _stack_with(allocator: Any, batch: Any, elem: torch.Tensor, in_worker: bool = False) -> Any:
     dtype = elem.dtype
     n = len(batch)
     if (
@@ -113,7 +144,7 @@ def _stack_with(allocator: Any, batch: Any, elem: torch.Tensor) -> Any:
                 return torch.stack(batch, 0, out=out)
             except RuntimeError:
                 pass  # plain stack below raises torch's error, or works (inputs need grad)
-    return place(torch.stack(batch, 0), allocator)
+    return place(_stacked(batch, elem, in_worker), allocator)
 
 
 # NOTE [ Interleaved samples ]

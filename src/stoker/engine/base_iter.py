@@ -124,9 +124,6 @@ Delivery = tuple[int, Any, "int | None", Any]
 class BaseIterator:
     # Worker iterators call iter(sampler) a second time after the seed draw, as torch does.
     _reiter_after_seed = False
-    # Worker iterators send their first tasks at iter(), so the sampler's first draws precede
-    # any state_dict(); the others draw from it at the first next().
-    _draws_at_iter = False
 
     def __init__(self, loader: Any, resume: dict[str, Any] | None) -> None:
         self._dataset = loader.dataset
@@ -194,6 +191,7 @@ class BaseIterator:
             self._rng.capture()
             ctx = contextlib.nullcontext()
         datapipe = self._iter_datapipe
+        self._sampler_started = False  # drawn from before a resumed epoch's save point
         with ctx:
             if resume and self._stateful is not None and resume["sampler_state"] is not None:
                 self._stateful.load_state_dict(resume["sampler_state"])
@@ -219,7 +217,8 @@ class BaseIterator:
                 self._skip_delivered(resume)
         self._steps_target = self._pad_steps() if self._pad_steps is not None else None
         self._skips = SkipLedger(
-            loader.skip_budget, _epoch_samples(self._index_sampler), self._engine.skip_logged,
+            loader.skip_budget, functools.partial(_epoch_samples, self._index_sampler),
+            self._engine.skip_logged,
             self._stats,
         )
         self._progress = EpochProgress(
@@ -236,6 +235,7 @@ class BaseIterator:
             sampler_state=resume["sampler_state"] if resume else None,
             sampler_epoch=getattr(loader.sampler, "epoch", None),
             live_sampler=self._tracked,
+            sampler_started=self._sampler_started,
         )
         self._engine.progress = self._progress
 
@@ -285,12 +285,14 @@ class BaseIterator:
             for _ in itertools.islice(self._sampler_iter, prefix):
                 pass
         self._position = prefix
-        if not (prefix or self._skip or self._draws_at_iter):
-            # Saved between iter() and the first next(): the sampler had drawn nothing (a
-            # RandomSampler without a generator draws its seed from torch's global RNG at its
-            # first next()); that draw comes after the save point, as it did.
+        if not (prefix or self._skip or resume.get("sampler_started", True)):
+            # Saved between iter() and the first next() of an iterator that draws from its
+            # sampler only then (not workers: they send tasks at iter()): a RandomSampler
+            # without a generator draws its seed from torch's global RNG at its first next(),
+            # after the save point, so it does so here too (NOTE [ Main streams resume ]).
             return
         # Draw the next batch now, while a borrowed global RNG is still in place.
+        self._sampler_started = True
         first = next(self._sampler_iter, None)
         rest = () if first is None else itertools.chain([first], self._sampler_iter)
         self._sampler_iter = iter(rest)
@@ -299,6 +301,7 @@ class BaseIterator:
 
     def _next_index(self) -> tuple[int, Any]:
         """The next (position, indices) to fetch, skipping positions delivered before a resume."""
+        self._progress.sampler_started = True
         while True:
             index = next(self._sampler_iter)  # StopIteration ends the epoch
             position = self._position

@@ -73,11 +73,12 @@ class ProcessIterator(BaseIterator):
     ``DeathWatch`` and ``engine.stall`` report dead and stuck workers."""
 
     _reiter_after_seed = True
-    _draws_at_iter = True
 
     def _fresh_worker_batches(self, loader: Any) -> list[int] | None:
-        if isinstance(loader.dataset, IterableDataset):
-            return [0] * loader.num_workers
+        # The iterator's own worker count, as torch's persistent iterator keeps it: a
+        # num_workers set on the loader since counts from its next new iterator only.
+        if isinstance(self._dataset, IterableDataset):
+            return [0] * self._num_workers
         return None
 
     def __init__(self, loader: Any, resume: dict[str, Any] | None = None) -> None:

@@ -44,6 +44,10 @@ class EpochProgress:
     # Each worker's own streams (NOTE [ Worker streams resume ] in ``engine.worker_streams``);
     # None without worker processes.
     streams: Any = None
+    # Whether the epoch had drawn from its sampler (a RandomSampler without a generator draws
+    # its seed from torch's global RNG at its first next()): a resume draws there before the
+    # save point is put back, else after it (``BaseIterator._skip_delivered``).
+    sampler_started: bool = False
 
     def delivered(self, position: int, sampler_state: Any = None, worker: int | None = None,
                   rngs: Any = None) -> None:
@@ -77,6 +81,7 @@ class EpochProgress:
                 else self.sampler_state
             ),
             "sampler_epoch": self.sampler_epoch,
+            "sampler_started": self.sampler_started,
             "dataset_kind": self.kind,
             "num_workers": self.num_workers,
             "worker_batches": (

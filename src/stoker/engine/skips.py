@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from stoker.errors import SkipBudgetExceeded
@@ -23,11 +24,15 @@ def skip_limit(budget: int | float, epoch_samples: int | None) -> int:
 
 class SkipLedger:
     def __init__(
-        self, budget: int | float, epoch_samples: int | None, logged: set[Any], stats: Any
+        self, budget: int | float, epoch_samples: Callable[[], int | None], logged: set[Any],
+        stats: Any,
     ) -> None:
         self._stats = stats
         self.budget = budget
-        self.limit = skip_limit(budget, epoch_samples)
+        # Asked only when a sample is skipped under a fractional budget: torch never calls
+        # len(sampler) for it, and a dataset that logs its __len__ calls sees torch's calls.
+        self._epoch_samples = epoch_samples
+        self._limit: int | None = None
         self.skipped: list[Skipped] = []
         self._logged = logged  # the loader's: a sample bad every epoch is logged once
         self._told_empty = False
@@ -51,6 +56,13 @@ class SkipLedger:
             RuntimeWarning, stacklevel=4,
         )
 
+    @property
+    def limit(self) -> int:
+        if self._limit is None:
+            fractional = isinstance(self.budget, float) and self.budget < 1
+            self._limit = skip_limit(self.budget, self._epoch_samples() if fractional else None)
+        return self._limit
+
     def record(self, skipped: list[Skipped]) -> None:
         for s in skipped:
             key = repr(s.index)
@@ -59,7 +71,7 @@ class SkipLedger:
                 logger.warning("stoker skipped sample %s: %s", key, s.error)
         self.skipped.extend(skipped)
         self._stats.skipped += len(skipped)
-        if len(self.skipped) > self.limit:
+        if self.skipped and len(self.skipped) > self.limit:
             shown = "; ".join(f"{s.index!r}: {s.error}" for s in self.skipped[:_SHOWN])
             more = f" (and {len(self.skipped) - _SHOWN} more)" if len(self.skipped) > _SHOWN else ""
             raise SkipBudgetExceeded(

@@ -53,6 +53,7 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "sampler_state_applies": ((bool,), "a bool"),
     "rng": ((str, dict, type(None)), "the encoded generator states (str)"),
     "sampler_epoch": ((int, type(None)), "an int epoch or None"),
+    "sampler_started": ((bool,), "a bool"),
     "dataset_kind": ((str,), "'map' or 'iterable'"),
     "num_workers": ((int,), "a worker count (int >= 0)"),
     "worker_batches": ((list, type(None)), "a list of batch counts per worker, or None"),

@@ -26,10 +26,12 @@ Two draws keep their place. An IterableDataset cannot seek: its delivered batche
 again (or its iterator's state loaded, which may read them) from the epoch start's states, as
 they were first read, and the save point's come back before the first batch after them
 (``hold_save_point``; a ``state_dict()`` meanwhile still records the loaded save point). And a
-state taken between ``iter()`` and the first batch: a sampler's first draw (a
-``RandomSampler`` without a generator draws its seed from torch's global RNG at its first
+state taken between ``iter()`` and the first batch, without workers: the sampler's first draw
+(a ``RandomSampler`` without a generator draws its seed from torch's global RNG at its first
 ``next()``) came after it, so the resumed iterator draws it after the save point is back too
-(``BaseIterator._skip_delivered``).
+(the state's ``sampler_started``, ``BaseIterator._skip_delivered``; workers send their first
+tasks at ``iter()``, so theirs came before it). This holds for torch's global RNG under
+per-batch seeding as well.
 
 Per-batch seeding needs none of it (each batch reseeds the global RNGs and puts the script's
 streams back). The loader keeps no batch ahead of the script in this case (``device=``
