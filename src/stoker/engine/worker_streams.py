@@ -285,16 +285,8 @@ def _check_types(state: dict[str, Any]) -> None:
             f"load_state_dict: state['worker_rngs'] is {type(rngs).__name__}, expected None or "
             f"a list of one RNG state (or None) per worker. {_UNCHANGED}")
     for k, text in enumerate(rngs or ()):
-        if text is None:
-            continue  # a worker that starts fresh
-        try:
-            if not isinstance(text, str):
-                raise ValueError(f"a {type(text).__name__}, not a str")
-            worker_rngs.decode(text)
-        except ValueError as exc:
-            raise ValueError(
-                f"load_state_dict: state['worker_rngs'][{k}] is not a worker's RNG state "
-                f"({exc}). {_UNCHANGED}") from None
+        if text is not None:  # None: a worker that starts fresh
+            worker_rngs.check_saved(text, f"state['worker_rngs'][{k}]", "a worker's RNG state")
     states = state.get("worker_dataset_states")
     if states is not None and not isinstance(states, list):
         raise ValueError(

@@ -210,14 +210,6 @@ def check_main_rngs(rng: Any) -> None:
         return
     for key in (_MAIN, _MAIN_AT_SAVE):
         text = rng.get(key)
-        if text is None or text == "":
-            continue
-        try:
-            if not isinstance(text, str):
-                raise ValueError(f"a {type(text).__name__}, not a str")
-            worker_rngs.decode(text)
-        except ValueError as exc:
-            raise ValueError(
-                f"load_state_dict: state['rng'][{key!r}] is not the main process's global RNG "
-                f"states ({exc}). Pass the dict returned by DataLoader.state_dict() unchanged."
-            ) from None
+        if text is not None and text != "":
+            worker_rngs.check_saved(text, f"state['rng'][{key!r}]",
+                                    "the main process's global RNG states")

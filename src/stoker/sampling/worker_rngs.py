@@ -116,6 +116,20 @@ def decode(text: str) -> bytes:
     return raw
 
 
+def check_saved(text: Any, field: str, what: str) -> None:
+    """Refuse (at ``load_state_dict``) a saved RNG state that ``state_dict()`` did not write:
+    ``ValueError`` naming ``field`` (``state['...']``) and ``what`` it should hold."""
+    try:
+        if not isinstance(text, str):
+            raise ValueError(f"a {type(text).__name__}, not a str")
+        decode(text)
+    except ValueError as exc:
+        raise ValueError(
+            f"load_state_dict: {field} is not {what} ({exc}). Pass the dict returned by "
+            "DataLoader.state_dict() unchanged."
+        ) from None
+
+
 def restore(canonical: bytes) -> None:
     """Set ``random``, numpy's global RNG and torch's default generator to a canonical state."""
     at = len(_VERSION)
