@@ -61,18 +61,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "(8, 8) from torch (pickled), (0, 0) from stoker. Masked: with workers, no views of "
         "the dataset's arrays and no empty numpy arrays in samples."
     ),
-    "worker_collate": (
-        "default_collate in a worker does not take torch's in-worker path (stacking into a "
-        "shared-memory out= tensor shaped and typed like the first sample): int32 and int64 "
-        "tensors in one batch give torch int32 (the first sample's dtype), stoker int64 "
-        "(promoted, as torch does without workers); a tensor with a numpy scalar or float "
-        "gives torch AttributeError ('float' object has no attribute 'numel'), "
-        "stoker TypeError; shapes (1, 3) and () give torch 'Trying to resize storage that "
-        "is not resizable', stoker 'stack expects each tensor to be equal size'; the same "
-        "with batch_size=None and default_collate as collate_fn, which collates the leaves "
-        "of one sample. Masked: with workers, a leaf keeps its type, dtype and shape across "
-        "samples, and no default_collate of single samples."
-    ),
     "stop_iteration_in_map_style": (
         "StopIteration raised by a map-style dataset's __getitem__ (or a collate_fn) ends "
         "torch's epoch silently (with or without workers; with workers the StopIteration "

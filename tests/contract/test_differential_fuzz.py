@@ -139,10 +139,6 @@ MINIMAL_CASES: dict[str, Case] = {
         _map(Leaf("torch", "float32", (3,), "view")), _WORKERS[1:] + (("batch_size", None),),
         _ONE_EPOCH,
     ),
-    "worker_collate": Case(
-        _map(Leaf("torch", "int32", (1,), alt=Leaf("torch", "int64", (1,)))), _WORKERS,
-        _ONE_EPOCH,
-    ),
     "stop_iteration_in_map_style": Case(_map(fault=Fault(3, "stop")), (("batch_size", 2),),
                                         _ONE_EPOCH),
     "stop_iteration_in_worker_collate": Case(

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _datasets import drop_tracebacks
 from torch.utils.data import Dataset, default_collate
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -89,6 +90,7 @@ def _outcome(Loader: type, items: list[Any], mode: str) -> tuple[str, Any]:
         text = str(exc)
         if "in DataLoader worker process" in text:  # torch's rewrapped worker error
             text = text.rstrip().splitlines()[-1].split(": ", 1)[-1]
+        drop_tracebacks(exc)  # so both loaders' workers stop now, not at the next gc
         return "raised", (type(exc), text)
     if isinstance(batch, dict):
         batch = batch["a"]
