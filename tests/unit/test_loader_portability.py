@@ -57,8 +57,8 @@ def test_construction_needs_no_rank_and_reads_it_when_iteration_starts(monkeypat
     assert loader.dist_context.rank == 1
     assert _batches(loader) == [[1, 3, 5, 7], [9, 11]]
     monkeypatch.delenv("RANK")
-    with pytest.raises(ValueError) as info:
-        iter(loader)
+    with pytest.raises(ValueError) as info:  # when the pass starts: at the first batch
+        next(iter(loader))
     assert str(info.value) == (
         "WORLD_SIZE='2' is set but RANK is not: a launcher such as torchrun sets both; set RANK "
         "too, or unset WORLD_SIZE to run as a single process"
