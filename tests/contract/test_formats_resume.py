@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _seeding import seeding_kwargs
 
 import stoker
 from stoker.formats import TarShards, pack
@@ -58,16 +59,9 @@ def _loaders(dataset: Any, num_workers: int, seeding: str = "per_batch") -> Call
     """``seeding="default"`` names none (torch's) and seeds the global RNGs first, as a script
     does at its start (``conftest.seeding``)."""
     def make() -> Any:
-        kwargs: dict[str, Any] = {}
-        if seeding == "default":
-            random.seed(1234)
-            np.random.seed(1234)
-            torch.manual_seed(1234)
-        else:
-            kwargs["seeding"] = seeding
         return stoker.DataLoader(
             dataset, batch_size=3, shuffle=True, num_workers=num_workers,
-            generator=torch.Generator().manual_seed(5), **kwargs,
+            generator=torch.Generator().manual_seed(5), **seeding_kwargs(seeding),
         )
 
     return make

@@ -17,7 +17,6 @@ function of (seed, epoch, shard) (see ``stoker.mix``).
 
 from __future__ import annotations
 
-import random
 import re
 import warnings
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _seeding import seeding_kwargs
 from torch.utils.data import Dataset, IterableDataset
 
 import stoker
@@ -79,14 +79,9 @@ def iterable_mix(stop: str = "first_exhausted", **kwargs: Any) -> Any:
 def loader(dataset: Any, num_workers: int = 0, seeding: str = "per_batch", **kwargs: Any) -> Any:
     """``seeding="default"`` names none (torch's) and seeds the global RNGs first, as a script
     does at its start (``conftest.seeding``)."""
-    if seeding == "default":
-        random.seed(1234)
-        np.random.seed(1234)
-        torch.manual_seed(1234)
-    else:
-        kwargs["seeding"] = seeding
     return stoker.DataLoader(dataset, num_workers=num_workers,
-                             generator=torch.Generator().manual_seed(1), **kwargs)
+                             generator=torch.Generator().manual_seed(1),
+                             **seeding_kwargs(seeding), **kwargs)
 
 
 @pytest.mark.parametrize(
