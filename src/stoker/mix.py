@@ -100,15 +100,17 @@ _BLOCK = 1024  # source draws per RNG call in the iterable mix
 class Mix(Dataset):
     """Weighted, seeded mix of datasets (module docstring). Map-style when every source is.
 
-    datasets: the sources, a list of map-style datasets (``__len__`` and ``__getitem__``)
-        and/or ``IterableDataset``s.
-    weights: relative sampling rates, one per source, >= 0 and not all 0 (default: equal).
-    seed: an int >= 0; the mix is a function of it, the epoch and the other arguments.
-    stop: ``"first_exhausted"``, ``"all_exhausted"`` or ``"cycle"`` (module docstring).
-    num_samples: only with ``stop="cycle"``: samples per epoch of a map-style mix (default: the
-        sources' total length), samples in all for an iterable one (default: endless).
-    shard_sources: iterable mix in workers or ranks: read each iterable source's shard (the
-        default); ``False`` when the sources already split themselves.
+    * ``datasets``: the sources, a list of map-style datasets (``__len__`` and
+      ``__getitem__``) and/or ``IterableDataset`` objects.
+    * ``weights``: relative sampling rates, one per source, >= 0 and not all 0 (default:
+      equal).
+    * ``seed``: an int >= 0; the mix is a function of it, the epoch and the other arguments.
+    * ``stop``: ``"first_exhausted"``, ``"all_exhausted"`` or ``"cycle"`` (module docstring).
+    * ``num_samples``: only with ``stop="cycle"``: samples per epoch of a map-style mix
+      (default: the sources' total length), samples in all for an iterable one (default:
+      endless).
+    * ``shard_sources``: iterable mix in workers or ranks: read each iterable source's shard
+      (the default); ``False`` when the sources already split themselves.
     """
 
     datasets: list[Any]

@@ -7,8 +7,7 @@ with torchdata's documented semantics (the state of the last batch received; loa
 the next ``iter()``; before iterating it is the initial state; an ``IterableDataset`` or its
 iterator with ``state_dict``/``load_state_dict`` is restored through them instead of being read
 again). The state's format is stoker's own (a torchdata state is refused with a message that
-says so). Differences, all deliberate, are listed in the README ("Moving from torchdata's
-StatefulDataLoader").
+says so). Differences, all deliberate, are listed in docs/from_torchdata.md.
 """
 
 from __future__ import annotations

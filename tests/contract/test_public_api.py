@@ -37,6 +37,7 @@ PUBLIC = {
     "Mix": "class",
     "MixedDeviceError": "exception",
     "PackError": "exception",
+    "PackInterrupted": "exception",
     "RemoteReadError": "exception",
     "RemoteTraceback": "exception",
     "ShardError": "exception",
@@ -143,8 +144,10 @@ def test_exceptions_keep_their_hierarchy():
     assert issubclass(stoker.RemoteTraceback, Exception)
     assert not issubclass(stoker.RemoteTraceback, stoker.StokerError)
     errors = [n for n, kind in PUBLIC.items() if kind == "exception"]
-    others = set(errors) - {"StokerError", "RemoteTraceback"}
+    others = set(errors) - {"StokerError", "RemoteTraceback", "PackInterrupted"}
     assert others and all(issubclass(getattr(stoker, n), stoker.StokerError) for n in others)
+    # Ctrl-C stays a KeyboardInterrupt: code that stops on it still does
+    assert issubclass(stoker.PackInterrupted, KeyboardInterrupt)
     warns = [n for n, kind in PUBLIC.items() if kind == "warning"]
     assert warns and all(issubclass(getattr(stoker, n), UserWarning) for n in warns)
 

@@ -190,8 +190,8 @@ class StreamWithIteratorState(IterableDataset):
 
 
 def test_the_documented_exception_an_iterators_own_state() -> None:
-    """README (DCP): an IterableDataset whose iterator has ``state_dict`` adds it once an
-    iterator exists; before that the key holds None. Nothing else differs."""
+    """docs/distributed.md (DCP): an IterableDataset whose iterator has ``state_dict`` adds
+    it once an iterator exists; before that the key holds None. Nothing else differs."""
     loader = stoker.DataLoader(StreamWithIteratorState(), batch_size=3)
     before = key_paths(loader.state_dict())
     it = iter(loader)

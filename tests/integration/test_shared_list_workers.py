@@ -209,12 +209,25 @@ def test_spawned_workers_map_the_segment_instead_of_copying_it() -> None:
     )
 
 
+SAMPLE_EVERY_BATCHES = 25
+
+
 def test_memory_watch_names_the_list_on_real_workers() -> None:
     """MemoryWatch driven as the loader will drive it: sample(worker_pids) after each batch.
-    The rule is scaled to this small dataset (the default floor is 64 MiB)."""
+    The rule is scaled to this small dataset (the default floor is 64 MiB).
+
+    The watch's clock counts batches, so a USS read is due every 25th batch: 24 reads over
+    the epoch (12 per worker), whatever a read costs. On the wall clock (a read due after
+    twice the last one's duration) the number of reads was the epoch's time over the cost of
+    reading /proc/<pid>/smaps_rollup, which grows with the resident memory of the process
+    that forked the workers: late in a full run (a large pytest process, a busy machine) a
+    worker got 4 reads, under ``min_samples``, and no warning came."""
     dataset = PathsDataset(make_paths(N_PATHS), auto_share=False)
     rule = GrowthRule(min_samples=5, min_growth_bytes=4 * MIB)
-    watch = MemoryWatch(dataset, rule, interval_s=0.0, max_overhead=0.5)
+    batches_seen = 0
+    watch = MemoryWatch(
+        dataset, rule, interval_s=SAMPLE_EVERY_BATCHES, clock=lambda: float(batches_seen)
+    )
     loader = DataLoader(
         dataset,
         batch_size=500,
@@ -230,9 +243,11 @@ def test_memory_watch_names_the_list_on_real_workers() -> None:
             if len(pids) < 2:
                 pids = tuple(sorted({*pids, *pid.tolist()}))
             watch.sample(pids)
+            batches_seen += 1
     del loader
     found = [w for w in caught if issubclass(w.category, CopyOnReadWarning)]
-    assert len(found) == 1, [str(w.message) for w in caught]
+    series_mib = {p: [round(v / MIB, 1) for v in s.values] for p, s in watch._series.items()}
+    assert len(found) == 1, ([str(w.message) for w in caught], series_mib)
     text = str(found[0].message)
     assert "The largest Python container on the dataset is dataset.paths (list[str], 300,000" in (
         text

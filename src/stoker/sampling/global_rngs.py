@@ -2,7 +2,7 @@
 ``RandomState`` and torch's default CPU generator.
 
 NOTE [ Raw RNG snapshots ]
-With ``num_workers=0`` every batch reseeds the global RNGs (NOTE [ Determinism ] in the README)
+With ``num_workers=0`` every batch reseeds the global RNGs (the guarantee in docs/resume.md)
 and must leave the caller's streams as they were, so their states are saved and restored
 around each batch; the concurrency and vectorisation probes compare them around a fetch.
 Through the public API that costs ~300 us per batch: ``np.random.get_state``/``set_state``

@@ -4,9 +4,9 @@ NOTE [ Constant state keys ]) continues with exactly the batches the uninterrupt
 
 The ranks' global RNGs are seeded apart, so each draws its own base seed, and every sample
 carries its worker's seed: a rank resumed with another rank's state would show it. The
-README's recipe saves each rank's state under its own key; the same loader saved under one
-key (``{"loader": loader}``: DCP keeps one rank's copy) must be refused on the other (NOTE [ A
-state must fit its loader ]). Each rank writes ``OUT/rank<r>.json``.
+recipe in docs/distributed.md saves each rank's state under its own key; the same loader
+saved under one key (``{"loader": loader}``: DCP keeps one rank's copy) must be refused on the
+other (NOTE [ A state must fit its loader ]). Each rank writes ``OUT/rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def main(out: str) -> None:
     saving = loader()
     it = iter(saving)
     before = [next(it).tolist() for _ in range(SAVE_AFTER)]
-    # The README's recipe: each rank's state under its own key.
+    # The docs' recipe (docs/distributed.md): each rank's state under its own key.
     dcp.save({f"loader_rank{rank}": saving}, checkpoint_id=f"{out}/per_rank")
     dcp.save({"loader": saving}, checkpoint_id=f"{out}/one_key")
     del it

@@ -6,8 +6,7 @@ loaded into a fresh loader of the same kind, and what the fresh loader yields fr
 (to the end of a second epoch) must be the same for both. ``__iter__`` of the dataset: stoker
 calls it once per epoch, never more than torchdata does.
 
-Where stoker deliberately differs, the test says so (see the README, "Moving from torchdata's
-StatefulDataLoader").
+Where stoker deliberately differs, the test says so (see docs/from_torchdata.md).
 """
 
 from __future__ import annotations

@@ -1,0 +1,144 @@
+"""The docs site builds with no warning, and it cannot fall behind the code.
+
+* every public name (``stoker.__all__`` and the ``__all__`` of the public subpackages) has a
+  docstring and an entry in the API reference (the built site's ``objects.inv``);
+* every exception and warning class of ``stoker.errors`` has a troubleshooting entry saying
+  what to do, and every module that calls ``warnings.warn`` is named on that page;
+* every ``NOTE [ ... ]`` referred to in ``src/stoker`` has exactly one block.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import subprocess
+import sys
+import types
+import zlib
+from pathlib import Path
+
+import pytest
+from _docs_pages import DOCS, ROOT
+
+sys.path.insert(0, str(DOCS / "_ext"))
+import stoker_docs  # noqa: E402
+
+import stoker  # noqa: E402
+
+PUBLIC_SUBPACKAGES = [name for name in stoker.__all__
+                      if isinstance(getattr(stoker, name), types.ModuleType)]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("docs")
+    done = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-E", "-q", "-b", "html",
+         "-d", str(out / "doctrees"), str(DOCS), str(out / "html")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, f"the docs build failed or warned:\n{done.stderr[-6000:]}"
+    return out / "html"
+
+
+def inventory(site: Path) -> set[str]:
+    """The Python objects the built site documents (names from ``objects.inv``)."""
+    raw = (site / "objects.inv").read_bytes()
+    body = raw.split(b"\n", 4)[4]  # four header lines, then zlib
+    names = set()
+    for line in zlib.decompress(body).decode().splitlines():
+        name, role = line.split(" ", 2)[:2]
+        if role.startswith("py:"):
+            names.add(name)
+    return names
+
+
+def public_names() -> list[tuple[str, str, object]]:
+    out = [("stoker", n, getattr(stoker, n)) for n in stoker.__all__]
+    for package in PUBLIC_SUBPACKAGES:
+        module = importlib.import_module(f"stoker.{package}")
+        out += [(f"stoker.{package}", n, getattr(module, n)) for n in module.__all__]
+    return out
+
+
+def own_docstring(owner: str, name: str, obj: object) -> str:
+    if isinstance(obj, types.ModuleType):
+        return obj.__doc__ or ""
+    if isinstance(obj, type):
+        return obj.__dict__.get("__doc__") or ""
+    if callable(obj):
+        return getattr(obj, "__doc__", None) or ""
+    # A constant: a ``#:`` comment where it is defined (what autodoc reads).
+    from sphinx.pycode import ModuleAnalyzer
+
+    for module_name in _defining_modules(owner, name):
+        docs = ModuleAnalyzer.for_module(module_name).find_attr_docs()
+        if ("", name) in docs:
+            return "\n".join(docs[("", name)])
+    return ""
+
+
+def _defining_modules(owner: str, name: str) -> list[str]:
+    module = importlib.import_module(owner)
+    pattern = re.compile(rf"from (\S+) import .*\b{re.escape(name)}\b")
+    found = pattern.search(inspect.getsource(module))
+    return [owner] + ([found.group(1)] if found else [])
+
+
+def test_docs_build_without_warnings(site: Path) -> None:
+    for page in ("index", "api", "troubleshooting", "design", "same_as_torch", "benchmarks"):
+        assert (site / f"{page}.html").exists(), page
+
+
+@pytest.mark.parametrize("owner,name,obj", public_names(),
+                         ids=[f"{o}.{n}" for o, n, _ in public_names()])
+def test_public_name_has_a_docstring(owner: str, name: str, obj: object) -> None:
+    assert own_docstring(owner, name, obj).strip(), (
+        f"{owner}.{name} has no docstring of its own (a constant: a '#:' comment above it)")
+
+
+def test_every_public_name_has_a_reference_entry(site: Path) -> None:
+    documented = inventory(site)
+    objects = {}
+    for full in documented:
+        module, _, attr = full.rpartition(".")
+        try:
+            objects[id(getattr(importlib.import_module(module), attr))] = full
+        except (ImportError, AttributeError, ValueError):
+            continue
+    missing = [f"{owner}.{name}" for owner, name, obj in public_names()
+               if f"{owner}.{name}" not in documented and id(obj) not in objects]
+    assert not missing, f"public names with no entry in docs/api.md: {missing}"
+
+
+def test_every_error_class_has_a_troubleshooting_entry(site: Path) -> None:
+    generated, missing = stoker_docs.troubleshooting_markdown()
+    assert not missing, f"stoker.errors classes without a 'What to do:' paragraph: {missing}"
+    page = (site / "troubleshooting.html").read_text(encoding="utf-8")
+    for cls in stoker_docs.error_classes():
+        assert f'id="error-{cls.__name__.lower()}"' in page, cls.__name__
+
+
+def test_every_module_that_warns_is_named_in_troubleshooting() -> None:
+    page = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")
+    src = ROOT / "src" / "stoker"
+    warning = re.compile(r"\bwarnings\.warn\(")
+    missing = []
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src).as_posix()
+        if rel.startswith(("cli/", "doctor/")):
+            continue  # commands: what they say goes to the terminal, not to a program
+        if warning.search(path.read_text(encoding="utf-8")) and f"`{rel}`" not in page:
+            missing.append(rel)
+    assert not missing, (
+        f"modules that call warnings.warn but are not in docs/troubleshooting.md's table of "
+        f"other warnings: {missing}; add a row saying what the warning means and what to do")
+
+
+def test_every_note_referred_to_has_one_block() -> None:
+    notes = stoker_docs.note_blocks()
+    wrong = {n.name: n.defined_in for n in notes.values() if len(n.defined_in) != 1}
+    assert not wrong, (
+        f"NOTE names with no block or several ({wrong}): write the block once, as a "
+        "'NOTE [ name ]' line of its own followed by its text, and refer to it by name")
