@@ -89,6 +89,15 @@ def _check_error_policy(dataset: Any, on_error: str, skip_budget: int | float) -
             "cannot continue after it raises (a generator is closed by the exception), so "
             "skipping would silently end its stream. Catch the error inside __iter__ instead."
         )
+def _check_generator(generator: Any) -> None:
+    """torch draws each iterator's base seed with ``random_(generator=generator)`` at
+    ``iter()``: anything but a ``torch.Generator`` raises that call's ``TypeError`` (naming
+    ``generator``) there, so stoker makes the same call at the same moment, before anything
+    reads the generator's state."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        torch.empty((), dtype=torch.int64).random_(generator=generator)
+
+
 _SHARD_EVENS = ("pad", "drop", "exact")
 
 
@@ -148,9 +157,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         torch); ``True`` turns on everything stoker does beyond torch's behaviour; a set of
         names turns on those: ``"per_batch_seeding"``, ``"inline_gathers"``,
         ``"batched_getitem"``, ``"deep_prefetch"``, ``"move_stragglers"``,
-        ``"epoch_autopilot"``, ``"shared_lists"``, ``"keep_slabs"``, ``"thread_caps"``. Each
+        ``"epoch_autopilot"``, ``"shared_lists"``, ``"slab_transport"``, ``"keep_slabs"``,
+        ``"thread_caps"``. Each
         changes something a program can observe (NOTE [ Same as torch unless asked ] says
-        what; the README's audit table lists every mechanism).
+        what; the audit table in docs/same_as_torch.md lists every mechanism).
     seeding: ``None`` (default): torch's seeding (each worker seeded once at start with base
         seed + worker id), or per batch when ``beyond_torch`` names ``"per_batch_seeding"``.
         ``"per_batch"`` reseeds ``random``, numpy's global RNG and torch's default generator
@@ -387,6 +397,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return self._make_iterator(None)
 
     def _make_iterator(self, resume: dict[str, Any] | None) -> Any:
+        _check_generator(self.generator)
         if self.worker_type == "thread":
             self._engine.stats.threads = True
             return ThreadIterator(self, resume)
@@ -453,6 +464,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         Before the first batch it is the initial state; after a finished epoch it is the start
         of the next one. ``load_state_dict`` applies it to the next ``iter()``.
         """
+        _check_generator(self.generator)  # not a torch.Generator: the TypeError iter() raises
         progress = self._engine.progress
         if self._stoker_resume is not None:
             return stamp(self._stoker_resume)  # now this rank's
@@ -484,7 +496,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def _live_iterator_state(self) -> tuple[Any, bool]:
         """The state of ``iter(dataset)`` after the last batch delivered, when that iterator
         has ``state_dict`` (torchdata's ``dataset_iter_state``). Only with num_workers=0: in
-        workers the iterators are the workers' own (see README, StatefulDataLoader)."""
+        workers the iterators are the workers' own (docs/from_torchdata.md)."""
         ref = self._stoker_inline_iter
         inline = ref() if ref is not None else None
         progress = self._engine.progress

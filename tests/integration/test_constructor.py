@@ -264,3 +264,29 @@ def test_is_a_torch_dataloader(Loader):
 def test_loader_under_test_is_the_one_asked_for(Loader, loader_name):
     expected_module = "torch.utils.data" if loader_name == "torch" else "stoker"
     assert Loader.__module__.startswith(expected_module)
+
+
+def _iter_error(loader: Any) -> tuple[type, str]:
+    with pytest.raises(Exception) as info:
+        iter(loader)
+    return type(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(generator=0), dict(generator=0, shuffle=True), dict(generator="seed", batch_size=None),
+     dict(generator=0, num_workers=2, persistent_workers=True)],
+    ids=["int", "int_shuffle", "str_no_batching", "int_persistent_workers"],
+)
+def test_a_generator_that_is_not_a_generator_raises_at_iter_like_torch(
+        Loader, TorchLoader, kwargs):
+    """torch accepts any ``generator=`` at construction and raises ``random_()``'s TypeError,
+    which names ``generator=int``, at ``iter()`` (drawing the base seed). (torch's reference
+    runs without workers: its half-made worker iterator fails again in ``__del__``.)"""
+    in_torch = {k: v for k, v in kwargs.items() if k not in ("num_workers", "persistent_workers")}
+    expected = _iter_error(TorchLoader(_ds(), **in_torch))
+    assert expected[0] is TypeError
+    assert expected[1].startswith(
+        "random_() received an invalid combination of arguments - got (generator="
+        f"{type(kwargs['generator']).__name__}, ), but expected one of:")
+    assert _iter_error(Loader(_ds(), **kwargs)) == expected

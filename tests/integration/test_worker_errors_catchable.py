@@ -183,8 +183,9 @@ def _notes(exc: BaseException) -> list[str]:
 def _names_worker_and_indices(exc: BaseException) -> None:
     where = _notes(exc)[-1]
     assert re.fullmatch(
-        r"stoker: raised in DataLoader worker [01] \(pid \d+\) while loading sample indices "
-        r"\[12, 13\]; the worker's traceback is chained above\.",
+        r"stoker: raised in DataLoader worker [01] \(pid \d+\) while loading sample index "
+        r"13 \(its batch: sample indices \[12, 13\]\); the worker's traceback is chained "
+        r"above\.",
         where,
     ), where
 
@@ -290,7 +291,8 @@ def test_exception_class_that_cannot_be_pickled_says_where_to_define_it(Loader, 
     drop_tracebacks(exc)
     assert re.fullmatch(
         r"Caught _LocalErrorDS\.__getitem__\.<locals>\.LocalError in DataLoader worker [01] "
-        r"\(pid \d+\) while loading sample indices \[12, 13\], and it could not be sent to the "
+        r"\(pid \d+\) while loading sample index 13 \(its batch: sample indices \[12, 13\]\), "
+        r"and it could not be sent to the "
         r"main process \(its class does not pickle: define it at the top level of an "
         r"importable module\)\. The worker's traceback:",
         first_line,
@@ -314,7 +316,7 @@ def test_exception_that_cannot_be_rebuilt_names_worker_and_indices(Loader, stoke
     first_line = text.splitlines()[0]
     assert re.fullmatch(
         r"Caught StrictNewError in DataLoader worker [01] \(pid \d+\) while loading sample "
-        r"indices \[12, 13\]\.",
+        r"index 13 \(its batch: sample indices \[12, 13\]\)\.",
         first_line,
     ), first_line
 

@@ -46,6 +46,15 @@ def test_tfrecord_without_index_says_how_to_make_one(readers: dict, tmp_path: Pa
     )
 
 
+@pytest.mark.parametrize("name", ["TFRecordDataset", "ParquetDataset", "ArrowDataset"])
+def test_no_files_at_all_are_refused(readers: dict, name: str) -> None:
+    import stoker.formats
+
+    with pytest.raises(ValueError) as info:
+        getattr(stoker.formats, name)([])
+    assert str(info.value) == "no files given: pass a path or a list of paths"
+
+
 def test_damaged_tfrecord_is_named_with_its_record(readers: dict, tmp_path: Path) -> None:
     import shutil
 

@@ -54,6 +54,21 @@ def test_no_class_directories_is_an_error(tmp_path: Path) -> None:
     )
 
 
+def test_a_file_or_a_missing_path_is_no_image_folder(tmp_path: Path) -> None:
+    photo = tmp_path / "0000.jpg"
+    photo.write_bytes(b"\xff\xd8")
+    with pytest.raises(NotADirectoryError) as file:
+        ImageFolder(str(photo), decode="bytes")
+    assert str(file.value) == (
+        f"{photo} is a file; an image folder is a directory holding one subdirectory per class "
+        "(root/cat/001.jpg, root/dog/002.jpg, ...)")
+    with pytest.raises(FileNotFoundError) as missing:
+        ImageFolder(str(tmp_path / "nope"), decode="bytes")
+    assert str(missing.value) == (
+        f"{tmp_path / 'nope'} does not exist; an image folder is a directory holding one "
+        "subdirectory per class (root/cat/001.jpg, root/dog/002.jpg, ...)")
+
+
 def test_pil_decoding_gives_rgb(tmp_path: Path) -> None:
     image_module = pytest.importorskip("PIL.Image")
     (tmp_path / "c").mkdir()

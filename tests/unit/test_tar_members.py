@@ -326,6 +326,33 @@ def test_a_directory_without_a_manifest_says_what_to_pass(tmp_path: Path) -> Non
             "them with `stoker pack`")
 
 
+def test_a_file_given_as_a_pack_is_named_with_what_a_pack_is(tmp_path: Path) -> None:
+    photo = tmp_path / "0000.jpg"
+    photo.write_bytes(b"\xff\xd8 not a pack")
+    for given in (str(photo), f"{photo}/"):
+        for reader in (TarShards, TarShardStream):
+            with pytest.raises(NotADirectoryError) as info:
+                reader(given)
+            assert str(info.value) == (
+                f"{photo} is a file, not a pack of shards. A pack is a directory written by "
+                "`stoker pack`, holding index.json and the .tar shards it lists: pass that "
+                "directory or its index.json; for tar shards without one, pass a .tar path, a "
+                "list of them, or a pattern such as 'shards/s-{000000..000099}.tar'")
+
+
+@pytest.mark.parametrize("empty", [[], ()], ids=["list", "tuple"])
+def test_no_shards_at_all_are_refused(empty: list) -> None:
+    with pytest.raises(ValueError) as info:
+        TarShards(empty)
+    assert str(info.value) == (
+        f"TarShards({empty!r}): no shards given. Pass a pack (the directory `stoker pack` "
+        "wrote, or its index.json), a .tar path, a list of them, or a pattern such as "
+        "'shards/s-{000000..000099}.tar'")
+    with pytest.raises(ValueError) as stream:
+        TarShardStream(empty)
+    assert str(stream.value) == "no shards given: pass a list of .tar paths or URLs"
+
+
 def test_a_truncated_shard_with_a_sidecar_is_refused_at_open(tmp_path: Path) -> None:
     shard = write_tar(tmp_path / "s.tar", [("a.jpg", b"1" * 3000), ("b.jpg", b"2" * 3000)])
     table = index_shard(str(shard))

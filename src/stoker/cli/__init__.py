@@ -4,6 +4,7 @@ so `stoker --help` stays fast and a missing optional extra only affects its own 
     stoker demo [--images N] [--epochs N] [--num-workers N] [--batch-size N] [--rounds N]
     stoker pack SOURCE OUT [--samples-per-shard N] [--workers N] [--max-side PX] [--verify]
     stoker doctor [options] MODULE:FACTORY | -- python train.py ...   (cli/doctor.py)
+    stoker --version
 """
 
 from __future__ import annotations
@@ -30,10 +31,34 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def version_line() -> str:
+    """What ``stoker --version`` prints: stoker's version and the versions a bug report needs."""
+    import platform
+
+    import torch
+
+    from stoker import __version__
+
+    return f"stoker {__version__} (torch {torch.__version__}, Python {platform.python_version()})"
+
+
+class _Version(argparse.Action):
+    """``--version``; stoker and torch are imported only when it is given."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print stoker's, torch's and Python's versions and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print(version_line())
+        parser.exit()
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stoker", description="stoker: a faster, safer drop-in for torch's DataLoader."
     )
+    parser.add_argument("--version", action=_Version)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     demo = commands.add_parser(
         "demo",

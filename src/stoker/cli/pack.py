@@ -70,22 +70,34 @@ def add_parser(commands: Any) -> None:
 
 
 def _load_dataset(spec: str) -> Any:
-    from stoker.cli.factory import import_factory
+    """The dataset ``spec`` names; ``UserCodeFailed`` when the user's code raises."""
+    from stoker.cli.factory import call_factory, import_factory
 
     try:
         factory = import_factory(spec, "a map-style Dataset")
     except ValueError as exc:
         raise SystemExit(f"stoker pack: {exc} SOURCE is a directory or MODULE:FUNCTION.") from exc
-    return factory()
+    return call_factory(factory, spec)
 
 
-def run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace) -> int:
+    from stoker.cli.factory import UserCodeFailed
     from stoker.errors import PackError
     from stoker.formats import PackOptions, ShardError, pack
+    from stoker.formats.pack import check_out_dir
 
     source: Any = args.source
+    try:  # before the user's code runs: the output directory's own problems
+        check_out_dir(source if os.path.isdir(source) else None, args.out)
+    except (PackError, FileExistsError) as exc:
+        print(f"stoker pack: {exc}", file=sys.stderr)
+        return 1
     if not os.path.isdir(source) and ":" in source:
-        source = _load_dataset(source)
+        try:
+            source = _load_dataset(source)
+        except UserCodeFailed as exc:
+            print(f"{exc.traceback_text}stoker pack: {exc}", file=sys.stderr)
+            return 1
     options = PackOptions(
         samples_per_shard=args.samples_per_shard, shard_size_mb=args.shard_size_mb,
         workers=args.workers, max_side=args.max_side, jpeg_quality=args.jpeg_quality,
@@ -99,3 +111,16 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(summary)
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """``stoker pack``; Ctrl-C says how to resume and exits 130 (NOTE [ Ctrl-C in a pack ])."""
+    from stoker.errors import PackInterrupted
+    from stoker.formats.pack_report import INTERRUPTED
+
+    try:
+        return _run(args)
+    except KeyboardInterrupt as exc:
+        told = str(exc) if isinstance(exc, PackInterrupted) else INTERRUPTED
+        print(f"stoker pack: {told}", file=sys.stderr)
+        return 130

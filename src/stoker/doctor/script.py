@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,24 +22,71 @@ from stoker.doctor.measure import Run
 _STARTUP_ALLOWANCE_S = 120.0  # the script's imports and set-up before its first batch
 
 
-def runner_command(command: list[str]) -> list[str]:
-    """``python script.py ...`` runs through ``stoker.doctor.child`` (torch's DataLoader
-    becomes stoker's); any other command (torchrun, a console script) runs as given and only
-    its stoker loaders are measured."""
-    exe = os.path.basename(command[0])
-    if exe.startswith("python") and len(command) > 1 and command[1] != "-c":
-        return [command[0], "-m", "stoker.doctor.child", *command[1:]]
-    return list(command)
+class CommandError(ValueError):
+    """The command after ``--`` cannot be run; the message says what to change."""
+
+
+def _this_python(program: str) -> bool:
+    """``python``/``python3`` (or this version's ``python3.N``) typed as a bare name: the
+    interpreter stoker runs under is meant, not whichever is first on PATH (without an activated
+    virtual environment that one lacks stoker, and the user's packages)."""
+    names = {"python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"}
+    return program in names
+
+
+def _check_program(program: str) -> None:
+    if os.sep in program or (os.altsep and os.altsep in program):
+        if not os.path.isfile(program):
+            raise CommandError(f"cannot run {program!r}: no such file.")
+        if not os.access(program, os.X_OK):
+            raise CommandError(
+                f"cannot run {program!r}: it is not executable; make it so (chmod +x "
+                f"{program}) or name its interpreter first (-- bash {program}).")
+    elif shutil.which(program) is None:
+        raise CommandError(
+            f"cannot run {program!r}: no such program on PATH. Give the command as you would "
+            "type it, e.g. stoker doctor -- python train.py")
+
+
+def _check_script(script: str) -> None:
+    if not os.path.isfile(script):
+        raise CommandError(
+            f"cannot run {script!r}: no such file (relative paths start from {os.getcwd()}).")
+
+
+def resolve_command(command: list[str]) -> list[str]:
+    """The command to start for ``stoker doctor -- COMMAND``, checked before any run
+    (``CommandError`` saying what to change). ``python``/``python3`` and a bare ``train.py``
+    run under ``sys.executable``; a Python script runs through ``stoker.doctor.child``
+    (torch's DataLoader becomes stoker's); any other command (torchrun, a console script) runs
+    as given and only its stoker loaders are measured."""
+    program, rest = command[0], command[1:]
+    if program.endswith(".py"):  # -- train.py, -- ./train.py
+        _check_script(program)
+        return [sys.executable, "-m", "stoker.doctor.child", program, *rest]
+    if _this_python(program):
+        program = sys.executable
+        if not rest:
+            raise CommandError(f"{command[0]} alone starts no training: give the script, e.g. "
+                               f"stoker doctor -- {command[0]} train.py")
+    else:
+        _check_program(program)
+    if os.path.basename(program).startswith("python") and rest and rest[0] != "-c":
+        if not rest[0].startswith("-"):
+            _check_script(rest[0])
+        return [program, "-m", "stoker.doctor.child", *rest]
+    return [program, *rest]
 
 
 class ScriptRunner:
     def __init__(self, command: list[str], args: argparse.Namespace, workdir: str) -> None:
-        self.command = runner_command(command)
+        self.command = resolve_command(command)
         self.args = args
         self.workdir = workdir
         self.count = 0
         self.kwargs: dict[str, Any] = {}
         self.log_path = ""
+        self.draws_global_rng: bool | None = None  # probed inside the script (agent.py)
 
     def __call__(self, label: str, overrides: dict[str, Any], detailed: bool = False) -> Run:
         self.count += 1
@@ -50,7 +98,11 @@ class ScriptRunner:
         before, t0 = mark(), time.perf_counter()
         interrupted = False
         with open(self.log_path, "wb") as log:
-            proc = subprocess.Popen(self.command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                proc = subprocess.Popen(self.command, env=env, stdout=log,
+                                        stderr=subprocess.STDOUT)
+            except OSError as exc:  # checked before the first run; gone since
+                return Run(label, overrides, error=f"{self.command[0]} could not start: {exc}")
             try:
                 proc.wait(timeout=self.args.seconds * 3 + _STARTUP_ALLOWANCE_S)
             except KeyboardInterrupt:  # the script got the SIGINT too (same process group)
@@ -73,6 +125,8 @@ class ScriptRunner:
             doc = json.load(f)
         run = run_from_dict(doc["run"])
         self.kwargs = self.kwargs or doc["kwargs"]
+        if self.count == 1:
+            self.draws_global_rng = doc.get("draws_global_rng")
         if not doc["measured"]:
             run.error = ("the script built a stoker DataLoader but never took a batch from "
                          f"it; its output: {self.log_path}")

@@ -44,13 +44,13 @@ class Recipe:
 
 def load_recipe(spec: str) -> Recipe:
     """``module:function`` (the current directory is importable, as for ``python -m``)."""
-    from stoker.cli.factory import import_factory
+    from stoker.cli.factory import call_factory, import_factory
 
     try:
         factory = import_factory(spec, "your DataLoader or (dataset, loader_kwargs)")
     except ValueError as exc:
         raise TargetError(str(exc)) from exc
-    return recipe_of(factory(), spec)
+    return recipe_of(call_factory(factory, spec), spec)  # UserCodeFailed when it raises
 
 
 def recipe_of(made: Any, source: str = "") -> Recipe:

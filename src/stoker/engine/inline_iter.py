@@ -22,7 +22,7 @@ from stoker.sampling.datapipes import distributed_settings, is_datapipe, seed_sh
 from stoker.sampling.dataset_rngs import reseed, restore_states, save_states
 from stoker.sampling.sample_rng import clear_sample_context
 from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
-from stoker.workers.remote_errors import add_note, describe_indices
+from stoker.workers.remote_errors import add_note, describe_failure
 
 
 class InlineIterator(BaseIterator):
@@ -157,7 +157,7 @@ class InlineIterator(BaseIterator):
                 raise exc.with_indices(index) if isinstance(index, list) else exc from None
             except Exception as exc:
                 add_note(exc, f"stoker: raised in the main process (num_workers="
-                              f"{self._num_workers}) while loading {describe_indices(index)}.")
+                              f"{self._num_workers}) while loading {describe_failure(index, exc)}.")
                 raise
             if self._fetcher.skipped:
                 self._skips.record(self._fetcher.skipped)

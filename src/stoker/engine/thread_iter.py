@@ -23,7 +23,7 @@ from stoker.fetch.thread_pool import JOB_READY, SAMPLE_DONE, Job, SamplePipeline
 from stoker.sampling.dataset_rngs import reseed, restore_states, save_states
 from stoker.sampling.sample_rng import clear_sample_context, set_sample_context
 from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
-from stoker.workers.remote_errors import add_note, describe_indices
+from stoker.workers.remote_errors import add_note, describe_failure
 
 
 class ThreadIterator(BaseIterator):
@@ -88,6 +88,10 @@ class ThreadIterator(BaseIterator):
                     return job
                 done = explore(job, self._fetcher, self._tuner, self._set_context,
                                self._fetch_spec.skip_errors)
+            except Exception as exc:
+                add_note(exc, f"stoker: raised in the calling thread while loading "
+                              f"{describe_failure(index, exc)}.")
+                raise
             finally:
                 clear_sample_context()  # this is the user's thread: leave nothing behind
                 restore_states(self._dataset_rngs, saved)
@@ -147,7 +151,7 @@ class ThreadIterator(BaseIterator):
             self._skips.record(skipped)
         if error is not None:
             add_note(error, f"stoker: raised in a fetch thread while loading "
-                            f"{describe_indices(job.indices)}.")
+                            f"{describe_failure(job.indices, error)}.")
             raise error
         try:
             return self._fetcher.finish(kept if kept else EMPTY)

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stoker.fetch.concurrency import ConcurrencyTuner, SampleClock
-from stoker.fetch.fetchers import MapFetcher, Skipped, error_text, skippable
+from stoker.fetch.fetchers import (
+    MapFetcher,
+    Skipped,
+    error_text,
+    forget_failed_index,
+    note_failed_index,
+    skippable,
+)
 from stoker.sampling import global_rngs
 from stoker.sampling.sample_rng import clear_sample_context, set_sample_context
 
@@ -120,12 +127,15 @@ class SamplePipeline:
 
 
 def settle(job: Job, skip_errors: bool) -> tuple[list[Any], list[Skipped], BaseException | None]:
-    """The batch's kept samples, the skipped ones, or the error to report (lowest index first)."""
+    """The batch's kept samples, the skipped ones, or the error to report (lowest index first;
+    its index noted for this thread, NOTE [ The sample that raised ] in ``fetch.fetchers``)."""
     if not job.errors:
         return job.results, [], None
     fatal = [k for k, e in job.errors.items() if not skippable(e)]
     if not skip_errors or fatal:
-        return [], [], job.errors[min(fatal or job.errors)]
+        first = min(fatal or job.errors)
+        note_failed_index(job.errors[first], job.indices[first])
+        return [], [], job.errors[first]
     kept = [r for k, r in enumerate(job.results) if k not in job.errors]
     skipped = [Skipped(job.indices[k], error_text(e)) for k, e in sorted(job.errors.items())]
     return kept, skipped, None
@@ -142,8 +152,9 @@ def explore(
 
     Returns how many samples were fetched: all of them, or fewer once the tuner raised the
     concurrency (the caller hands the rest to a ``SamplePipeline``). Without ``skip_errors``
-    the first error is raised.
+    the first error is raised, its index noted (NOTE [ The sample that raised ]).
     """
+    forget_failed_index()
     for k, index in enumerate(job.indices):
         exploring = tuner.exploring
         probe = global_rngs.snapshot(fetcher.fast_paths) if tuner.probing else None
@@ -154,6 +165,7 @@ def explore(
             job.results[k] = fetcher.get_one_checked(index)
         except Exception as exc:
             if not skip_errors or not skippable(exc):
+                note_failed_index(exc, index)
                 raise
             job.errors[k] = exc
         job.wall_s += time.perf_counter() - t0

@@ -21,11 +21,19 @@ from stoker.formats._common import default_source, require
 from stoker.sharing.shared_list import SharedStrList
 from stoker.storage import ByteSource
 
-# torchvision.datasets.folder.IMG_EXTENSIONS
+#: The file extensions ``ImageFolder`` reads as images, compared lower-cased: torchvision's
+#: ``torchvision.datasets.folder.IMG_EXTENSIONS``.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 def find_classes(root: str) -> tuple[list[str], dict[str, int]]:
+    if not os.path.isdir(root):
+        what = "is a file" if os.path.exists(root) else "does not exist"
+        error = NotADirectoryError if os.path.exists(root) else FileNotFoundError
+        raise error(
+            f"{root} {what}; an image folder is a directory holding one subdirectory per "
+            "class (root/cat/001.jpg, root/dog/002.jpg, ...)"
+        )
     classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
     if not classes:
         raise FileNotFoundError(

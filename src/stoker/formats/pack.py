@@ -13,6 +13,15 @@ NOTE [ Resumable pack ]
     written last, so a directory with a manifest is complete. Running the same pack again
     resumes; running a different one into the same directory is refused.
 
+NOTE [ Ctrl-C in a pack ]
+    Ctrl-C reaches the driver and its workers (one process group). A worker writing a shard
+    stops at once (``KeyboardInterrupt`` from its handler): its ``.partial`` file is removed
+    and the stop flag set, so shards still queued stop before their first sample; an idle
+    worker ignores it (no traceback from the pool's queue). The driver cancels what is
+    pending, waits for its workers and raises ``PackInterrupted`` (a ``KeyboardInterrupt``)
+    saying how many shards are finished and kept; the command prints it and exits 130.
+    Running the same pack again resumes (NOTE [ Resumable pack ]).
+
 NOTE [ A pack stopped by a bad sample ]
     A sample that cannot be packed (an unreadable file, the dataset's exception, a broken key
     rule) stops the pack at once: pending shards are cancelled and running ones stop at their
@@ -34,6 +43,7 @@ import json
 import mmap
 import multiprocessing as mp
 import os
+import signal
 import sys
 import tarfile
 import threading
@@ -53,7 +63,14 @@ from stoker.formats._records import (
     Records,
     packed_record,
 )
-from stoker.formats.pack_report import PackSummary, Progress, stopped_error, verify_pack
+from stoker.formats.pack_report import (
+    PackSummary,
+    Progress,
+    interrupted_error,
+    plan_differences,
+    stopped_error,
+    verify_pack,
+)
 from stoker.formats.tar_index import (
     INDEX_SUFFIX,
     TABLES_NAME,
@@ -119,7 +136,9 @@ def _records(source: Any, options: PackOptions) -> Records:
     return DatasetRecords(source, options.fields, type(source).__qualname__)
 
 
-def _check_out_dir(source: Any, out_dir: str) -> None:
+def check_out_dir(source: Any, out_dir: str) -> None:
+    """Refuse an output directory that cannot hold this pack (a file; inside the image folder
+    ``source`` packs), before any work."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise FileExistsError(
             f"{out_dir} is a file, not a directory; the output of stoker pack is a directory "
@@ -181,10 +200,12 @@ def _settle_plan(out_dir: str, plan: dict[str, Any], options: PackOptions) -> di
         ):
             plan = {**plan, **{k: old.get(k) for k in derived}}
         if old != plan:
+            changed = plan_differences(old, plan, options.samples_per_shard is not None)
             raise FileExistsError(
-                f"{out_dir} holds an unfinished or finished pack of something else "
-                f"({path}: {json.dumps(old)}; this pack: {json.dumps(plan)}); pack into "
-                "another directory, or delete this one to start over"
+                f"{out_dir} holds a pack of something else or with other options (its "
+                f"{PLAN_NAME} -> this pack): {'; '.join(changed)}. "
+                "Run the pack with the same source and options to resume it, pack into another "
+                "directory, or delete this one to start over"
             )
         return old
     names = sorted(n for n in os.listdir(out_dir) if not n.startswith("."))
@@ -236,10 +257,17 @@ _JOB: dict[str, Any] = {}
 
 
 def _init_worker(records: Records, plan: dict[str, Any], out_dir: str, counts: Any) -> None:
-    _JOB.update(records=records, plan=plan, out_dir=out_dir, counts=counts)
+    _JOB.update(records=records, plan=plan, out_dir=out_dir, counts=counts, writing=False)
+    signal.signal(signal.SIGINT, _interrupt_a_shard)  # NOTE [ Ctrl-C in a pack ]
     parent = os.getppid()
     threading.Thread(target=_exit_with, args=(parent,), name="stoker-pack-parent-watch",
                      daemon=True).start()
+
+
+def _interrupt_a_shard(signum: int, frame: Any) -> None:
+    """NOTE [ Ctrl-C in a pack ]"""
+    if _JOB.get("writing"):
+        raise KeyboardInterrupt
 
 
 def _exit_with(parent: int) -> None:
@@ -261,6 +289,15 @@ def _write_shard(k: int) -> tuple[int, int, int]:
     shard = os.path.join(out_dir, _shard_name(plan, k))
     start = k * plan["samples_per_shard"]
     indices = range(start, min(plan["samples"], start + plan["samples_per_shard"]))
+    _JOB["writing"] = True
+    try:
+        return _write_whole_shard(k, shard, indices)
+    finally:
+        _JOB["writing"] = False
+
+
+def _write_whole_shard(k: int, shard: str, indices: range) -> tuple[int, int, int]:
+    plan = _JOB["plan"]
     try:
         with open(shard + ".partial", "wb") as f:
             _write_samples(f, k, indices)
@@ -325,7 +362,7 @@ def pack(source: Any, out_dir: str, options: PackOptions | None = None, **overri
     pack ]). Keyword arguments override fields of ``options`` (``PackOptions``)."""
     options = dataclasses.replace(options or PackOptions(), **overrides)
     started = time.perf_counter()
-    _check_out_dir(source, out_dir)
+    check_out_dir(source, out_dir)
     records = _records(source, options)
     wanted = _plan(records, options)
     os.makedirs(out_dir, exist_ok=True)
@@ -342,6 +379,9 @@ def pack(source: Any, out_dir: str, options: PackOptions | None = None, **overri
         kept = sum(1 for k in range(plan["shards"]) if _finished(out_dir, plan, k))
         raise stopped_error(exc, out_dir, (kept, plan["shards"]), plan["source"]["kind"]
                             ) from exc
+    except KeyboardInterrupt:  # NOTE [ Ctrl-C in a pack ]
+        kept = sum(1 for k in range(plan["shards"]) if _finished(out_dir, plan, k))
+        raise interrupted_error(out_dir, (kept, plan["shards"])) from None
     finally:
         progress.close()
     tables = [done.get(k) or _written_table(out_dir, plan, k) for k in range(plan["shards"])]

@@ -1,5 +1,5 @@
-"""What ``pack`` tells: the progress line, the summary, the error that stopped it, and
-``verify_pack``'s re-read."""
+"""What ``pack`` tells: the progress line, the summary, the error that stopped it (or what a
+refused re-pack changed), and ``verify_pack``'s re-read."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from typing import Any
 
-from stoker.errors import PackError, ShardError
+from stoker.errors import PackError, PackInterrupted, ShardError
 from stoker.formats.tar_index import load_index, scan_shard
 from stoker.formats.tar_manifest import MANIFEST_NAME, Manifest, read_manifest, read_tables
 from stoker.storage import LocalSource
@@ -71,6 +72,58 @@ class Progress:
         if self.shown:
             sys.stderr.write("\n")
             sys.stderr.flush()
+
+
+_SHOWN_ITEMS = 3  # of a list that changed (an image folder's classes): added and removed
+
+
+def _change(name: str, old: Any, new: Any) -> str:
+    if isinstance(old, list) and isinstance(new, list) and len(old) + len(new) > 2 * _SHOWN_ITEMS:
+        added = [x for x in new if x not in old]
+        removed = [x for x in old if x not in new]
+        parts = [f"{len(old)} -> {len(new)}"]
+        for word, items in (("added", added), ("removed", removed)):
+            if items:
+                more = f" and {len(items) - _SHOWN_ITEMS} more" if len(items) > _SHOWN_ITEMS else ""
+                parts.append(f"{word} {', '.join(map(repr, items[:_SHOWN_ITEMS]))}{more}")
+        if not (added or removed):
+            parts.append("the same names in another order")
+        return f"{name} {'; '.join(parts)}"
+    return f"{name} {old!r} -> {new!r}"
+
+
+def plan_differences(old: dict[str, Any], new: dict[str, Any], derived_too: bool) -> list[str]:
+    """What differs between two plans, each as ``name old -> new``: the source's fields, then
+    the options. The shard count follows from the others and is named only when nothing else
+    differs; ``samples_per_shard`` is named only when given (``derived_too``), as from a size
+    probe it follows from the source and options too."""
+    changes = []
+    old_source, new_source = old.get("source") or {}, new.get("source") or {}
+    for key in [*new_source, *(k for k in old_source if k not in new_source)]:
+        if old_source.get(key) != new_source.get(key):
+            changes.append(_change(f"source {key}", old_source.get(key), new_source.get(key)))
+    skipped = {"source", "shards"} | (set() if derived_too else {"samples_per_shard"})
+    if "samples" in old_source or "samples" in new_source:
+        skipped.add("samples")  # named with the source
+    if old.get("max_side") != new.get("max_side"):
+        skipped.add("resample")  # the rule --max-side resizes with: there with it alone
+    for key in [*new, *(k for k in old if k not in new)]:
+        if key not in skipped and old.get(key) != new.get(key):
+            changes.append(_change(key, old.get(key), new.get(key)))
+    if not changes:
+        changes = [_change(k, old.get(k), new.get(k)) for k in ("samples_per_shard", "shards")
+                   if old.get(k) != new.get(k)]
+    return changes
+
+
+INTERRUPTED = "interrupted; run the same command again to resume"
+
+
+def interrupted_error(out_dir: str, kept: tuple[int, int]) -> PackInterrupted:
+    """Ctrl-C stopped the pack: finished shards stay (NOTE [ Resumable pack ] in ``pack``)."""
+    return PackInterrupted(
+        f"{INTERRUPTED}: {kept[0]} of {kept[1]} shards are finished and kept in {out_dir}"
+    )
 
 
 def stopped_error(cause: BaseException, out_dir: str, kept: tuple[int, int], kind: str

@@ -74,6 +74,13 @@ def read_manifest(source: ByteSource, path: str) -> Manifest:
 def _read_manifest_file(source: ByteSource, path: str) -> bytes:
     try:
         return read_fresh(source, path)
+    except NotADirectoryError as exc:  # "photo.jpg/index.json": a file given as a pack
+        raise NotADirectoryError(
+            f"{parent(path)} is a file, not a pack of shards. A pack is a directory written by "
+            f"`stoker pack`, holding {MANIFEST_NAME} and the .tar shards it lists: pass that "
+            f"directory or its {MANIFEST_NAME}; for tar shards without one, pass a .tar path, a "
+            "list of them, or a pattern such as 'shards/s-{000000..000099}.tar'"
+        ) from exc
     except FileNotFoundError as exc:
         raise FileNotFoundError(
             f"{path}: no such file: a directory of shards is opened through the {MANIFEST_NAME} "

@@ -89,7 +89,13 @@ class TarShards(Dataset[Any]):
     ) -> None:
         if isinstance(path, str) and "{" in path and (expanded := expand_braces(path)) != [path]:
             path = expanded
-        first = path if isinstance(path, str) else (path[0] if path else "")
+        if not isinstance(path, str) and not path:
+            raise ValueError(
+                f"TarShards({path!r}): no shards given. Pass a pack (the directory `stoker "
+                "pack` wrote, or its index.json), a .tar path, a list of them, or a pattern "
+                "such as 'shards/s-{000000..000099}.tar'"
+            )
+        first = path if isinstance(path, str) else path[0]
         self.source = default_source(first, source)
         self.transform = transform
         self.verify_crc = verify_crc

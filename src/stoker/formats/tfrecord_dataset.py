@@ -48,7 +48,9 @@ class TFRecordDataset(Dataset[Any]):
     ) -> None:
         require("tfrecord", "tfrecord", _WHAT)
         self.paths = [paths] if isinstance(paths, str) else list(paths)
-        self.source = default_source(self.paths[0] if self.paths else "", source)
+        if not self.paths:
+            raise ValueError("no files given: pass a path or a list of paths")
+        self.source = default_source(self.paths[0], source)
         indexes = list(index_paths) if index_paths is not None else [
             p + INDEX_SUFFIX for p in self.paths]
         self.offsets: list[np.ndarray] = [self._read_index(p, i) for p, i in

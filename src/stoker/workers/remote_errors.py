@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker.errors import RemoteTraceback, WorkerError
+from stoker.fetch.fetchers import UNKNOWN, failed_index
 
 _MAX_INDICES_SHOWN = 16
 _SLOT_TYPES = (types.MemberDescriptorType, types.GetSetDescriptorType)
@@ -183,6 +184,17 @@ def describe_indices(indices: Any) -> str:
     if indices is None:
         return "the next sample of the iterable dataset"
     return f"sample index {indices!r}"
+
+
+def describe_failure(indices: Any, exc: BaseException) -> str:
+    """What was being loaded when ``exc`` was raised: the sample index that raised first, then
+    its batch (NOTE [ The sample that raised ] in ``stoker.fetch.fetchers``)."""
+    index = failed_index(exc)
+    if index is UNKNOWN or not isinstance(indices, list):
+        return describe_indices(indices)
+    if len(indices) == 1:
+        return f"sample index {index!r}"
+    return f"sample index {index!r} (its batch: {describe_indices(indices)})"
 
 
 _CUDA_IN_WORKER = ("CUDA error: initialization error", "re-initialize CUDA in forked subprocess")
