@@ -3,4 +3,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The doctor's HTML report is checked in a real browser (tests/integration/
+# test_doctor_report_browser.py): Debian's chromium, installed where this runs as root with
+# apt-get (CI does); elsewhere that test is skipped and says why.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+        --no-install-recommends chromium) >/dev/null \
+        || echo "scripts/test.sh: could not install chromium; the browser test will be skipped" >&2
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -17,6 +17,7 @@ machine has 2 cores and is shared, so a doctor test must not hinge on a few perc
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any
 
@@ -110,3 +111,25 @@ def consumer() -> Any:
 
 def main_thread() -> tuple[Any, dict[str, Any]]:
     return Burns(), {"batch_size": 8, "num_workers": 0}
+
+
+class WaitsAndDraws(Waits):
+    """Storage-bound, and augmented from the global ``random``: not thread-safe in stoker's
+    sense, so the doctor must not try (or recommend) a thread opt-in for it."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.010)
+        return torch.full((16,), float(i) + random.random())
+
+
+class CheapAndDraws(Cheap):
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((16,), float(i) + random.random())
+
+
+def storage_random() -> tuple[Any, dict[str, Any]]:
+    return WaitsAndDraws(), {"batch_size": 8, "num_workers": 2, "timeout": 60}
+
+
+def consumer_random() -> tuple[Any, dict[str, Any]]:
+    return CheapAndDraws(), {"batch_size": 8, "num_workers": 2, "timeout": 60}

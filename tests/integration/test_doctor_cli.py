@@ -81,6 +81,18 @@ def _check_page(page: str, text: str) -> None:
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
 
 
+def too_busy_to_tell(doc: dict, text: str) -> bool:
+    """Other processes held the CPUs while the doctor measured: the verdict says so, and it
+    recommends nothing (no setting can be judged). Then the test's own verdict is not
+    checked: a 2-core machine shared with other jobs is busy now and then."""
+    if doc["verdict"] != "contention":
+        return False
+    assert "the machine is too busy to tell" in text, text
+    assert doc["recommended"] is None and "sweep" not in doc, text
+    assert "RECOMMENDATION  keep your setting: the machine is too busy to tell" in text, text
+    return True
+
+
 def faster_when_quiet(doc: dict, text: str, overrides: dict) -> None:
     """Work that needs a second core is only faster when the machine has one to give: when
     the doctor measured other processes holding the cores, it must say the machine was too
@@ -101,6 +113,8 @@ def faster_when_quiet(doc: dict, text: str, overrides: dict) -> None:
 @pytest.mark.timeout(240)
 def test_cpu_bound(tmp_path: Any) -> None:
     doc, text = doctor(tmp_path, "_doctor_targets:cpu")
+    if too_busy_to_tell(doc, text):
+        return
     assert doc["verdict"] == "cpu", text
     assert "worker(s) are busy on CPU work in __getitem__" in text
     assert doc["sweep"]["candidates"][0]["overrides"] == {"num_workers": 2}, text
@@ -112,6 +126,8 @@ def test_cpu_bound_in_the_training_thread(tmp_path: Any) -> None:
     # The step sleeps ~as long as loading a batch takes: one worker overlaps them (~2x),
     # which needs no second core.
     doc, text = doctor(tmp_path, "_doctor_targets:main_thread", "--step-ms", "12")
+    if too_busy_to_tell(doc, text):
+        return
     assert doc["verdict"] == "main_thread", text
     best = doc["sweep"]["recommended"]
     assert best is not None and best["num_workers"] >= 1, text
@@ -132,6 +148,8 @@ def test_gil_bound(tmp_path: Any) -> None:
 @pytest.mark.timeout(240)
 def test_collate_bound(tmp_path: Any) -> None:
     doc, text = doctor(tmp_path, "_doctor_targets:collate")
+    if too_busy_to_tell(doc, text):
+        return
     assert doc["verdict"] == "collate", text
     assert doc["sweep"]["candidates"][0]["overrides"] == {"num_workers": 2}, text
     faster_when_quiet(doc, text, {"num_workers": 2})
@@ -140,9 +158,46 @@ def test_collate_bound(tmp_path: Any) -> None:
 @pytest.mark.timeout(240)
 def test_consumer_bound(tmp_path: Any) -> None:
     doc, text = doctor(tmp_path, "_doctor_targets:consumer", "--step-ms", "100")
+    if too_busy_to_tell(doc, text):
+        return
     assert doc["verdict"] == "consumer", text
-    assert doc["sweep"]["recommended"] is None, text
+    assert doc["recommended"] is None and "sweep" not in doc, text  # nothing to try
     assert "RECOMMENDATION  keep your setting" in text
+
+
+@pytest.mark.timeout(240)
+def test_not_input_bound_recommends_nothing_even_for_a_dataset_that_draws(tmp_path: Any
+                                                                          ) -> None:
+    # The issue's case: --step-ms 120, a script that draws from `random`: the verdict was
+    # "Nothing in the loader will make training faster", then a thread opt-in was recommended.
+    doc, text = doctor(tmp_path, "_doctor_targets:consumer_random", "--step-ms", "120")
+    assert doc["draws_global_rng"] is True
+    assert doc["recommended"] is None and "sweep" not in doc, text
+    if too_busy_to_tell(doc, text):
+        return
+    assert doc["verdict"] == "consumer", text
+    assert text.rstrip().endswith(
+        "RECOMMENDATION  keep your setting: the training step is the bottleneck; nothing in "
+        "the loader will make training faster."), text
+
+
+@pytest.mark.timeout(300)
+def test_no_thread_opt_in_for_a_dataset_that_draws_from_the_global_rngs(tmp_path: Any
+                                                                       ) -> None:
+    doc, text = doctor(tmp_path, "_doctor_targets:storage_random")
+    assert doc["verdict"] == "storage", text
+    assert doc["draws_global_rng"] is True
+    assert ("(your __getitem__ draws from the global RNGs (random / numpy / torch): it is not "
+            "thread-safe in stoker's sense, so no thread opt-in is tried)") in text
+    tried = doc["sweep"]["candidates"] + doc["sweep"]["failed"]
+    assert tried, text
+    for c in tried:
+        over = c["overrides"]
+        assert not c["opt_in"].startswith("opt-in: only if your __getitem__"), text
+        assert over.get("worker_type") != "thread" and over.get("worker_concurrency", 1) == 1
+    best = doc["recommended"] or {}
+    assert best.get("worker_concurrency", 1) == 1 and best.get("worker_type") != "thread", text
+    assert "if __getitem__ is thread-safe" not in doc["advice"], doc["advice"]
 
 
 def test_bad_target_says_what_to_write(tmp_path: Any) -> None:
@@ -166,7 +221,8 @@ def test_script_mode_measures_the_scripts_own_loop(tmp_path: Any) -> None:
     assert run["batches"] > 0 and not run["error"], text
     # the step is the script's 5 ms sleep: the loop spent real time in it
     assert doc["stats"]["loop_s"] >= 0.005 * doc["stats"]["batches"] * 0.9, doc["stats"]
-    assert len(doc["sweep"]["baselines"]) == 3 and len(doc["sweep"]["candidates"]) == 1
+    # 3 runs of the user's setting, and one more per round confirming a faster candidate
+    assert len(doc["sweep"]["baselines"]) >= 3 and len(doc["sweep"]["candidates"]) == 1
     assert all(r["samples_per_s"] > 0 for r in doc["sweep"]["baselines"]), text
     events = json.loads(trace.read_text())["traceEvents"]
     assert {e["pid"] for e in events if e["ph"] == "X" and e["name"] == "fetch"} == {100, 101}

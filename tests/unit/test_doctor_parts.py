@@ -14,7 +14,7 @@ from stoker.doctor.machine import Load, LoadMark, between
 from stoker.doctor.measure import MemorySample, Run
 from stoker.doctor.records import plain_kwargs, run_from_dict, run_to_dict
 from stoker.doctor.report import Context, render
-from stoker.doctor.sweep import Sweep
+from stoker.doctor.sweep import Sweep, mann_whitney_p, run_sweep
 from stoker.doctor.trace import trace_events
 from stoker.profile.events import EventRecorder
 from stoker.workers.protocol import BatchReport
@@ -25,12 +25,15 @@ def _run(rate: float, label: str = "your setting", **overrides) -> Run:
 
 
 def _sweep() -> Sweep:
+    two = Candidate({"num_workers": 2})
     sweep = Sweep(baselines=[_run(100), _run(104), _run(96)])
     sweep.tried = [
-        (Candidate({"num_workers": 2}), _run(150, num_workers=2)),
+        (two, _run(150, num_workers=2)),
         (Candidate({"prefetch_factor": 4}), _run(105, prefetch_factor=4)),
         (Candidate({"worker_concurrency": 8}, THREAD_SAFE_PROMISE),
          Run("c", {}, error="ValueError: no")),
+        (two, _run(148, num_workers=2)),
+        (two, _run(152, num_workers=2)),
     ]
     return sweep
 
@@ -44,15 +47,97 @@ def test_noise_is_half_the_baselines_spread_and_sets_the_margin() -> None:
     assert best is not None and dict(best[0].overrides) == {"num_workers": 2}
 
 
+def test_one_fast_run_is_not_a_recommendation() -> None:
+    sweep = _sweep()
+    sweep.tried = sweep.tried[:3]  # num_workers=2 ran once: +50%, but one run proves nothing
+    assert sweep.best() is None
+
+
 def test_no_recommendation_within_the_noise() -> None:
     sweep = _sweep()
-    sweep.tried = sweep.tried[1:]
-    assert sweep.best() is None  # +5% with a margin of 8%
+    four = sweep.tried[1][0]
+    sweep.tried = [(four, _run(105)), (four, _run(106)), (four, _run(107))]
+    assert sweep.p_value(four) == pytest.approx(0.05) and sweep.best() is None  # +6% < 8%
 
 
 def test_a_small_noise_still_needs_five_percent() -> None:
-    sweep = Sweep(baselines=[_run(100), _run(100)], tried=[(Candidate({"x": 1}), _run(104))])
+    x = Candidate({"x": 1})
+    sweep = Sweep(baselines=[_run(100), _run(100), _run(100)],
+                  tried=[(x, _run(104)), (x, _run(104)), (x, _run(104))])
     assert sweep.margin == 0.05 and sweep.best() is None
+
+
+def test_mann_whitney_p_is_exact() -> None:
+    assert mann_whitney_p([3, 4, 5], [1, 2, 2.5]) == pytest.approx(1 / 20)
+    assert mann_whitney_p([3, 4, 5, 6], [1, 2, 2.5]) == pytest.approx(1 / 35)
+    assert mann_whitney_p([1, 2, 3], [1, 2, 3]) == pytest.approx(0.5)
+    assert mann_whitney_p([1, 2, 3], [4, 5, 6]) == 1.0
+
+
+def test_a_candidate_with_one_slow_run_is_not_measurably_better() -> None:
+    x = Candidate({"x": 1})
+    sweep = Sweep(baselines=[_run(100), _run(101), _run(99)],
+                  tried=[(x, _run(150)), (x, _run(90)), (x, _run(160))])
+    assert sweep.gain(x) == pytest.approx(0.5) and sweep.p_value(x) > 0.05
+    assert sweep.best() is None
+
+
+def test_settings_within_the_margin_of_each_other_give_the_one_listed_first() -> None:
+    # Both are measurably better; b is 3% faster, less than the 5% margin: noise, so the
+    # recommendation is a, listed first, and does not swap from one run of the doctor to
+    # the next.
+    a, b = Candidate({"num_workers": 2}), Candidate({"prefetch_factor": 4})
+    sweep = Sweep(baselines=[_run(100), _run(100), _run(100)], order=[a, b])
+    sweep.tried = [(b, _run(r)) for r in (153, 154, 155)] + [(a, _run(r)) for r in (149, 150,
+                                                                                     151)]
+    assert [c for c, _ in sweep.ranked()] == [b, a]
+    best = sweep.best()
+    assert best is not None and best[0] == a
+    sweep.tried += [(b, _run(r)) for r in (170, 171, 172, 173)]  # now b is clearly faster
+    best = sweep.best()
+    assert best is not None and best[0] == b
+
+
+def test_a_busy_machine_needs_a_larger_gain() -> None:
+    x = Candidate({"x": 1})
+    busy = Load(others_cores=1.5, steal_share=0.0, known=True)
+    sweep = Sweep(baselines=[Run("y", {}, samples_per_s=r, load=busy) for r in (100, 100, 100)],
+                  tried=[(x, _run(r)) for r in (118, 119, 120)], cores=2)
+    assert sweep.busy and sweep.margin == 0.25 and sweep.best() is None
+
+
+class _Rates:
+    """A measure_one whose rates are fixed per label (in turn), counting runs."""
+
+    def __init__(self, rates: dict[str, list[float]]) -> None:
+        self.rates = {k: list(v) for k, v in rates.items()}
+        self.calls: list[str] = []
+
+    def __call__(self, label: str, overrides: dict) -> Run:
+        self.calls.append(label)
+        rates = self.rates[label]
+        rate = rates.pop(0) if len(rates) > 1 else rates[0]
+        return Run(label, overrides, samples_per_s=rate, batches=10, seconds=1.0)
+
+
+def test_the_leaders_are_measured_again_until_the_ranking_is_significant() -> None:
+    fast, slow = Candidate({"num_workers": 2}), Candidate({"prefetch_factor": 4})
+    rates = _Rates({"your setting": [100, 102, 98, 101, 99, 100],
+                    "num_workers=2": [150, 149, 151], "prefetch_factor=4": [101]})
+    sweep = run_sweep(rates, [fast, slow])
+    assert rates.calls.count("num_workers=2") == 3  # until 3 runs beat every one of yours
+    assert rates.calls.count("prefetch_factor=4") == 1  # never ahead: not measured again
+    best = sweep.best()
+    assert best is not None and best[0] == fast and sweep.p_value(fast) <= 0.05
+
+
+def test_a_leader_that_does_not_hold_up_is_dropped() -> None:
+    lucky = Candidate({"num_workers": 2})
+    rates = _Rates({"your setting": [100, 101, 99, 100, 100, 100, 100],
+                    "num_workers=2": [140, 100, 99, 101, 100]})
+    sweep = run_sweep(rates, [lucky])
+    assert 2 <= rates.calls.count("num_workers=2") <= 5
+    assert sweep.best() is None
 
 
 def test_load_counts_other_processes_and_steal() -> None:
@@ -134,11 +219,16 @@ def test_report_names_verdict_table_and_the_line_to_write() -> None:
     assert "your setting: stoker.DataLoader(dataset, batch_size=8, num_workers=1)" in text
     lines = text.splitlines()
     table = lines.index(next(x for x in lines if x.startswith("What to change")))
-    assert "+50%   num_workers=2  better" in lines[table + 2]
+    assert "+50%   num_workers=2 [3 runs]  better" in lines[table + 2]
     assert "your setting (median of 3 runs: 100 104 96)" in lines[table + 4]
     assert "failed" in text and "ValueError: no" in text
-    assert "noise: ±4% between your setting's runs; a difference counts above 8%." in text
-    assert lines[-2] == ("RECOMMENDATION  num_workers=2: 150 samples/s, +50% over yours (100)")
+    assert ("noise: ±4% between your setting's runs; a setting counts as better above 8%, its "
+            "runs against yours significant (3 or more runs, one-sided Mann-Whitney p <= "
+            "0.05).") in text
+    assert "  what to change: Use num_workers=2: measured +50% faster on your dataset (below)." \
+        in lines
+    assert lines[-2] == ("RECOMMENDATION  num_workers=2: 150 samples/s, +50% over yours (100; "
+                         "median of 3 runs, p=0.05)")
     assert lines[-1] == "  stoker.DataLoader(dataset, batch_size=8, num_workers=2)"
 
 

@@ -53,6 +53,17 @@ class LoaderStats:
     # I/O, though both make fetches take longer than their CPU time.
     fetch_queued_s: float = 0.0
     cpu_steal_share: float = 0.0
+    # NOTE [ Where a thread's time goes ] (profile/timesplit.py): the calling thread's time in
+    # ``next()`` on a CPU and runnable-but-queued (the rest of ``wait_s`` it was blocked:
+    # waiting for a worker, storage, a lock), estimated from sampled calls; per worker,
+    # (fetch wall, fetch CPU, queued, collate + pack) seconds in worker-id order; the share
+    # of the machine's CPU time that was idle meanwhile (None: unknown); whether queued time
+    # could be read at all (Linux).
+    main_cpu_s: float = 0.0
+    main_queued_s: float = 0.0
+    worker_times: tuple[tuple[float, float, float, float], ...] = ()
+    cpu_idle_share: float | None = None
+    queue_measured: bool = False
     batched: int = 0  # batches fetched whole, not sample by sample (NOTE [ Vectorised fetch ])
     # num_workers > 0, yet loaded in the calling thread (NOTE [ Gathers need no workers ])
     inline: bool = False
@@ -64,6 +75,9 @@ class LoaderStats:
     tasks_loaded_twice: int = 0
     concurrency: tuple[int, ...] = ()
     tuner: tuple[TunerEvent, ...] = field(default_factory=tuple)
+    # what the loader did beyond torch (NOTE [ Same as torch unless asked ]), with what it
+    # implies (device= and keep_slabs use slab_transport)
+    beyond_torch: tuple[str, ...] = ()
     summary: str = ""
 
     def __str__(self) -> str:

@@ -17,7 +17,6 @@ import os
 import time
 from typing import Any
 
-from stoker.doctor.measure import _queued_s
 from stoker.engine.stats import StatsAccumulator
 
 OUT_ENV = "STOKER_DOCTOR"
@@ -40,7 +39,7 @@ class _Agent:
         self.warm_stats: Any = None
         self.watcher: Any = None
         self.written = False
-        self.queued_at = 0.0
+        self.draws_global_rng: bool | None = None
         atexit.register(self.write)
 
     def attach(self, loader: Any) -> None:
@@ -71,7 +70,6 @@ class _Agent:
                 now - run.started >= self.bounds.warmup_s
             ):
                 self.warm_stats, run.warm_at = stats.snapshot(), now
-                self.queued_at = _queued_s()
             return
         run.batches += 1
         run.samples += samples
@@ -83,10 +81,13 @@ class _Agent:
     def _start(self, loader: Any, stats: StatsAccumulator) -> None:
         from stoker.doctor.measure import _MemoryWatcher
         from stoker.doctor.records import plain_kwargs
+        from stoker.doctor.rng_probe import draws_global_rng
         from stoker.doctor.target import kwargs_of
 
         self.measured = loader
         self.kwargs = plain_kwargs(kwargs_of(loader))
+        if self.detailed:  # the first run: the one the verdict comes from
+            self.draws_global_rng = draws_global_rng(loader.dataset)
         self.run.started = getattr(stats, "created", time.perf_counter())
         if self.detailed:
             self.run.events = stats.events
@@ -96,7 +97,7 @@ class _Agent:
         if self.written:
             return
         self.written = True
-        from stoker.doctor.measure import stats_between, with_main_queue
+        from stoker.doctor.measure import stats_between
         from stoker.doctor.records import run_to_dict
 
         run = self.run
@@ -106,11 +107,11 @@ class _Agent:
             now_stats = self.measured.stats()
             run.stats = now_stats
             if self.warm_stats is not None:
-                run.stats = with_main_queue(stats_between(self.warm_stats, now_stats),
-                                            _queued_s() - self.queued_at)
+                run.stats = stats_between(self.warm_stats, now_stats)
             run.samples_per_s = run.samples / run.seconds if run.seconds > 0 else 0.0
         doc = {"run": run_to_dict(run), "kwargs": self.kwargs,
-               "measured": self.measured is not None}
+               "measured": self.measured is not None,
+               "draws_global_rng": self.draws_global_rng}
         tmp = self.out_path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(doc, f)

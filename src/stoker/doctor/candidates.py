@@ -16,8 +16,11 @@ from stoker.doctor.diagnose import Kind
 THREAD_SAFE_PROMISE = ("opt-in: only if your __getitem__ is thread-safe and draws randomness "
                        "only from stoker.sample_rng()")
 BEYOND_TORCH_PROMISE = ("opt-in: beyond torch's behaviour (per-batch seeding, no workers for "
-                        "plain gathers, stragglers moved, ...): README, \"Same as torch, and one "
-                        "switch beyond\"")
+                        "plain gathers, stragglers moved, batches in slabs, ...): "
+                        "docs/same_as_torch.md")
+SLABS_PROMISE = ("opt-in: beyond torch's behaviour: batches from workers in reused shared-"
+                 "memory slabs (is_shared() False, views arrive compact, aliasing leaves "
+                 "arrive as separate tensors): docs/same_as_torch.md")
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,10 @@ class Candidate:
 
 
 def candidates(kwargs: Mapping[str, Any], kind: Kind, cores: int, cuda: bool,
-               limit: int = 7) -> list[Candidate]:
-    """Distinct settings, the likeliest for ``kind`` first, at most ``limit``."""
+               limit: int = 7, draws_global_rng: bool | None = None) -> list[Candidate]:
+    """Distinct settings, the likeliest for ``kind`` first, at most ``limit``. A dataset
+    seen drawing from the global RNGs (``rng_probe.py``) breaks the thread opt-ins' promise:
+    none of them is tried."""
     base_n = int(kwargs.get("num_workers", 0))
     threads = kwargs.get("worker_type", "auto") == "thread"
     proc = {"worker_type": "process"} if threads else {}
@@ -44,6 +49,8 @@ def candidates(kwargs: Mapping[str, Any], kind: Kind, cores: int, cuda: bool,
                 Candidate({"worker_type": "thread", "worker_concurrency": 16},
                           THREAD_SAFE_PROMISE),
                 Candidate({"num_workers": io_n, "worker_concurrency": 1, **proc})]
+    if kind == "transfer" and base_n > 0 and not threads and not kwargs.get("beyond_torch"):
+        out.append(Candidate({"beyond_torch": {"slab_transport"}}, SLABS_PROMISE))
     if kind == "gil":
         out.append(Candidate({"worker_type": "process", "num_workers": cores,
                               "worker_concurrency": 1}))
@@ -54,13 +61,28 @@ def candidates(kwargs: Mapping[str, Any], kind: Kind, cores: int, cuda: bool,
         out.append(Candidate({"pin_memory": True}))
     if cuda and not kwargs.get("device"):
         out.append(Candidate({"device": "cuda"}))  # copies overlap the step (side stream)
-    if base_n > 0 and not kwargs.get("beyond_torch"):  # NOTE [ Same as torch unless asked ]
-        out.append(Candidate({"beyond_torch": True}, BEYOND_TORCH_PROMISE))
+    if not kwargs.get("beyond_torch"):  # NOTE [ Same as torch unless asked ]
+        beyond = Candidate({"beyond_torch": True}, BEYOND_TORCH_PROMISE)
+        # first where it is the likeliest gain: batches handed over, or loaded in this thread
+        if kind in ("transfer", "main_thread"):
+            out.insert(0, beyond)
+        else:
+            out.append(beyond)
     # Threads inside a worker only add fetches that wait; for CPU work in Python they add
     # nothing on a quiet machine (one GIL per process), so they are not offered for it. (On
     # a busy machine more threads win a larger share of the CPUs from other processes: not a
     # gain the user would keep.)
+    if draws_global_rng:
+        out = [c for c in out if not needs_thread_safety(c, kwargs)]
     return _distinct(out, kwargs)[:limit]
+
+
+def needs_thread_safety(cand: Candidate, kwargs: Mapping[str, Any]) -> bool:
+    """The setting runs several ``__getitem__`` calls of one process at once."""
+    merged = {**kwargs, **cand.overrides}
+    conc = merged.get("worker_concurrency", "auto")
+    return (cand.opt_in == THREAD_SAFE_PROMISE or merged.get("worker_type") == "thread"
+            or (isinstance(conc, int) and conc > 1))
 
 
 def _distinct(found: list[Candidate], kwargs: Mapping[str, Any]) -> list[Candidate]:

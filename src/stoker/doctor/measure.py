@@ -8,7 +8,6 @@ so start-up costs do not pass for a bottleneck.
 from __future__ import annotations
 
 import gc
-import os
 import threading
 import time
 import warnings
@@ -101,7 +100,6 @@ def _iterate(loader: Any, run: Run, bounds: Bounds, progress: Progress | None) -
     warm_stats: LoaderStats | None = None
     warm_at = 0.0
     warm_samples = 0
-    queued_at = 0.0
     try:
         while True:
             try:
@@ -120,7 +118,6 @@ def _iterate(loader: Any, run: Run, bounds: Bounds, progress: Progress | None) -
             ):
                 warm_stats, warm_at = loader.stats(), now
                 run.warm_at = now
-                queued_at = _queued_s()
                 warm_samples = sum(s for _, s in run.batch_times)
             elif warm_stats is not None:
                 run.batches += 1
@@ -137,8 +134,7 @@ def _iterate(loader: Any, run: Run, bounds: Bounds, progress: Progress | None) -
         if callable(shutdown):
             shutdown()
         if warm_stats is not None:
-            run.stats = with_main_queue(stats_between(warm_stats, loader.stats()),
-                                        _queued_s() - queued_at)
+            run.stats = stats_between(warm_stats, loader.stats())
             run.samples_per_s = run.samples / run.seconds if run.seconds > 0 else 0.0
         elif run.batch_times:  # interrupted during the warm-up: the whole run, start-up and all
             run.stats = loader.stats()
@@ -152,40 +148,19 @@ def stats_between(a: LoaderStats, b: LoaderStats) -> LoaderStats:
     changes: dict[str, Any] = {}
     for f in fields(LoaderStats):
         x, y = getattr(a, f.name), getattr(b, f.name)
-        if f.name in ("num_workers", "cpu_steal_share", "inline"):
+        if f.name in ("num_workers", "cpu_steal_share", "inline", "cpu_idle_share"):
             continue
         if isinstance(y, (int, float)) and not isinstance(y, bool):
             changes[f.name] = y - x
-    diff = replace(b, **changes, tuner=b.tuner[len(a.tuner):])
+    workers = tuple(_minus(wb, a.worker_times[w]) if w < len(a.worker_times) else wb
+                    for w, wb in enumerate(b.worker_times))
+    diff = replace(b, **changes, tuner=b.tuner[len(a.tuner):], worker_times=workers)
     return replace(diff, summary=summarize(diff))
 
 
-def with_main_queue(stats: LoaderStats, queued_s: float) -> LoaderStats:
-    """Loading in the training process (no workers, or worker_type="thread"): the loader
-    does not meter its threads' wait for a CPU (a per-batch read would cost the loop), so
-    the doctor adds what this process's threads queued over the run; without it a busy
-    machine would pass for waiting on storage."""
-    if stats.num_workers and not stats.inline:
-        return stats
-    out = replace(stats, fetch_queued_s=stats.fetch_queued_s + max(0.0, queued_s))
-    return replace(out, summary=summarize(out))
-
-
-def _queued_s() -> float:
-    """Seconds this process's live threads have spent runnable, waiting for a CPU (Linux
-    ``schedstat``; 0 elsewhere)."""
-    total = 0.0
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return 0.0
-    for tid in tasks:
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split()[1]) / 1e9
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
+def _minus(b: tuple[float, float, float, float], a: tuple[float, float, float, float]
+           ) -> tuple[float, float, float, float]:
+    return b[0] - a[0], b[1] - a[1], b[2] - a[2], b[3] - a[3]
 
 
 def _samples(batch: Any) -> int:

@@ -41,37 +41,74 @@ def check_report_path(path: str) -> str:
     return ""
 
 
-def write_report(path: str, run: Run, sweep: Sweep | None, text: str = "") -> None:
+def write_report(path: str, run: Run, sweep: Sweep | None, text: str = "",
+                 verdict: str = "") -> None:
+    """``.png``: one image, the verdict line on top. ``.html``: the verdict as text, the
+    timeline (with throughput and memory) and the settings tried as two images, then the
+    whole text report (``id``s ``verdict``, ``timeline``, ``settings``, ``report``)."""
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise MissingPlotting(INSTALL_HINT) from exc
-    fig = Figure(figsize=(12, 11), layout="constrained")
+    if path.lower().endswith(".png"):
+        with open(path, "wb") as f:
+            f.write(_png(png_figure(run, sweep, verdict)))
+        return
+    timeline = Figure(figsize=(12, 8.6), layout="constrained")
+    _time_panels(timeline.subplots(3, 1, height_ratios=[3, 1.4, 1.4]), run)
+    settings = Figure(figsize=(12, 2.6), layout="constrained")
+    _sweep(settings.subplots(1, 1), sweep)
+    with open(path, "w") as f:
+        f.write(_page(verdict, _png(timeline), _png(settings), text))
+
+
+def png_figure(run: Run, sweep: Sweep | None, verdict: str) -> Any:
+    """The ``.png`` report: the verdict line on top, then the panels."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 11.6), layout="constrained")
     axes = fig.subplots(4, 1, height_ratios=[3, 1.4, 1.4, 1.6])
+    _time_panels(axes[:3], run)
+    _sweep(axes[3], sweep)
+    if verdict:
+        fig.suptitle(_wrapped(verdict), fontsize=10, x=0.01, ha="left", fontweight="bold")
+    return fig
+
+
+def _time_panels(axes: Any, run: Run) -> None:
     axes[1].sharex(axes[0])
     axes[2].sharex(axes[0])
     _timeline(axes[0], run)
     _throughput(axes[1], run)
     _memory(axes[2], run)
-    _sweep(axes[3], sweep)
+
+
+def _png(fig: Any) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     buf = io.BytesIO()
     FigureCanvasAgg(fig).print_png(buf)
-    png = buf.getvalue()
-    if path.lower().endswith(".png"):
-        with open(path, "wb") as f:
-            f.write(png)
-        return
-    with open(path, "w") as f:
-        f.write(_page(png, text))
+    return buf.getvalue()
 
 
-def _page(png: bytes, text: str) -> str:
-    image = base64.b64encode(png).decode("ascii")
+def _wrapped(text: str, width: int = 120) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def _page(verdict: str, timeline: bytes, settings: bytes, text: str) -> str:
+    def img(ident: str, alt: str, png: bytes) -> str:
+        data = base64.b64encode(png).decode("ascii")
+        return (f"<img id='{ident}' alt='{alt}' style='max-width:100%' "
+                f"src='data:image/png;base64,{data}'>\n")
+
     return ("<!doctype html>\n<html><head><meta charset='utf-8'><title>stoker doctor</title>"
             "</head><body style='font-family:sans-serif'>\n<h1>stoker doctor</h1>\n"
-            f"<pre>{html.escape(text)}</pre>\n"
-            f"<img alt='stoker doctor report' src='data:image/png;base64,{image}'>\n"
+            f"<h2 id='verdict'>{html.escape(verdict)}</h2>\n"
+            + img("timeline", "timeline: where each batch's time went", timeline)
+            + img("settings", "settings tried on your dataset (samples/s)", settings)
+            + f"<pre id='report' style='white-space:pre-wrap'>{html.escape(text)}</pre>\n"
             "</body></html>\n")
 
 

@@ -30,6 +30,8 @@ def run_from_dict(d: dict[str, Any]) -> Run:
     stats = dict(d["stats"])
     stats["concurrency"] = tuple(stats["concurrency"])
     stats["tuner"] = tuple(TunerEvent(**t) for t in stats["tuner"])
+    stats["worker_times"] = tuple(tuple(w) for w in stats.get("worker_times", ()))
+    stats["beyond_torch"] = tuple(stats.get("beyond_torch", ()))
     return Run(
         label=d["label"], overrides=dict(d["overrides"]), samples_per_s=d["samples_per_s"],
         batches=d["batches"], samples=d["samples"], seconds=d["seconds"],

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker.doctor.candidates import code_line
+from stoker.doctor.conclude import conclude
 from stoker.doctor.diagnose import Diagnosis, Setup
 from stoker.doctor.measure import Run
 from stoker.doctor.sweep import Sweep
+from stoker.profile.timesplit import splits
 
 
 @dataclass(frozen=True)
@@ -18,15 +20,26 @@ class Context:
     kwargs: Mapping[str, Any]
     setup: Setup
     step_ms: float | None  # simulated step; None: the script's real step
+    draws_global_rng: bool | None = None  # rng_probe.py: seen drawing, not seen, not probed
 
 
 def render(ctx: Context, first: Run, diagnosis: Diagnosis, sweep: Sweep | None) -> str:
+    ending = conclude(diagnosis, sweep, ctx.kwargs)
     lines = _header(ctx, first)
-    lines += ["", "VERDICT  " + diagnosis.headline, "  what to change: " + diagnosis.advice]
+    lines += ["", verdict_line(diagnosis), "  what to change: " + ending.change]
+    if ctx.draws_global_rng:
+        lines.append("  (your __getitem__ draws from the global RNGs (random / numpy / torch): "
+                     "it is not thread-safe in stoker's sense, so no thread opt-in is tried)")
     lines += ["", *where_time_goes(first, diagnosis, ctx.setup)]
     if sweep is not None:
         lines += ["", *_sweep_lines(ctx, sweep)]
+    if ending.recommendation:
+        lines += ["", *ending.recommendation]
     return "\n".join(lines) + "\n"
+
+
+def verdict_line(diagnosis: Diagnosis) -> str:
+    return "VERDICT  " + diagnosis.headline
 
 
 def _header(ctx: Context, run: Run) -> list[str]:
@@ -71,6 +84,26 @@ def where_time_goes(run: Run, d: Diagnosis, setup: Setup) -> list[str]:
     for x in d.shares:
         if x.of == "work":
             out.append(_row(x.name, x.seconds, work))
+    return out + _thread_lines(run)
+
+
+def _thread_lines(run: Run) -> list[str]:
+    """Per thread: wall = CPU + queued + blocked (NOTE [ Where a thread's time goes ])."""
+    s = run.stats
+    out = ["Per thread (wall time = on a CPU + waiting for a CPU + blocked)"]
+    for x in splits(s):
+        if x.wall_s <= 0:
+            continue
+        queued = f"{x.queued_share:4.0%}" if x.queue_measured else "  ? "
+        out.append(f"  {x.who:<30}{x.wall_s:8.2f} s: CPU {x.cpu_share:4.0%}, waiting for a "
+                   f"CPU {queued}, blocked {x.blocked_share:4.0%}")
+    if not s.queue_measured:
+        out.append("  waiting for a CPU: not measured here (no /proc schedstat); it counts "
+                   "as blocked")
+    idle = ("unknown" if s.cpu_idle_share is None
+            else f"{s.cpu_idle_share:.0%} of the machine's CPU time was idle")
+    out.append(f"  machine: {idle}; GIL waits: not measured (CPython keeps no count; in a "
+               "process with several fetch threads they are part of blocked)")
     return out
 
 
@@ -85,28 +118,30 @@ def _bar(share: float, width: int = 24) -> str:
 
 def _sweep_lines(ctx: Context, sweep: Sweep) -> list[str]:
     seconds = max((r.seconds for r in sweep.baselines), default=0.0)
-    out = [f"What to change, measured on your dataset (~{seconds:.0f} s each, best first)",
+    out = [f"What to change, measured on your dataset (~{seconds:.0f} s each, best first; "
+           "a setting run more than once shows its median)",
            f"  {'samples/s':>10}  {'vs yours':>8}   setting"]
     base = sweep.baseline_rate
-    rows = [(c.name(), r, c.opt_in) for c, r in sweep.ranked()]
     placed = False
-    for name, run, opt_in in rows:
+    for cand, run in sweep.ranked():
         if not placed and run.samples_per_s < base:
             out.append(_baseline_row(sweep))
             placed = True
-        gain = sweep.gain(run)
-        mark = "  better" if gain > sweep.margin else "  (within noise)" if abs(
-            gain) <= sweep.margin else ""
-        out.append(f"  {run.samples_per_s:>10,.0f}  {gain:>+8.0%}   {name}{mark}")
-        if opt_in:
-            out.append(f"  {'':>10}  {'':>8}     {opt_in}")
+        gain = sweep.gain(cand)
+        runs = len(sweep.runs_of(cand))
+        mark = ("  better" if sweep.better(cand)
+                else "  (not measurably)" if gain > sweep.margin
+                else "  (within noise)" if abs(gain) <= sweep.margin else "")
+        times = f" [{runs} runs]" if runs > 1 else ""
+        out.append(f"  {run.samples_per_s:>10,.0f}  {gain:>+8.0%}   {cand.name()}{times}{mark}")
+        if cand.opt_in:
+            out.append(f"  {'':>10}  {'':>8}     {cand.opt_in}")
     if not placed:
         out.append(_baseline_row(sweep))
     for cand, run in sweep.tried:
         if run.error:
             out.append(f"  {'failed':>10}  {'':>8}   {cand.name()}: {run.error}")
     out += _trust_lines(ctx, sweep)
-    out += ["", *recommendation(ctx, sweep)]
     return out
 
 
@@ -117,8 +152,9 @@ def _baseline_row(sweep: Sweep) -> str:
 
 
 def _trust_lines(ctx: Context, sweep: Sweep) -> list[str]:
-    out = [f"  noise: ±{sweep.noise:.0%} between your setting's runs; a difference counts "
-           f"above {sweep.margin:.0%}."]
+    out = [f"  noise: ±{sweep.noise:.0%} between your setting's runs; a setting counts as "
+           f"better above {sweep.margin:.0%}, its runs against yours significant (3 or more "
+           "runs, one-sided Mann-Whitney p <= 0.05)."]
     loads = sweep.loads()
     if loads:
         worst = max(loads, key=lambda x: x.others_cores)
@@ -131,19 +167,3 @@ def _trust_lines(ctx: Context, sweep: Sweep) -> list[str]:
     if sweep.interrupted:
         out.append("  interrupted (Ctrl-C): the settings not listed were not tried.")
     return out
-
-
-def recommendation(ctx: Context, sweep: Sweep) -> list[str]:
-    best = sweep.best()
-    if best is None:
-        return ["RECOMMENDATION  keep your setting: no setting tried was faster beyond the "
-                "noise."]
-    cand, run = best
-    line = code_line(ctx.kwargs, cand.overrides)
-    out = [f"RECOMMENDATION  {cand.name()}: {run.samples_per_s:,.0f} samples/s, "
-           f"{sweep.gain(run):+.0%} over yours ({sweep.baseline_rate:,.0f})",
-           f"  {line}"]
-    if cand.opt_in:
-        out.append(f"  ({cand.opt_in}: it runs several samples of a worker at once)")
-    return out
-

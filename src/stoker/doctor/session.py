@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker.doctor.candidates import candidates
+from stoker.doctor.conclude import conclude, sweeps
 from stoker.doctor.diagnose import Diagnosis, Setup, diagnose
 from stoker.doctor.machine import cores
 from stoker.doctor.measure import Bounds, Run, measure
@@ -38,6 +39,13 @@ class Session:
                              step_s=args.step_ms / 1000)
         self.one = recipe_runner(recipe, self.bounds, progress.update)
         self.recipe = recipe
+        self.draws_global_rng: bool | None = None
+
+    def probe(self) -> None:
+        """Does ``__getitem__`` draw from the global RNGs? (rng_probe.py)"""
+        from stoker.doctor.rng_probe import draws_global_rng
+
+        self.draws_global_rng = draws_global_rng(self.recipe.dataset)
 
     def first_run(self) -> Run:
         return measure(self.recipe.build, Run(BASELINE, {}), self.bounds, detailed=True,
@@ -56,23 +64,26 @@ class Session:
             self.progress.done()
             print(f"stoker doctor: your loader failed: {first.error}", file=sys.stderr)
             return 1
+        self.probe()
         setup = setup_of(self.kwargs)
-        diagnosis = diagnose(first.stats, setup)
+        diagnosis = diagnose(first.stats, setup, self.draws_global_rng)
         sweep = None
-        if not (self.args.no_sweep or first.interrupted):
+        if not (self.args.no_sweep or first.interrupted) and sweeps(diagnosis):
             sweep = self._sweep(first, diagnosis, setup)
         self.progress.done()
-        ctx = Context(self.source, self.kwargs, setup, self.step_ms)
+        ctx = Context(self.source, self.kwargs, setup, self.step_ms, self.draws_global_rng)
         text = render(ctx, first, diagnosis, sweep)
         print(text, end="")
-        return write_outputs(self.args, Outcome(first, diagnosis, sweep, text))
+        return write_outputs(self.args, Outcome(first, diagnosis, sweep, text, self.kwargs,
+                                                self.draws_global_rng))
 
     def _sweep(self, first: Run, diagnosis: Diagnosis, setup: Setup) -> Sweep:
         import torch
 
         found = candidates(self.kwargs, diagnosis.kind, setup.cores,
-                           torch.cuda.is_available(), limit=self.args.max_candidates)
-        return run_sweep(self.one, found, announce=self.progress.announce)
+                           torch.cuda.is_available(), limit=self.args.max_candidates,
+                           draws_global_rng=self.draws_global_rng)
+        return run_sweep(self.one, found, announce=self.progress.announce, cores=setup.cores)
 
 
 class ScriptSession(Session):
@@ -87,6 +98,10 @@ class ScriptSession(Session):
         self.runner = runner
         self.kwargs = {}
         self.one = runner
+        self.draws_global_rng = None
+
+    def probe(self) -> None:
+        self.draws_global_rng = self.runner.draws_global_rng  # probed inside the script
 
     def first_run(self) -> Run:
         run = self.runner(BASELINE, {}, detailed=True)
@@ -100,6 +115,8 @@ class Outcome:
     diagnosis: Diagnosis
     sweep: Sweep | None
     text: str
+    kwargs: Any = None
+    draws_global_rng: bool | None = None
 
 
 def write_outputs(args: argparse.Namespace, out: Outcome) -> int:
@@ -117,7 +134,8 @@ def write_outputs(args: argparse.Namespace, out: Outcome) -> int:
         from stoker.doctor.picture import MissingPlotting, write_report
 
         try:
-            write_report(args.report, out.first, out.sweep, out.text)
+            write_report(args.report, out.first, out.sweep, out.text,
+                         verdict=out.diagnosis.headline)
             print(f"report written to {args.report}")
         except MissingPlotting as exc:
             print(f"stoker doctor: {exc}", file=sys.stderr)
@@ -128,23 +146,33 @@ def write_outputs(args: argparse.Namespace, out: Outcome) -> int:
 def summary_dict(out: Outcome) -> dict[str, Any]:
     """The report as data (``--json``): verdict, rates, the sweep and the recommendation."""
     first, sweep = out.first, out.sweep
+    ending = conclude(out.diagnosis, sweep, out.kwargs)
     doc: dict[str, Any] = {
         "verdict": out.diagnosis.kind, "input_bound": out.diagnosis.input_bound,
         "wait_share": out.diagnosis.wait_share, "headline": out.diagnosis.headline,
-        "advice": out.diagnosis.advice, "detailed_run": _run_dict(first),
+        "advice": out.diagnosis.advice, "what_to_change": ending.change,
+        "recommended": None if ending.recommended is None
+        else dict(ending.recommended.overrides),
+        "recommendation": list(ending.recommendation),
+        "draws_global_rng": out.draws_global_rng,
+        "detailed_run": _run_dict(first),
         "stats": first.stats.as_dict(),
         "where_time_goes": [{"name": x.name, "seconds": x.seconds, "of": x.of}
                             for x in out.diagnosis.shares],
     }
     if sweep is not None:
-        best = sweep.best()
         doc["sweep"] = {
             "baseline_samples_per_s": sweep.baseline_rate, "noise": sweep.noise,
-            "margin": sweep.margin, "interrupted": sweep.interrupted,
+            "margin": sweep.margin, "interrupted": sweep.interrupted, "busy": sweep.busy,
             "baselines": [_run_dict(r) for r in sweep.baselines],
-            "candidates": [{**_run_dict(r), "opt_in": c.opt_in, "gain": sweep.gain(r)}
-                           for c, r in sweep.tried],
-            "recommended": None if best is None else dict(best[0].overrides),
+            "candidates": [{**_run_dict(r), "opt_in": c.opt_in, "gain": sweep.gain(c),
+                            "runs": [x.samples_per_s for x in sweep.runs_of(c)],
+                            "p_value": sweep.p_value(c), "better": sweep.better(c)}
+                           for c, r in ((c, sweep.median_run(c)) for c in sweep.candidates())
+                           if not r.error],
+            "failed": [{**_run_dict(r), "opt_in": c.opt_in} for c, r in sweep.tried
+                       if r.error],
+            "recommended": doc["recommended"],
             "machine": [{"others_cores": x.others_cores, "steal_share": x.steal_share}
                         for x in sweep.loads()],
         }

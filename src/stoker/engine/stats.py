@@ -10,6 +10,7 @@ from torch import Tensor
 
 from stoker._core.stats import LoaderStats, TunerEvent
 from stoker.profile.events import EventRecorder
+from stoker.profile.timesplit import CallingThreadClock
 from stoker.workers.protocol import BatchReport
 
 
@@ -20,6 +21,7 @@ class StatsAccumulator:
 
     def __init__(self, num_workers: int) -> None:
         self.num_workers = num_workers
+        self.beyond: frozenset[str] = frozenset()  # set by each iterator (its fetch spec's)
         self.batches = 0
         self.samples = 0
         self.skipped = 0
@@ -48,20 +50,25 @@ class StatsAccumulator:
         self.concurrency: dict[int, int] = {}
         self.tuner: list[TunerEvent] = []
         self._left_next_at: float | None = None
-        self._steal_at_start: tuple[int, int] | None = None
+        self._steal_at_start: tuple[int, int, int] | None = None
+        # NOTE [ Where a thread's time goes ] (profile/timesplit.py)
+        self.clock = CallingThreadClock()
+        self.worker_times: dict[int, tuple[float, float, float, float]] = {}
         # The per-batch timeline: None (the default) records nothing (profile/events.py).
         self.events: EventRecorder | None = None
 
     def entered_next(self) -> float:
         if self._steal_at_start is None:
-            self._steal_at_start = machine_steal()
+            self._steal_at_start = machine_ticks()
         now = time.perf_counter()
         if self._left_next_at is not None:
             self.loop_s += now - self._left_next_at
-        return now
+        self.clock.enter(now)
+        return time.perf_counter()
 
     def left_next(self, entered_at: float, data: Any) -> None:
         now = time.perf_counter()
+        self.clock.leave(entered_at, now)
         samples = batch_samples(data)
         self.wait_s += now - entered_at
         self._left_next_at = now
@@ -76,6 +83,10 @@ class StatsAccumulator:
     def worker_batch(self, worker_id: int, report: BatchReport) -> None:
         self.batched += bool(report.batched)  # "" or which batched form: "source" or "call"
         self.fetch_queued_s += report.queued_s
+        wall, cpu, queued, other = self.worker_times.get(worker_id, (0.0, 0.0, 0.0, 0.0))
+        self.worker_times[worker_id] = (wall + report.fetch_wall_s, cpu + report.fetch_cpu_s,
+                                        queued + report.queued_s,
+                                        other + report.collate_s + report.pack_s)
         self.concurrency[worker_id] = report.concurrency
         self.fetch_wall_s += report.fetch_wall_s
         self.fetch_cpu_s += report.fetch_cpu_s
@@ -104,6 +115,11 @@ class StatsAccumulator:
     def snapshot(self) -> LoaderStats:
         from stoker.profile.verdict import summarize
 
+        main_cpu_s, main_queued_s = self.clock.scaled(self.wait_s)
+        fetch_queued_s = self.fetch_queued_s
+        if self.threads:  # the fetch threads live in this process: their queue, read now
+            fetch_queued_s += self.clock.other_threads_queued_s()
+        steal, idle = self._machine_shares()
         stats = LoaderStats(
             batches=self.batches, samples=self.samples, skipped=self.skipped,
             empty_batches=self.empty_batches,
@@ -112,20 +128,25 @@ class StatsAccumulator:
             collate_s=self.collate_s, pack_s=self.pack_s, unpack_s=self.unpack_s,
             pin_s=self.pin_s, to_device_s=self.to_device_s, device_copy_s=self.device_copy_s,
             device_wait_s=self.device_wait_s, device_bytes=self.device_bytes,
-            device_batches=self.device_batches, fetch_queued_s=self.fetch_queued_s,
-            cpu_steal_share=self._steal_share(), batched=self.batched, inline=self.inline,
-            threads=self.threads,
+            device_batches=self.device_batches, fetch_queued_s=fetch_queued_s,
+            cpu_steal_share=steal, batched=self.batched, inline=self.inline,
+            threads=self.threads, beyond_torch=tuple(sorted(self.beyond)),
             tasks_moved=self.tasks_moved, tasks_loaded_twice=self.tasks_loaded_twice,
             concurrency=tuple(self.concurrency[w] for w in sorted(self.concurrency)),
-            tuner=tuple(self.tuner),
+            tuner=tuple(self.tuner), main_cpu_s=main_cpu_s, main_queued_s=main_queued_s,
+            worker_times=tuple(self.worker_times[w] for w in sorted(self.worker_times)),
+            cpu_idle_share=idle,
+            queue_measured=self.clock.measured and self.clock.sampled_s > 0,
         )
         return replace(stats, summary=summarize(stats))
 
-    def _steal_share(self) -> float:
-        start, now = self._steal_at_start, machine_steal()
-        if start is None or now is None or now[1] <= start[1]:
-            return 0.0
-        return (now[0] - start[0]) / (now[1] - start[1])
+    def _machine_shares(self) -> tuple[float, float | None]:
+        """(steal share, idle share) of the machine's CPU time since the first next()."""
+        start, now = self._steal_at_start, machine_ticks()
+        if start is None or now is None or now[2] <= start[2]:
+            return 0.0, None
+        total = now[2] - start[2]
+        return (now[0] - start[0]) / total, (now[1] - start[1]) / total
 
 
 class NoStats(StatsAccumulator):
@@ -154,15 +175,16 @@ class NoStats(StatsAccumulator):
                            summary="stoker: stats are off (collect_stats=False).")
 
 
-def machine_steal() -> tuple[int, int] | None:
-    """(steal, total) CPU ticks of the whole machine so far (Linux ``/proc/stat``): time the
-    hypervisor ran other guests while this one's CPUs had work."""
+def machine_ticks() -> tuple[int, int, int] | None:
+    """(steal, idle, total) CPU ticks of the whole machine so far (Linux ``/proc/stat``):
+    steal is time the hypervisor ran other guests while this one's CPUs had work; idle
+    counts iowait too (a CPU waiting on I/O is free to run anything)."""
     try:
         with open("/proc/stat", "rb") as f:
             fields = [int(v) for v in f.readline().split()[1:9]]
     except (OSError, ValueError):
         return None
-    return (fields[7], sum(fields)) if len(fields) == 8 else None
+    return (fields[7], fields[3] + fields[4], sum(fields)) if len(fields) == 8 else None
 
 
 def batch_samples(data: Any) -> int:

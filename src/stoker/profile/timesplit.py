@@ -1,0 +1,221 @@
+"""Where a thread's wall time goes: on a CPU, runnable but queued for one, or blocked.
+
+NOTE [ Where a thread's time goes ]
+A fetch that takes longer than its CPU time was either *queued* (runnable, but every CPU was
+busy: other processes, or more of our own threads than cores) or *blocked* (asleep in a system
+call: storage, network, a sleep, a lock, a condition variable, the GIL). Only blocked time is
+what more concurrent fetches can use; queued time is contention, and reading it as I/O is the
+mistake the verdict must not make (a loaded machine made an in-memory dataset look like
+"I/O or remote storage"). Linux keeps both numbers per thread in
+``/proc/<pid>/task/<tid>/schedstat``: field 1 is the nanoseconds on a CPU, field 2 the
+nanoseconds runnable on a run queue. So every split here is measured, not guessed:
+
+    wall = CPU + queued + blocked      (blocked = the rest; steal counts as neither)
+
+- the calling thread (the training loop) in ``next()``: read from its own schedstat around
+  sampled ``next()`` calls (about one call every ``SAMPLE_EVERY_S``: a read costs ~10 us),
+  scaled to all of ``wait_s``; with ``num_workers=0`` this is where batches are loaded.
+- each worker process: its fetches' wall and CPU time, its collate and pack time, and its
+  main thread's queued time (``BatchReport``), per worker id; the queue is metered over all
+  the worker does (waking up for a task too), so a worker's time is taken as CPU (fetch,
+  collate, pack) + queued + blocked (what its fetches spent off a CPU beyond the queue).
+- fetch threads of the training process (``worker_type="thread"``): the process's threads'
+  queued time less the calling thread's, read when the stats are taken.
+
+The GIL is not measured: CPython keeps no count of the time a thread waits for it. A thread
+waiting for the GIL is blocked on a condition variable, so in a process with several fetch
+threads part of "blocked" may be the GIL; the verdict infers it only from the process's own CPU
+use (``profile/rules.py``) and says so. Without schedstat (not Linux) queued time cannot be
+told from blocked time, ``queue_measured`` is False, and the verdict says the machine may be
+too busy to tell rather than calling it I/O.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from stoker._core.stats import LoaderStats
+
+SAMPLE_EVERY_S = 0.005  # at most ~200 sampled next() calls a second: < 0.5% of a core
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """One thread's (or a group's summed) time, split: ``wall_s`` is the three parts' sum."""
+
+    who: str
+    cpu_s: float
+    queued_s: float
+    blocked_s: float
+    queue_measured: bool = True
+
+    @classmethod
+    def of(cls, who: str, wall_s: float, cpu_s: float, queued_s: float, steal_share: float,
+           measured: bool) -> TimeSplit:
+        """From a wall time: blocked is what CPU, queue and steal leave of it."""
+        blocked = max(0.0, wall_s * (1.0 - steal_share) - cpu_s - queued_s)
+        return cls(who, cpu_s, queued_s, blocked, measured)
+
+    @property
+    def wall_s(self) -> float:
+        return self.cpu_s + self.queued_s + self.blocked_s
+
+    def share(self, part: float) -> float:
+        return min(1.0, part / self.wall_s) if self.wall_s > 0 else 0.0
+
+    @property
+    def cpu_share(self) -> float:
+        return self.share(self.cpu_s)
+
+    @property
+    def queued_share(self) -> float:
+        return self.share(self.queued_s)
+
+    @property
+    def blocked_share(self) -> float:
+        return self.share(self.blocked_s)
+
+
+def read_schedstat(path: str = "/proc/thread-self/schedstat") -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds runnable but queued) of a thread; None where unreadable."""
+    try:
+        with open(path, "rb") as f:
+            fields = f.read().split()
+        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_queued_s() -> float | None:
+    """Seconds all live threads of this process have spent queued for a CPU."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    total = 0.0
+    for tid in tasks:
+        got = read_schedstat(f"/proc/self/task/{tid}/schedstat")
+        if got is not None:
+            total += got[1]
+    return total
+
+
+class CallingThreadClock:
+    """The calling thread's CPU and queued time inside ``next()``, from sampled calls.
+
+    Every ``stride``-th call is read, the stride set from the calls' past rate so that reads
+    come about every ``SAMPLE_EVERY_S``. Chosen by count, not by "the first call after a
+    pause": a pause is often the thread's own preemption, and the call right after it starts
+    a fresh time slice, so sampling those would see too little queueing."""
+
+    def __init__(self) -> None:
+        self.sampled_s = 0.0
+        self.sampled_cpu_s = 0.0
+        self.sampled_queued_s = 0.0
+        self.measured = True  # False once schedstat turned out unreadable
+        self._calls = 0  # since the last sampled call
+        self._stride = 1
+        self._last_sample_at = 0.0
+        self._start: tuple[float, float, float] | None = None  # wall, CPU, queued
+        self.tid = 0
+        self.total_at_start: tuple[float, float] | None = None
+        self.process_queued_at_start: float | None = None
+
+    def enter(self, now: float) -> None:
+        if not self.tid:  # the first call: where the thread-mode figures start
+            import threading
+
+            self.tid = threading.get_native_id()
+            self.total_at_start = read_schedstat()
+            self.process_queued_at_start = process_queued_s()
+        self._start = None
+        self._calls += 1
+        if self.measured and self._calls >= self._stride:
+            at = time.perf_counter()
+            got = read_schedstat()
+            if got is None:
+                self.measured = False
+            else:  # CPU from the thread clock: schedstat's lags by up to a scheduler tick
+                self._start = (at, time.thread_time(), got[1])
+
+    def leave(self, entered_at: float, now: float) -> None:
+        start, self._start = self._start, None
+        if start is None:
+            return
+        # NOTE: a pending preemption often lands on the return from a read's system call; the
+        # queue it causes is counted when the thread runs again. So the wall starts before the
+        # first read (that queue is in both) and ends before the last (in neither).
+        ended = time.perf_counter()
+        cpu = time.thread_time()
+        got = read_schedstat()
+        if got is None:
+            return
+        self.sampled_s += ended - start[0]
+        self.sampled_cpu_s += max(0.0, cpu - start[1])
+        self.sampled_queued_s += max(0.0, got[1] - start[2])
+        if self._last_sample_at:
+            period = (now - self._last_sample_at) / self._calls
+            self._stride = max(1, min(10_000, round(SAMPLE_EVERY_S / max(period, 1e-7))))
+        self._last_sample_at = now
+        self._calls = 0
+
+    def scaled(self, wait_s: float) -> tuple[float, float]:
+        """(CPU, queued) seconds over all of ``wait_s``, from the sampled calls' shares."""
+        if self.sampled_s <= 0:
+            return 0.0, 0.0
+        k = wait_s / self.sampled_s
+        return min(wait_s, self.sampled_cpu_s * k), min(wait_s, self.sampled_queued_s * k)
+
+    def other_threads_queued_s(self) -> float:
+        """Queued time of this process's other live threads since the first ``next()``
+        (``worker_type="thread"``: the fetch threads)."""
+        now = process_queued_s()
+        mine = read_schedstat(f"/proc/self/task/{self.tid}/schedstat") if self.tid else None
+        if None in (now, self.process_queued_at_start, mine, self.total_at_start):
+            return 0.0
+        assert now is not None and self.process_queued_at_start is not None
+        assert mine is not None and self.total_at_start is not None
+        return max(0.0, (now - self.process_queued_at_start) - (mine[1] - self.total_at_start[1]))
+
+
+def worker_split(who: str, fetch_wall_s: float, fetch_cpu_s: float, queued_s: float,
+                 collate_pack_s: float, s: LoaderStats) -> TimeSplit:
+    """A worker's time on its batches: fetch CPU plus collate and pack (CPU work), the main
+    thread's queued time (the worker meters it over all it does, waking up for a task too),
+    and blocked: what the fetches spent off a CPU beyond that queue and steal."""
+    blocked = max(0.0, fetch_wall_s * (1.0 - s.cpu_steal_share) - fetch_cpu_s - queued_s)
+    return TimeSplit(who, fetch_cpu_s + collate_pack_s, queued_s, blocked, s.queue_measured)
+
+
+def splits(s: LoaderStats) -> list[TimeSplit]:
+    """The calling thread's ``next()`` and each worker's batches, for a report."""
+    out = [TimeSplit.of("calling thread, in next()", s.wait_s, s.main_cpu_s, s.main_queued_s,
+                        s.cpu_steal_share, s.queue_measured)]
+    for wid, (wall, cpu, queued, other) in enumerate(s.worker_times):
+        out.append(worker_split(f"worker {wid}", wall, cpu, queued, other, s))
+    if s.threads and s.fetch_wall_s > 0:
+        out.append(TimeSplit.of("fetch threads", s.fetch_wall_s, s.fetch_cpu_s,
+                                s.fetch_queued_s, s.cpu_steal_share, s.queue_measured))
+    return out
+
+
+def fetching(s: LoaderStats) -> TimeSplit:
+    """The split of the threads that load batches: the calling thread when it loads them
+    (``num_workers=0``, or gathers run inline), else the workers' batches (summed), or the
+    fetch threads' fetches (``worker_type="thread"``: they collate in the calling thread)."""
+    if loads_in_calling_thread(s):
+        return TimeSplit.of("the training thread's next() calls", s.wait_s, s.main_cpu_s,
+                            s.main_queued_s, s.cpu_steal_share, s.queue_measured)
+    if s.threads:
+        return TimeSplit.of("the fetch threads", s.fetch_wall_s, s.fetch_cpu_s,
+                            s.fetch_queued_s, s.cpu_steal_share, s.queue_measured)
+    return worker_split("the workers", s.fetch_wall_s, s.fetch_cpu_s, s.fetch_queued_s,
+                        s.collate_s + s.pack_s, s)
+
+
+def loads_in_calling_thread(s: LoaderStats) -> bool:
+    """Batches were loaded in the training thread, and its ``next()`` calls were measured."""
+    return (s.num_workers == 0 or s.inline) and not s.threads and (
+        s.main_cpu_s + s.main_queued_s > 0)
