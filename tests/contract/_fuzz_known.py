@@ -19,10 +19,6 @@ STRICT_ENV = "STOKER_FUZZ_STRICT"
 UNMASK_ENV = "STOKER_FUZZ_UNMASK"  # comma-separated names: turn just these switches off
 
 KNOWN_DIFFERENCES: dict[str, str] = {
-    "is_shared": (
-        "batches from workers are not in shared memory: torch's tensors from workers have "
-        "is_shared() True, stoker's False. Masked: is_shared is not recorded."
-    ),
     "worker_exceptions": (
         "an exception raised in a worker (__getitem__, __iter__, collate_fn, including "
         "default_collate's own TypeError) comes back as the original object: torch raises "
@@ -42,7 +38,7 @@ KNOWN_DIFFERENCES: dict[str, str] = {
     ),
     "exception_notes": (
         "an exception from the user's code gets __notes__ ('stoker: raised in the main "
-        "process (num_workers=0) while loading sample indices [1].'), printed under its "
+        "process (num_workers=0) while loading sample index 1.'), printed under its "
         "traceback; torch's has none. Masked: __notes__ is not recorded."
     ),
     "timeout_without_workers": (
@@ -52,15 +48,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "message and without the draw (the main process's torch RNG then differs), and "
         "before torch's pin_memory warning. Masked: timeout is 0 without workers."
     ),
-    "layout_through_workers": (
-        "arrays passed through workers uncollated (batch_size=None, an identity collate_fn) "
-        "lose their layout: a tensor view of a row or column of the dataset's table comes "
-        "back from torch's workers with its storage_offset, strides (non-contiguous column: "
-        "stride (3,)) and the whole storage (48 bytes), from stoker's as a contiguous copy "
-        "(offset 0, stride (1,), 12-16 bytes); an empty numpy array comes back with strides "
-        "(8, 8) from torch (pickled), (0, 0) from stoker. Masked: with workers, no views of "
-        "the dataset's arrays and no empty numpy arrays in samples."
-    ),
     "stop_iteration_in_map_style": (
         "StopIteration raised by a map-style dataset's __getitem__ (or a collate_fn) ends "
         "torch's epoch silently (with or without workers; with workers the StopIteration "
@@ -68,32 +55,11 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "RuntimeError('StopIteration raised by the map-style dataset (or collate_fn) ...'). "
         "Masked: no StopIteration from map-style datasets and their collate_fn."
     ),
-    "stop_iteration_in_worker_collate": (
-        "IterableDataset with workers, collate_fn raises StopIteration in worker 0: torch "
-        "takes it as the end of worker 0's data and goes on with the other workers' batches "
-        "(0, 1, 3, 5, 7, 9, 11); stoker ends the epoch there (0, 1): batches silently "
-        "missing. Masked: no StopIteration from collate_fn on iterable datasets with workers."
-    ),
     "num_workers_raised_later": (
         "loader = DataLoader(ds); loader.num_workers = 1; next(iter(loader)) (prefetch_factor "
         "left None by the constructor): both raise TypeError, torch \"'<=' not supported "
         "between instances of 'NoneType' and 'int'\", stoker \"'>' not supported ...\". "
         "Masked: num_workers is not raised from 0 between epochs."
-    ),
-    "collate_type_error_retry": (
-        "torch's default_collate catches TypeError around a sequence's (and a mapping's) "
-        "elements and collates them again as a plain list (dict), so a failing inner collate "
-        "runs twice: with samples [0] and [np.ones((3, 2))] (an int then an array), torch "
-        "warns 'Creating a tensor from a list of numpy.ndarrays is extremely slow' twice "
-        "under torch.set_warn_always(True), stoker once (the error raised is the same). "
-        "Masked: a Python or numpy scalar leaf does not alternate with a numpy array."
-    ),
-    "aliasing_across_workers": (
-        "batch leaves that are the same tensor or views of one tensor (a collate_fn returning "
-        "x, x and x[1:], or samples holding such, with batch_size=None or an identity collate)"
-        " keep sharing memory and identity through torch's workers, not through stoker's "
-        "(separate copies). Masked: no shared leaves in samples or collate outputs when the "
-        "case uses workers."
     ),
 }
 

@@ -57,8 +57,6 @@ class _Plain:
             layout = {"stride": tuple(x.stride()), "storage_offset": x.storage_offset(),
                       "storage_nbytes": x.untyped_storage().nbytes(), "is_shared": x.is_shared(),
                       "requires_grad": x.requires_grad, "device": x.device.type}
-            if masked("is_shared"):
-                del layout["is_shared"]
             return {"tensor": str(x.dtype), "shape": tuple(x.shape), "leaf": len(self.arrays) - 1,
                     "values": _values(x.tolist()), "layout": layout}
         if isinstance(x, np.ndarray):

@@ -108,10 +108,6 @@ class Plan:
             self.workers_ever and masked("worker_init_error_repeats"))
 
     @property
-    def views(self) -> bool:
-        return not (self.workers_ever and masked("layout_through_workers"))
-
-    @property
     def mixed(self) -> bool:
         """Leaves whose type, dtype or shape changes from sample to sample."""
         return self.errors_allowed
@@ -119,17 +115,11 @@ class Plan:
     @property
     def stop_iteration(self) -> bool:
         """May the dataset or collate_fn raise StopIteration?"""
-        if self.style != "iter":
-            return not masked("stop_iteration_in_map_style")
-        return not (self.workers_ever and masked("stop_iteration_in_worker_collate"))
-
-    @property
-    def aliasing(self) -> bool:
-        return not (self.workers_ever and masked("aliasing_across_workers"))
+        return self.style == "iter" or not masked("stop_iteration_in_map_style")
 
 
 @st.composite
-def leaves(draw: Any, allow_bad: bool, views: bool = True, mixed: bool = True) -> Leaf:
+def leaves(draw: Any, allow_bad: bool, mixed: bool = True) -> Leaf:
     kinds = ["np", "np", "torch", "torch", "npscalar", "tscalar", "int", "float", "bool", "str"]
     if allow_bad:
         kinds += ["bytes", "none", "obj", "np_str"]
@@ -140,21 +130,14 @@ def leaves(draw: Any, allow_bad: bool, views: bool = True, mixed: bool = True) -
     elif kind in ("torch", "tscalar"):
         dtype = draw(st.sampled_from(TORCH_DTYPES))
     shape = draw(shapes) if kind in ("np", "torch") else ()
-    if not views:  # layout_through_workers: empty arrays' strides
-        shape = tuple(max(1, d) for d in shape)
     source = "fresh"
     if kind in ("np", "torch"):
-        sources = ("fresh", "fresh", "view", "copy") if views else ("fresh", "copy")
-        source = draw(st.sampled_from(sources))
+        source = draw(st.sampled_from(("fresh", "fresh", "view", "copy")))
     alt = None
     if mixed and source == "fresh" and rarely(draw, 5):  # mixed across samples
-        alt = draw(leaves(allow_bad=False, views=views))
+        alt = draw(leaves(allow_bad=False))
         if alt.source != "fresh":
             alt = Leaf(alt.kind, alt.dtype, alt.shape)
-        if kind in ("int", "float", "bool", "npscalar") and alt.kind == "np" and masked(
-            "collate_type_error_retry"
-        ):
-            alt = None
     return Leaf(kind, dtype, shape, source, alt)
 
 
@@ -207,11 +190,11 @@ def trees(draw: Any, plan: Plan) -> Tree:
     """A sample's structure; what it may hold depends on the plan (see ``Plan``)."""
     obs_names = OBS_STABLE if plan.stable_only else OBS_NAMES
     allow_bad = plan.errors_allowed and rarely(draw, 5)
-    leaf = leaves(allow_bad, views=plan.views, mixed=plan.mixed)
+    leaf = leaves(allow_bad, mixed=plan.mixed)
     base = st.one_of(leaf, leaf, obs_leaves(obs_names))
     tree = draw(st.recursive(base, nodes, max_leaves=6))
     n = _count(tree)
-    if plan.aliasing and n > 1 and rarely(draw, 3):
+    if n > 1 and rarely(draw, 3):
         picks = draw(st.lists(st.sampled_from((-1, -1, 0, 1, 2, 3)), min_size=n, max_size=n))
         tree = _add_refs(tree, picks, [0])
     return tree
@@ -236,7 +219,7 @@ def collates(draw: Any, plan: Plan, tag: str) -> CollateSpec:
         fault = draw(st.none() | st.none() | faults(3, plan.stop_iteration))
         if fault is not None and plan.num_workers > 1 and draw(st.booleans()):
             fault = Fault(fault.at, fault.exc, draw(st.integers(0, plan.num_workers - 1)))
-    alias = draw(st.booleans()) if plan.aliasing else False
+    alias = draw(st.booleans())
     return CollateSpec(base, obs, alias, fault, tag)
 
 

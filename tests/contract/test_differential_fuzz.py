@@ -126,7 +126,6 @@ def _map(tree: object = _INT, n: int = 4, fault: Fault | None = None) -> Dataset
 
 
 MINIMAL_CASES: dict[str, Case] = {
-    "is_shared": Case(_map(), _WORKERS, _ONE_EPOCH),
     "worker_exceptions": Case(_map(fault=Fault(1, "coded")), _WORKERS, _ONE_EPOCH),
     "worker_init_error_repeats": Case(
         _map(n=6),
@@ -135,20 +134,30 @@ MINIMAL_CASES: dict[str, Case] = {
     ),
     "exception_notes": Case(_map(fault=Fault(1, "value")), (("batch_size", 2),), _ONE_EPOCH),
     "timeout_without_workers": Case(_map(), (("timeout", 5.0),), _ONE_EPOCH),
+    "stop_iteration_in_map_style": Case(_map(fault=Fault(3, "stop")), (("batch_size", 2),),
+                                        _ONE_EPOCH),
+    "num_workers_raised_later": Case(
+        _map(), (), (EpochSpec(), EpochSpec(ops=(Op("num_workers", 1),)))
+    ),
+}
+
+# Differences the fuzzer found and that are fixed: each one's minimal case, run in full.
+FIXED_CASES: dict[str, Case] = {
+    "prefetch_factor_zero_calls_len_once": Case(  # torch checks between its two iter(sampler)
+        DatasetSpec("map", 1, Leaf("np", "float32", ())),
+        (("batch_size", None), ("num_workers", 1), ("timeout", 30.0), ("prefetch_factor", 0)),
+        (EpochSpec(), EpochSpec()),
+    ),
+    "is_shared": Case(_map(), _WORKERS, _ONE_EPOCH),
     "layout_through_workers": Case(
         _map(Leaf("torch", "float32", (3,), "view")), _WORKERS[1:] + (("batch_size", None),),
         _ONE_EPOCH,
     ),
-    "stop_iteration_in_map_style": Case(_map(fault=Fault(3, "stop")), (("batch_size", 2),),
-                                        _ONE_EPOCH),
     "stop_iteration_in_worker_collate": Case(
         DatasetSpec("iter", 12, _INT, split="shard"),
         (("batch_size", 1), ("num_workers", 2), ("timeout", 30.0),
          ("collate_fn", CollateSpec("default", fault=Fault(2, "stop", worker=0)))),
         _ONE_EPOCH,
-    ),
-    "num_workers_raised_later": Case(
-        _map(), (), (EpochSpec(), EpochSpec(ops=(Op("num_workers", 1),)))
     ),
     "collate_type_error_retry": Case(
         _map(Node("list", (Leaf("int", alt=Leaf("np", "float32", (3, 2))),)), n=7),
@@ -183,3 +192,9 @@ def test_known_difference_still_occurs(
     monkeypatch.setenv(UNMASK_ENV, name)
     check(MINIMAL_CASES[name], Loader)
 
+
+@pytest.mark.parametrize("name", sorted(FIXED_CASES))
+def test_fixed_difference_stays_fixed(name: str, Loader: type) -> None:
+    """A difference the fuzzer found (``FIXED_CASES``), on its minimal case: stoker's
+    defaults give what torch gives."""
+    check(FIXED_CASES[name], Loader)

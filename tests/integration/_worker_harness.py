@@ -21,7 +21,8 @@ class PlayedMain:
 
     def __init__(self, dataset) -> None:
         ctx = multiprocessing.get_context("fork")
-        fetch = FetchSpec(dataset, "map", True, resolve_collate(default_collate), False)
+        fetch = FetchSpec(dataset, "map", True, resolve_collate(default_collate), False,
+                          beyond=frozenset({"slab_transport"}))
         spec = WorkerSpec(
             worker_id=0, num_workers=1, fetch=fetch, base_seed=1, worker_init_fn=None,
             max_idle_slabs=4, parent_pid=os.getpid(), first_epoch=0, seed_per_batch=True,

@@ -256,11 +256,23 @@ def _wraps_torchs_default_collate(batch):
     return {"x": images, "y": labels, "shared": torch.tensor(images.is_shared())}
 
 
-def test_a_collate_fn_calling_torchs_default_collate_writes_into_the_slab(Loader, stoker_only):
-    # NOTE [ torch's collate in stoker workers ]: same batches as torch's workers give, without
-    # a shared-memory segment of torch's per batch.
+def test_a_collate_fn_calling_torchs_default_collate_runs_torchs_in_workers(Loader):
+    # By default torch's own function runs in the worker: its outputs in shared memory.
     kwargs = {"batch_size": 4, "num_workers": 2, "collate_fn": _wraps_torchs_default_collate}
-    ours = list(Loader(_Images(), timeout=60, worker_type="process", **kwargs))
+    ours = list(Loader(_Images(), timeout=60, **kwargs))
+    theirs = list(torch.utils.data.DataLoader(_Images(), timeout=60, **kwargs))
+    assert [bool(b["shared"]) for b in theirs] == [True] * 3
+    assert [bool(a["shared"]) for a in ours] == [True] * 3
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a["x"], b["x"]) and a["x"].dtype == b["x"].dtype
+
+
+def test_a_collate_fn_calling_torchs_default_collate_writes_into_the_slab(Loader, stoker_only):
+    # NOTE [ torch's collate in stoker workers ]: with slab_transport, same batches as torch's
+    # workers give, without a shared-memory segment of torch's per batch.
+    kwargs = {"batch_size": 4, "num_workers": 2, "collate_fn": _wraps_torchs_default_collate}
+    ours = list(Loader(_Images(), timeout=60, worker_type="process",
+                       beyond_torch={"slab_transport"}, **kwargs))
     theirs = list(torch.utils.data.DataLoader(_Images(), timeout=60, **kwargs))
     assert len(ours) == len(theirs) == 3
     for a, b in zip(ours, theirs, strict=True):

@@ -31,7 +31,8 @@ def _open_fds(pid: int) -> int:
 
 
 def test_held_batches_hold_no_file_descriptors():
-    loader = stoker.DataLoader(_Stream(300), batch_size=None, num_workers=1, timeout=60)
+    loader = stoker.DataLoader(_Stream(300), batch_size=None, num_workers=1, timeout=60,
+                               beyond_torch={"slab_transport"})
     it = iter(loader)
     held = [next(it)]
     worker_pid = it._group.workers[0].pid
@@ -61,7 +62,8 @@ class _OpensNoMore(_Stream):
 
 
 def test_running_out_of_file_descriptors_says_what_to_change():
-    loader = stoker.DataLoader(_OpensNoMore(4), batch_size=2, num_workers=1, timeout=60)
+    loader = stoker.DataLoader(_OpensNoMore(4), batch_size=2, num_workers=1, timeout=60,
+                               beyond_torch={"slab_transport"})
     with pytest.raises(OSError) as info:
         list(loader)
     text = str(info.value)

@@ -1,9 +1,10 @@
-"""Unusual tensors and arrays come back from workers as the dataset made them.
+"""Unusual tensors and arrays come back from workers as torch's do, or as the dataset made them.
 
-With ``collate_fn`` returning the samples unchanged, a batch from two workers must equal the
-samples themselves: values, dtype, layout, type, requires_grad. (torch's own workers lose the
-conjugate and negative bits of lazy views, and turn big-endian arrays native; stoker keeps
-what ``num_workers=0`` gives.)
+With ``collate_fn`` returning the samples unchanged: by default a batch from two workers is
+what torch's workers give (its transport by construction: torch's own workers lose the
+conjugate and negative bits of lazy views, and turn big-endian arrays native); with
+``slab_transport`` it equals the samples themselves: values, dtype, layout, type,
+requires_grad, what ``num_workers=0`` gives.
 """
 
 from __future__ import annotations
@@ -75,10 +76,24 @@ def _same(expected: Any, actual: Any) -> bool:
                        expected.resolve_conj().resolve_neg())
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_samples_come_back_as_made(num_workers):
+def test_samples_from_workers_are_torchs_by_default():
+    def load(loader_class: Any) -> list:
+        return list(loader_class(_Kinds(), batch_size=2, num_workers=2, collate_fn=_as_is,
+                                 timeout=60))
+
+    expected, actual = load(torch.utils.data.DataLoader), load(stoker.DataLoader)
+    for b, (torch_batch, batch) in enumerate(zip(expected, actual, strict=True)):
+        for j, (want, sample) in enumerate(zip(torch_batch, batch, strict=True)):
+            wrong = [k for k in want if not _same(want[k], sample[k])]
+            assert not wrong, f"sample {2 * b + j}: {wrong} differ from torch's"
+    assert not _same(expected[0][0]["neg_view"], _samples(0)["neg_view"])  # torch's loss
+
+
+@pytest.mark.parametrize(("num_workers", "beyond"), [(0, None), (2, {"slab_transport"})])
+def test_samples_come_back_as_made(num_workers, beyond):
     loader = stoker.DataLoader(_Kinds(), batch_size=2, num_workers=num_workers,
-                               collate_fn=_as_is, timeout=60 if num_workers else 0)
+                               collate_fn=_as_is, timeout=60 if num_workers else 0,
+                               beyond_torch=beyond)
     batches = list(loader)
     assert len(batches) == 3
     for b, batch in enumerate(batches):

@@ -146,7 +146,8 @@ def test_deleting_a_loader_with_persistent_workers_stops_them():
 
 def test_batches_held_after_the_loader_is_gone_stay_valid_and_hold_no_fds():
     fds_before = len(os.listdir("/proc/self/fd"))
-    loader = stoker.DataLoader(Squares(), batch_size=1, num_workers=2)
+    loader = stoker.DataLoader(Squares(), batch_size=1, num_workers=2,
+                               beyond_torch={"slab_transport"})
     held = list(loader)
     del loader
     gc.collect()
@@ -162,7 +163,8 @@ def _slab_mappings() -> int:
 
 
 def test_slab_mappings_are_gone_once_loader_and_batches_are():
-    loader = stoker.DataLoader(Squares(), batch_size=2, num_workers=2, persistent_workers=True)
+    loader = stoker.DataLoader(Squares(), batch_size=2, num_workers=2, persistent_workers=True,
+                               beyond_torch={"slab_transport"})
     list(loader)
     held = list(loader)  # all of them kept: their slabs cannot be reused
     assert _slab_mappings() > 0
@@ -213,7 +215,8 @@ class ManySquares(Squares):
 
 
 def test_slabs_are_reused_across_an_epoch():
-    loader = stoker.DataLoader(ManySquares(), batch_size=2, num_workers=2, prefetch_factor=2)
+    loader = stoker.DataLoader(ManySquares(), batch_size=2, num_workers=2, prefetch_factor=2,
+                               beyond_torch={"slab_transport"})
     it = iter(loader)
     most = 0
     for _ in it:

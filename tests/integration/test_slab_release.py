@@ -26,7 +26,8 @@ def test_main_process_sends_a_released_slab_back_before_waiting(monkeypatch):
             ds.gate.set()
 
     monkeypatch.setattr(process_iter.ProcessIterator, "_send", send)
-    loader = stoker.DataLoader(ds, batch_size=1, num_workers=1, prefetch_factor=2, timeout=60)
+    loader = stoker.DataLoader(ds, batch_size=1, num_workers=1, prefetch_factor=2, timeout=60,
+                               beyond_torch={"slab_transport"})
     it = iter(loader)
     first = next(it)
     assert first[0, 0].item() == 0.0

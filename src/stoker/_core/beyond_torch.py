@@ -3,17 +3,19 @@
 NOTE [ Same as torch unless asked ]
 A default does only what torch 2.13's DataLoader does in everything a user's code can observe,
 for every dataset, sampler and collate that is correct under torch (the audit is the table in
-the README, "Same as torch, and one switch beyond"). Each behaviour below changes something a
+docs/same_as_torch.md). Each behaviour below changes something a
 program can observe, or holds only under an assumption about the user's code, so each is off
 unless asked for, all together (``beyond_torch=True``, or ``STOKER_BEYOND_TORCH=1`` in the
 environment) or by name (``beyond_torch={"per_batch_seeding", "move_stragglers"}``, or
 ``STOKER_BEYOND_TORCH=per_batch_seeding,move_stragglers``). ``stats()`` and the doctor name the
 ones that would help a loader, with what each one promises.
 
-What stays on is what no program can tell from torch: shared-memory slabs instead of pickles,
-workers that start fast, exact collate into slabs, raw RNG-state copies, the loud failure
-reports, torch's own thread cap in workers, and OpenCV's (a forked worker deadlocks without
-it: safety, not speed).
+What stays on is what no program can tell from torch: workers that start fast, raw RNG-state
+copies, the loud failure reports, torch's own thread cap in workers, and OpenCV's (a forked
+worker deadlocks without it: safety, not speed). Batches cross from the workers as torch's
+do, by construction: torch's own collate in the worker, pickled with torch's reductions (each
+storage in its own shared memory), so ``is_shared()``, strides, storage offsets and aliasing
+are torch's; stoker's slabs are one of the behaviours below.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ ENV = "STOKER_BEYOND_TORCH"
 
 Behaviour = Literal[
     "per_batch_seeding", "inline_gathers", "batched_getitem", "deep_prefetch",
-    "move_stragglers", "epoch_autopilot", "shared_lists", "keep_slabs", "thread_caps",
+    "move_stragglers", "epoch_autopilot", "shared_lists", "slab_transport", "keep_slabs",
+    "thread_caps",
 ]
 
 # name -> what it does and what a program could tell (the promise it asks the user to make).
@@ -52,6 +55,12 @@ BEHAVIOURS: dict[str, str] = {
     "shared_lists": (
         "hand large lists of plain data to forked workers as read-only stand-ins (no copy-on-"
         "read); inside workers such a list is not type list"),
+    "slab_transport": (
+        "collate batches in workers straight into reused shared-memory slabs and send one "
+        "descriptor per batch instead of torch's shared memory per tensor: is_shared() is "
+        "False, a leaf that is a view of a larger tensor arrives compact (offset 0, its own "
+        "storage), leaves that alias each other arrive as separate tensors; device= and "
+        "keep_slabs use it"),
     "keep_slabs": (
         "keep a finished loader's shared-memory slabs for its next epoch instead of freeing "
         "them when the epoch ends"),

@@ -98,6 +98,25 @@ def collate_tensor_fn(batch: Any, *, collate_fn_map: CollateFnMap | None = None)
         raise
 
 
+def raise_if_mixed_devices_in(samples: Any) -> None:
+    """After a collate failed: if some leaf's tensors are on different devices across the
+    samples (a list of dicts, tuples, tensors), raise ``MixedDeviceError`` naming who is
+    where; torch's own message only says which device was expected."""
+    if not isinstance(samples, list) or not samples:
+        return
+    first = samples[0]
+    if isinstance(first, torch.Tensor):
+        _raise_if_mixed_devices(samples)
+    elif isinstance(first, Mapping):
+        for key in first:
+            if all(isinstance(s, Mapping) and key in s for s in samples):
+                raise_if_mixed_devices_in([s[key] for s in samples])
+    elif isinstance(first, (tuple, list)):
+        if all(isinstance(s, (tuple, list)) and len(s) == len(first) for s in samples):
+            for k in range(len(first)):
+                raise_if_mixed_devices_in([s[k] for s in samples])
+
+
 def _raise_if_mixed_devices(batch: Any) -> None:
     """Turn torch's terse device mismatch into an error naming who is where (after failing)."""
     positions: dict[str, list[int]] = {}

@@ -32,7 +32,8 @@ from stoker.sampling.seeds import batch_seed, draw_base_seed
 
 
 def resolve_collate(collate_fn: Any) -> Any:
-    """Swap torch's default collate/convert for ours (same results, writes into shared memory).
+    """Swap torch's default collate/convert for ours (same results, writes into slabs; only
+    with ``slab_transport``, else torch's own runs, NOTE [ Same as torch unless asked ]).
 
     torch's ``default_collate`` reads torch's ``default_collate_fn_map``, which users may have
     extended in place as torch's docs suggest; ours is given that same map so their entries
@@ -47,16 +48,28 @@ def resolve_collate(collate_fn: Any) -> Any:
     return collate_fn
 
 
+def effective_beyond(loader: Any) -> frozenset[str]:
+    """The loader's behaviours beyond torch, with what they imply: slabs for ``keep_slabs``
+    and for stoker's own ``device=`` feed (its pins are the slabs, NOTE [ Slabs pinned in
+    place ]); ``device=`` is not torch's argument, so nothing of torch's is given up."""
+    beyond = frozenset(getattr(loader, "_stoker_beyond", frozenset()))
+    if "keep_slabs" in beyond or getattr(loader, "_stoker_feed_spec", None) is not None:
+        beyond |= {"slab_transport"}
+    return beyond
+
+
 def fetch_spec_of(loader: Any) -> FetchSpec:
+    beyond = effective_beyond(loader)
+    collate_fn = loader.collate_fn
     return FetchSpec(
         dataset=loader.dataset,
         kind="iterable" if isinstance(loader.dataset, IterableDataset) else "map",
         auto_collation=loader._auto_collation,
-        collate_fn=resolve_collate(loader.collate_fn),
+        collate_fn=resolve_collate(collate_fn) if "slab_transport" in beyond else collate_fn,
         drop_last=loader.drop_last,
         skip_errors=loader.on_error == "skip",
         fast_paths=getattr(loader, "_stoker_fast_paths", True),
-        beyond=getattr(loader, "_stoker_beyond", frozenset()),
+        beyond=beyond,
     )
 
 
@@ -149,6 +162,7 @@ class BaseIterator:
         self._generator = loader.generator
         self._engine = loader._engine  # NOTE [ Engine state ]
         self._stats = self._engine.stats
+        self._stats.beyond = self._fetch_spec.beyond
         per_batch = self._seeding == "per_batch"
         self._dataset_rngs = find_dataset_rngs(self._dataset) if per_batch else []
         if not per_batch and self._num_workers > 1:
@@ -203,6 +217,7 @@ class BaseIterator:
             elif resume:
                 self._base_seed = resume["base_seed"]
             if first and self._reiter_after_seed:
+                self._check_before_reiter(loader)
                 self._sampler_iter = self._iter_sampler()
             if datapipe and (self._reiter_after_seed or not first):
                 # torch's worker iterators draw one more at their first reset (their workers
@@ -242,6 +257,10 @@ class BaseIterator:
     def _fresh_worker_batches(self, loader: Any) -> list[int] | None:
         """Per-worker delivered counts, for an IterableDataset read by workers."""
         return None
+
+    def _check_before_reiter(self, loader: Any) -> None:
+        """torch's worker iterator checks its arguments between the seed draw and its second
+        ``iter(sampler)``: a failing check has called the sampler (``len(dataset)``) once."""
 
     def _iter_sampler(self) -> Any:
         return fast_iter(self._index_sampler) or iter(self._index_sampler)

@@ -24,6 +24,7 @@ worker's ``set_epoch`` with every new epoch (``Reset``). Others are left as torc
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import weakref
@@ -52,6 +53,7 @@ from stoker.fastpaths.switch import tell_not_per_sample
 from stoker.fetch.fetchers import EmptyBatch, source_form
 from stoker.profile.ranges import UNPACK, stage_range
 from stoker.sampling.datapipes import distributed_settings, is_datapipe
+from stoker.transport.torch_way import Unpickled
 from stoker.workers import protocol as msg
 from stoker.workers.launch import WorkerProcess, default_context
 from stoker.workers.remote_errors import rebuild
@@ -66,6 +68,9 @@ def _dataset_epoch(dataset: Any) -> int | None:
     epoch_of = getattr(dataset, "stoker_epoch", None)
     return epoch_of() if callable(epoch_of) else None
 
+
+
+_unpacking = functools.partial(stage_range, UNPACK)  # NOTE [ Batches cross as torch's do ]
 
 class ProcessIterator(BaseIterator):
     """Conducts one loader's workers: ``TaskBook`` says which task is where, ``WorkerGroup``
@@ -83,9 +88,6 @@ class ProcessIterator(BaseIterator):
 
     def __init__(self, loader: Any, resume: dict[str, Any] | None = None) -> None:
         super().__init__(loader, resume)  # draws the base seed first, as torch's does
-        if not loader.prefetch_factor > 0:  # torch's check and message, at iter() as in torch
-            raise AssertionError(
-                "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
         self._prefetch = loader.prefetch_factor
         self._in_order = loader.in_order
         self._persistent = loader.persistent_workers
@@ -132,6 +134,11 @@ class ProcessIterator(BaseIterator):
         # Its first reads cost ~10 ms each: keep them out of the time to the first batch.
         self._watch_from = time.monotonic() + _WATCH_DELAY_S
         self._fill()
+
+    def _check_before_reiter(self, loader: Any) -> None:
+        if not loader.prefetch_factor > 0:  # torch's check and message, where torch makes it
+            raise AssertionError(
+                "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
 
     def _specs(self, loader: Any, ctx: Any) -> list[WorkerSpec]:
         # Under fork, large plain lists go to the workers as shared containers (NOTE
@@ -356,7 +363,7 @@ class ProcessIterator(BaseIterator):
             w, is_conn = by_fd.get(fd, (None, False))  # gone if it was let go meanwhile
             if w is not None and is_conn:
                 try:  # one message: the caller polls again for the rest
-                    self._file(w, msg.recv_from_worker(w.conn))
+                    self._file(w, msg.recv_from_worker(w.conn, _unpacking))
                 except (EOFError, OSError):
                     self._deaths.lost(self._book, w, self._file_reply)
                 got_reply = True
@@ -385,6 +392,16 @@ class ProcessIterator(BaseIterator):
                 self._group.reader.release_now(w.worker_id, done.segment_id)
             return
         wid, position, book = w.worker_id, reply.task_id, self._book
+        if done is not None and isinstance(done.payload, Unpickled):
+            self._stats.unpacked(time.perf_counter() - done.payload.seconds)
+        elif done is not None and done.segment_id is None:
+            # Unpickled now, as torch's loop does when a batch arrives (batches with fds are,
+            # as they are received: NOTE [ Batches cross as torch's do ]).
+            try:
+                batch = Unpickled(self._unpack(wid, done))
+            except Exception as exc:
+                batch = Unpickled(None, exc)
+            reply = done = done._replace(payload=batch)
         now = time.monotonic()
         if book.answered(wid, position):
             self._moves.watch.finished(wid, now)
@@ -408,7 +425,7 @@ class ProcessIterator(BaseIterator):
         book.file(wid, position, reply)
         if done is not None and (not self._torch_depth or done.report.concurrency > 1):
             depth = depth_for(self._prefetch, self._step_samples, done.report.concurrency,
-                              done.used, small_batches=not self._torch_depth)
+                              done.report.nbytes, small_batches=not self._torch_depth)
             if depth != book.depth[wid]:
                 book.depth[wid] = depth
                 self._fill()
@@ -439,15 +456,34 @@ class ProcessIterator(BaseIterator):
             self._engine.vector_trusted = self._dataset
         if reply.skipped:
             self._skips.record(reply.skipped)
-        t0 = time.perf_counter()
-        with stage_range(UNPACK):
-            data = self._group.reader.unpack(wid, reply.segment_id, reply.used, reply.payload)
-        self._stats.unpacked(t0)
+        payload = reply.payload
+        if isinstance(payload, Unpickled) and payload.error is not None:
+            self._lost_with_worker(wid, payload.error)
+        data = payload.batch if isinstance(payload, Unpickled) else self._unpack(wid, reply)
         if self._memory_watch is not None and time.monotonic() > self._watch_from:
             self._memory_watch.sample(self._worker_pids)
         if isinstance(data, EmptyBatch):
             return _EMPTY_STEP
         return self._pinned(data)
+
+    def _lost_with_worker(self, wid: int, error: Exception) -> None:
+        """A batch that could not be unpickled: if its worker died (under torch's
+        ``file_system`` strategy its shared memory may go with it), report the death (what it
+        was loading when it died); else the error itself."""
+        w = next((w for w in self._group.workers if w.worker_id == wid), None)
+        if w is not None and isinstance(error, OSError):
+            w.process.join(1.0)
+            if w.process.exitcode is not None:
+                self._deaths.lost(self._book, w, self._file_reply)
+        raise error
+
+    def _unpack(self, wid: int, done: msg.Done) -> Any:
+        assert isinstance(done.payload, bytes)
+        t0 = time.perf_counter()
+        with stage_range(UNPACK):
+            data = self._group.reader.unpack(wid, done.segment_id, done.used, done.payload)
+        self._stats.unpacked(t0)
+        return data
 
     # -- ending ------------------------------------------------------------------------------
 

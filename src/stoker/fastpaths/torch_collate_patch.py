@@ -8,7 +8,9 @@ pages, ~10 ms, which stoker then copies into its slab. In stoker's worker proces
 the user's main process) the tensor entry of torch's ``default_collate_fn_map`` is therefore
 stoker's ``collate_tensor_fn``: the same values, dtype and shape and the same errors, with the
 output allocated in the batch's slab (or in ordinary memory outside one). A map the user
-changed is left alone.
+changed is left alone. Only with ``slab_transport`` (NOTE [ Same as torch unless asked ]):
+without slabs torch's own function runs, and its shared-memory outputs are what torch's
+reductions send (NOTE [ Batches cross as torch's do ]).
 """
 
 from __future__ import annotations

@@ -9,11 +9,26 @@ With ``on_error="skip"`` a map fetcher loads samples one by one when the batch f
 out the ones that raise, and reports them as ``Skipped`` (index, error text) next to the batch.
 An error that says the process ran out of a resource (``MemoryError``, ``OSError`` ENOMEM,
 EMFILE, ENFILE, ENOSPC) is not a bad sample: it is raised, never skipped (``skippable``).
+
+NOTE [ The sample that raised ]
+An error note names the sample index whose ``__getitem__`` raised, not only its batch. The
+fetch loops pay nothing for it on success: a batch's loop runs over a list iterator, and only
+when an exception escapes is the iterator's position read (the index it had just handed out)
+and recorded with the exception's identity, per thread (``note_failed_index``); the
+per-sample loop (``explore``) and the thread pool's ``settle`` know the index already. Never
+set on the exception (the user's exception keeps exactly its own attributes; builtin ones
+take no weak reference either), the record holds no reference to it: it is cleared when a
+fetch starts and when read, and read only in the thread that fetched, where the note is
+written (the worker's reply, the main process's notes), so an identity it names is the
+exception it was made for. A ``__getitems__`` dataset or a ``collate_fn`` is handed the whole
+batch: no single index is known there.
 """
 
 from __future__ import annotations
 
 import errno
+import operator
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +53,37 @@ def skippable(exc: BaseException) -> bool:
     if not isinstance(exc, Exception) or isinstance(exc, MemoryError):
         return False
     return not (isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS)
+
+
+# Per thread: (id of the exception, the index it was raised for) of the last sample that
+# raised in this thread's fetch loops (NOTE [ The sample that raised ]).
+_FAILED_AT = threading.local()
+UNKNOWN = object()  # failed_index() of an exception raised for no single known sample
+
+
+def note_failed_index(exc: BaseException, index: Any) -> None:
+    """Record that ``exc`` escaped from loading sample ``index`` in this thread."""
+    _FAILED_AT.record = (id(exc), index)
+
+
+def forget_failed_index() -> None:
+    _FAILED_AT.record = None
+
+
+def failed_index(exc: BaseException) -> Any:
+    """The sample index ``exc`` was raised for, or ``UNKNOWN``; read once, in the thread whose
+    fetch raised it."""
+    record = getattr(_FAILED_AT, "record", None)
+    _FAILED_AT.record = None
+    return record[1] if record is not None and record[0] == id(exc) else UNKNOWN
+
+
+def _note_position(exc: BaseException, index: Any, iterator: Any) -> None:
+    """``exc`` escaped while ``iterator`` (over ``index``) was at the failing sample."""
+    if type(index) is list or type(index) is tuple:
+        position = len(index) - operator.length_hint(iterator) - 1
+        if 0 <= position < len(index):
+            note_failed_index(exc, index[position])
 
 
 class EmptyBatch:
@@ -101,22 +147,26 @@ class MapFetcher:
         if self._getitems is not None:
             self._mark(tuple(index))
             return self._getitems(index)
-        if self.sample_context is None:
-            return [self._dataset[i] for i in index]
-        ctx, dataset, out = self._publish(), self._dataset, []
-        if self.fast_paths and CURSOR_WORKS and type(index) is list:
-            # NOTE [ The sample index from the batch's iterator ] in sampling.sample_rng
-            iterator = iter(index)
-            ctx.cursor, ctx.index = (index, iterator), CURSOR
-            try:
+        dataset, iterator = self._dataset, iter(index)
+        try:  # NOTE [ The sample that raised ]
+            if self.sample_context is None:
                 return [dataset[i] for i in iterator]
-            finally:
-                ctx.cursor = ctx.index = None
-        for i in index:
-            ctx.index = i  # inline, not a call: this loop runs once per sample
-            out.append(dataset[i])
-        ctx.index = None
-        return out
+            ctx, out = self._publish(), []
+            if self.fast_paths and CURSOR_WORKS and type(index) is list:
+                # NOTE [ The sample index from the batch's iterator ] in sampling.sample_rng
+                ctx.cursor, ctx.index = (index, iterator), CURSOR
+                try:
+                    return [dataset[i] for i in iterator]
+                finally:
+                    ctx.cursor = ctx.index = None
+            for i in iterator:
+                ctx.index = i  # inline, not a call: this loop runs once per sample
+                out.append(dataset[i])
+            ctx.index = None
+            return out
+        except BaseException as exc:
+            _note_position(exc, index, iterator)
+            raise
 
     def _publish(self) -> Any:
         ctx = SAMPLE_CONTEXT
@@ -162,6 +212,7 @@ class MapFetcher:
     def gather(self, index: Any) -> Any:
         """The batch's samples (a single sample when auto-batching is off), or ``EMPTY``."""
         self.skipped = []
+        forget_failed_index()
         try:
             if not self._auto:
                 self._mark(index)
@@ -172,10 +223,14 @@ class MapFetcher:
             except Exception as exc:
                 if not self._skip or not skippable(exc):
                     raise
+                forget_failed_index()
                 kept = self._samples_skipping(index)
                 return kept if kept else EMPTY
         except StopIteration as exc:
-            raise _stop_iteration_error(exc) from exc
+            err, raised_at = _stop_iteration_error(exc), failed_index(exc)
+            if raised_at is not UNKNOWN:
+                note_failed_index(err, raised_at)
+            raise err from exc
         except Exception as exc:
             if self._skip and not self._auto and skippable(exc):
                 self.skipped = [Skipped(index, error_text(exc))]
@@ -193,6 +248,9 @@ class MapFetcher:
             return self._collate(data)
         except StopIteration as exc:
             raise _stop_iteration_error(exc) from exc
+        except RuntimeError as exc:
+            explain_collate_error(data, exc)
+            raise
 
     def fetch(self, index: Any) -> Any:
         return self.finish(self.gather(index))
@@ -204,12 +262,25 @@ class MapFetcher:
                 self._mark(i)
                 kept.append(self.get_one(i))
             except StopIteration as exc:
-                raise _stop_iteration_error(exc) from exc
+                err = _stop_iteration_error(exc)
+                note_failed_index(err, i)
+                raise err from exc
             except Exception as exc:
                 if not skippable(exc):
+                    note_failed_index(exc, i)
                     raise
                 self.skipped.append(Skipped(i, error_text(exc)))
         return kept
+
+
+def explain_collate_error(samples: Any, exc: RuntimeError) -> None:
+    """A collate that failed on samples whose tensors sit on different devices: raise
+    ``MixedDeviceError`` naming them (louder than torch, on a failure only)."""
+    from stoker.collate._leaves import raise_if_mixed_devices_in
+    from stoker.errors import MixedDeviceError
+
+    if not isinstance(exc, MixedDeviceError):
+        raise_if_mixed_devices_in(samples)
 
 
 def error_text(exc: BaseException) -> str:
@@ -232,7 +303,11 @@ class IterableFetcher:
         return self.finish(self.gather(index))
 
     def finish(self, data: Any) -> Any:
-        return self._collate(data)
+        try:
+            return self._collate(data)
+        except RuntimeError as exc:
+            explain_collate_error(data, exc)
+            raise
 
     def iterator_state(self) -> tuple[Any, bool]:
         """``iter(dataset)``'s own ``state_dict()`` (None without one) and whether it ended:
@@ -270,11 +345,14 @@ class IterableFetcher:
 
 def vectorisable(spec: FetchSpec) -> bool:
     """Whether a vectorised fetch may be probed for (NOTE [ Vectorised fetch ])."""
+    from torch.utils.data import _utils
+
     from stoker.collate import collate, default_collate
 
     dataset = spec.dataset
     collate_fn = spec.collate_fn
-    default = collate_fn is default_collate or getattr(collate_fn, "func", None) is collate
+    default = collate_fn in (default_collate, _utils.collate.default_collate) or getattr(
+        collate_fn, "func", None) is collate
     return (
         spec.fast_paths and spec.kind == "map" and spec.auto_collation and default
         and not spec.skip_errors and not getattr(dataset, "__getitems__", None)

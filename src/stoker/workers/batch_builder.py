@@ -1,4 +1,11 @@
-"""A worker's batches into shared memory: collate into a slab from its pool, pack, reply.
+"""A worker's batches into shared memory, and the replies that carry them.
+
+By default a batch crosses as torch's workers send it: collated by the loader's own
+``collate_fn`` (torch's ``default_collate`` allocates its outputs in shared memory inside a
+worker) and pickled with ``ForkingPickler``, whose torch reductions give each storage its own
+shared memory and keep views and aliasing as they are. With ``slab_transport`` (NOTE [ Same
+as torch unless asked ]) the batch is collated straight into a slab from the worker's pool and
+only descriptors are pickled (NOTE [ Slab lifecycle ] in ``transport.slab_reader``).
 
 The worker's main loop (``workers.main_loop``) fetches; this part owns the slab pool and
 the replies that carry a batch (``Done``) or its error (``Failed``), with the slab ids the
@@ -16,11 +23,11 @@ from stoker._core.specs import WorkerSpec
 from stoker.collate import allocating_into
 from stoker.errors import MixedDeviceError
 from stoker.fetch.fetchers import EMPTY
-from stoker.transport import segments
+from stoker.transport import segments, torch_way
 from stoker.transport.segments import SegmentRef
 from stoker.transport.slab_writer import SlabPool, SlabWriter, batch_nbytes, write_batch
 from stoker.workers import protocol as msg
-from stoker.workers.remote_errors import capture, describe_indices
+from stoker.workers.remote_errors import capture, describe_failure
 
 
 class Collated:
@@ -41,6 +48,9 @@ class Packed(NamedTuple):
     collate_s: float
     pack_s: float
     packed_at: float
+    nbytes: int  # the batch's tensor and array bytes (in the slab or not)
+    fds: list[int]  # its storages' fds, to send after the reply (NOTE [ Batches cross as
+    # torch's do ] in transport.torch_way); closed once sent
 
 
 class BatchBuilder:
@@ -51,6 +61,7 @@ class BatchBuilder:
         self.conn = conn
         self.pool = SlabPool(self._announce, spec.max_idle_slabs, spec.slabs)
         self.retired: list[int] = []  # slab ids closed since the last reply
+        self.slabs = "slab_transport" in spec.fetch.beyond
 
     def _announce(self, fd: int, ref: SegmentRef) -> None:
         msg.send(self.conn, msg.Slab(ref))
@@ -61,9 +72,13 @@ class BatchBuilder:
         """Slabs the main process gave back."""
         self.retired += self.pool.release(released)
 
-    def slab_for(self, data: Any, read_waiting: Callable[[], object] | None) -> SlabWriter:
-        """A slab for ``data``; OSError when none can be had. ``read_waiting`` reads the
-        socket first when no slab is free (NOTE [ Slabs come back before the next task ])."""
+    def slab_for(self, data: Any, read_waiting: Callable[[], object] | None
+                 ) -> SlabWriter | None:
+        """A slab for ``data`` (None without ``slab_transport``); OSError when none can be
+        had. ``read_waiting`` reads the socket first when no slab is free (NOTE [ Slabs come
+        back before the next task ])."""
+        if not self.slabs:
+            return None
         # Before the first batch the pool cannot know the size: measure the samples, so
         # the batch is collated straight into a slab that fits instead of being copied.
         hint = None if self.pool.sized or data is EMPTY else batch_nbytes(
@@ -73,9 +88,17 @@ class BatchBuilder:
             read_waiting()
         return self.pool.acquire(hint)
 
-    def pack(self, slab: SlabWriter, data: Any, finish: Callable[[Any], Any]) -> Packed:
+    def pack(self, slab: SlabWriter | None, data: Any, finish: Callable[[Any], Any]) -> Packed:
         """Collate ``data`` (with ``finish``) into ``slab`` and pack it; on an error the slab
-        goes back and the error is raised."""
+        goes back and the error is raised. Without a slab: torch's way (module docstring)."""
+        if slab is None:
+            t0 = time.perf_counter()
+            batch = data.batch if isinstance(data, Collated) else finish(data)
+            del data
+            t1 = time.perf_counter()
+            payload, fds = torch_way.dumps(batch)
+            t2 = time.perf_counter()
+            return Packed(None, 0, payload, t1 - t0, t2 - t1, t2, batch_nbytes(batch), fds)
         try:
             t0 = time.perf_counter()
             with allocating_into(slab):
@@ -87,19 +110,24 @@ class BatchBuilder:
         except Exception:
             self.pool.release_one(slab)
             raise
-        return Packed(segment_id, used, payload, t1 - t0, t2 - t1, t2)
+        return Packed(segment_id, used, payload, t1 - t0, t2 - t1, t2, used, [])
 
     def done(self, epoch: int, task_id: int, packed: Packed, skipped: list,
              report: msg.BatchReport, rngs: Any = None) -> None:
-        msg.send(self.conn, msg.Done(
-            epoch, task_id, packed.segment_id, packed.used, packed.payload, self.retired,
-            skipped, report, rngs,
-        ))
+        try:
+            msg.send(self.conn, msg.Done(
+                epoch, task_id, packed.segment_id, packed.used, packed.payload, self.retired,
+                skipped, report, rngs, len(packed.fds),
+            ))
+            if packed.fds:
+                segments.send_fds(self.conn, packed.fds)
+        finally:
+            torch_way.close(packed.fds)
         self.retired = []
 
     def failed(self, epoch: int, task_id: int, indices: Any, exc: BaseException,
                rngs: Any = None) -> None:
         if isinstance(exc, MixedDeviceError) and isinstance(indices, list):
             exc = exc.with_indices(indices)
-        err = capture(exc, self.worker_id, "loading " + describe_indices(indices))
+        err = capture(exc, self.worker_id, "loading " + describe_failure(indices, exc))
         msg.send(self.conn, msg.Failed(epoch, task_id, err, rngs))

@@ -101,7 +101,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     close_inherited_parent_ends()
     threading.Thread(target=_watch_parent, args=(spec.parent_pid,), daemon=True).start()
     cap_worker_threads(1, forked=spec.forked, every_pool="thread_caps" in spec.fetch.beyond)
-    if spec.fetch.fast_paths:
+    if spec.fetch.fast_paths and "slab_transport" in spec.fetch.beyond:
         collate_into_slabs_in_this_worker()  # NOTE [ torch's collate in stoker workers ]
     apply_in_worker(spec.shared_lists)  # before any user code runs here
     worker = Worker(spec, conn)

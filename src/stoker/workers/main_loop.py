@@ -235,8 +235,8 @@ class Worker:
         """One call for the whole batch, into a slab; False: declined, fetch it the plain way."""
         assert self.vector is not None
         try:
-            # sized by the batches before (the probes at least)
-            slab = self.builder.pool.acquire(None)
+            # sized by the batches before (the probes at least); None: torch's transport
+            slab = self.builder.pool.acquire(None) if self.builder.slabs else None
         except OSError as exc:  # no slab to be had: this batch fails, the worker goes on
             self._fail(task_id, indices, exc)
             return True
@@ -245,10 +245,12 @@ class Worker:
             with allocating_into(slab):
                 batch = self.vector.fetch(list(indices))
         except Decline:
-            self.builder.pool.release_one(slab)
+            if slab is not None:
+                self.builder.pool.release_one(slab)
             return False
         except Exception as exc:
-            self.builder.pool.release_one(slab)
+            if slab is not None:
+                self.builder.pool.release_one(slab)
             self._fail(task_id, indices, exc)
             return True
         timing = (time.perf_counter() - t0, time.thread_time() - c0)
@@ -281,13 +283,22 @@ class Worker:
                 wait = None if self.pipeline is not None else self._read_waiting_slabs
                 slab = builder.slab_for(data, wait)
             packed = builder.pack(slab, data, self.fetcher.finish)
+        except StopIteration:
+            if self.spec.fetch.kind != "iterable":  # map fetchers turn it into an error
+                raise
+            # torch's worker: a StopIteration out of an iterable's collate_fn ends this
+            # worker's stream; the other workers go on.
+            self.exhausted = True
+            self._send_exhausted(task_id)
+            return
         except Exception as exc:  # OSError: no slab to be had; the worker goes on
             self._fail(task_id, indices, exc)
             return
         del data
         assert self.tuner is not None
         starved = self.pipeline is not None and self.pipeline.take_starved_share() > 0.5
-        self.tuner.observe(len(indices) if isinstance(indices, list) else 1, packed.used, starved)
+        self.tuner.observe(len(indices) if isinstance(indices, list) else 1, packed.nbytes,
+                           starved)
         if self.pipeline is not None:
             self.pipeline.set_concurrency(self.tuner.concurrency)
         events = self.tuner.decisions[self._events_sent:]
@@ -298,7 +309,7 @@ class Worker:
             batched=batched, queued_s=self.run_queue.take(),
             gives_back=self.pipeline is None and self.seed_per_batch,
             init_fn_seeded=self.seed_per_batch != self.spec.seed_per_batch,
-            packed_at=packed.packed_at,
+            packed_at=packed.packed_at, nbytes=packed.nbytes,
         )
         builder.done(self.epoch, task_id, packed, skipped, report, self.streams.after_batch())
 

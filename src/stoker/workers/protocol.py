@@ -16,10 +16,15 @@ with persistent workers) are recognised and their slabs recycled instead of bein
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from stoker.transport import segments, torch_way
+
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from contextlib import AbstractContextManager
     from multiprocessing.connection import Connection
 
     from stoker.fetch.concurrency import Decision
@@ -168,20 +173,25 @@ class BatchReport(NamedTuple):
     packed_at: float
     """When the worker finished packing (``time.perf_counter``: one clock for all processes on
     Linux); the per-batch timeline of ``profile.events``."""
+    nbytes: int = 0
+    """The batch's tensor and array bytes, in a slab or in torch's shared memory."""
 
 
 class Done(NamedTuple):
-    """A batch is packed in a slab; the worker asks for more tasks in flight when its
-    concurrency outgrows prefetch_factor (``report.concurrency``)."""
+    """A batch is packed (in a slab, or torch's way: ``workers.batch_builder``); the worker
+    asks for more tasks in flight when its concurrency outgrows prefetch_factor
+    (``report.concurrency``)."""
 
     epoch: int
     task_id: int
     segment_id: int | None
-    """The slab it is in; None for a batch with no tensors (it travels in ``payload``)."""
+    """The slab it is in; None for a batch with no tensors or without ``slab_transport`` (it
+    travels in ``payload``)."""
     used: int
     """Bytes of the slab the batch uses."""
-    payload: bytes
-    """The batch's structure (``transport.slab_writer``)."""
+    payload: bytes | torch_way.Unpickled
+    """The batch's structure (``transport.slab_writer``), or the batch torch's way (pickled;
+    unpickled once its fds are received: ``recv_from_worker``)."""
     retired: list[int]
     """Slab ids this worker closed: the main process unmaps them."""
     skipped: list[Any]
@@ -191,6 +201,9 @@ class Done(NamedTuple):
     """The worker's global RNG states after this batch (``sampling.worker_rngs``' wire form),
     or None: unchanged since the last it sent, or not tracked (NOTE [ Worker streams
     resume ] in ``engine.worker_streams``)."""
+    fds: int = 0
+    """Shared-memory fds sent right after this message (NOTE [ Batches cross as torch's do ]
+    in ``transport.torch_way``); ``recv_from_worker`` receives them and unpickles the batch."""
 
     @property
     def tag(self) -> Tag:
@@ -301,9 +314,20 @@ def recv_from_main(conn: Connection) -> ToWorker:
     return decode(conn.recv())  # type: ignore[return-value]
 
 
-def recv_from_worker(conn: Connection) -> FromWorker:
-    """The next message of a worker (the main process's side of the socket)."""
-    return decode(conn.recv())  # type: ignore[return-value]
+def recv_from_worker(
+    conn: Connection, unpacking: Callable[[], AbstractContextManager[Any]] | None = None,
+) -> FromWorker:
+    """The next message of a worker (the main process's side of the socket). A ``Done`` whose
+    batch has fds behind it comes with its batch unpickled (``torch_way.Unpickled``), inside
+    ``unpacking()`` (the profiler's range for receiving a batch)."""
+    message = decode(conn.recv())
+    if isinstance(message, Done) and message.fds:
+        assert isinstance(message.payload, bytes)
+        fds = segments.recv_fds(conn, message.fds)
+        with unpacking() if unpacking is not None else contextlib.nullcontext():
+            batch = torch_way.received(message.payload, fds)
+        message = message._replace(payload=batch, fds=0)
+    return message  # type: ignore[return-value]
 
 
 ToWorker = Task | Reset | Cancel | Release | Stop
