@@ -19,7 +19,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from _docs_pages import DOCS, ROOT
+from _docs_pages import DOCS, ROOT, pages
 
 sys.path.insert(0, str(DOCS / "_ext"))
 import stoker_docs  # noqa: E402
@@ -142,3 +142,15 @@ def test_every_note_referred_to_has_one_block() -> None:
     assert not wrong, (
         f"NOTE names with no block or several ({wrong}): write the block once, as a "
         "'NOTE [ name ]' line of its own followed by its text, and refer to it by name")
+
+
+def test_every_table_has_a_header_row() -> None:
+    # A separator row with no header above it renders as plain text, with no build warning.
+    headless = []
+    for page in pages():
+        lines = page.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if re.match(r"\s*\|\s*-{3}", line) and not (
+                    i and re.match(r"\s*\|", lines[i - 1])):
+                headless.append(f"{page.relative_to(ROOT)}:{i + 1}")
+    assert not headless, f"tables without a header row: {headless}"
