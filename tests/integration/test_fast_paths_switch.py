@@ -21,7 +21,7 @@ import stoker
 def _beyond_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     """What this module tests is beyond torch (NOTE [ Same as torch unless asked ]): asked
     for through the environment, as for a script that cannot be edited."""
-    monkeypatch.setenv("STOKER_BEYOND_TORCH", "batched_getitem,shared_lists")
+    monkeypatch.setenv("STOKER_BEYOND_TORCH", "batched_getitem,shared_lists,slab_transport")
 
 
 class Gathers(Dataset):

@@ -1,4 +1,4 @@
-"""The ``on_error="skip"`` ledger: log each skipped sample once, enforce the budget."""
+"""The ``on_error="skip"`` ledger: log the first skipped sample, count all, enforce the budget."""
 
 from __future__ import annotations
 
@@ -66,9 +66,18 @@ class SkipLedger:
     def record(self, skipped: list[Skipped]) -> None:
         for s in skipped:
             key = repr(s.index)
-            if key not in self._logged:
-                self._logged.add(key)
-                logger.warning("stoker skipped sample %s: %s", key, s.error)
+            if key in self._logged:
+                continue
+            # One WARNING per loader, the first skip; each other bad sample once, at DEBUG.
+            first = not self._logged
+            self._logged.add(key)
+            if first:
+                logger.warning(
+                    "stoker skipped sample %s: %s. Further skipped samples are counted in "
+                    "loader.stats().skipped and logged at DEBUG level (logger 'stoker').",
+                    key, s.error)
+            else:
+                logger.debug("stoker skipped sample %s: %s", key, s.error)
         self.skipped.extend(skipped)
         self._stats.skipped += len(skipped)
         if self.skipped and len(self.skipped) > self.limit:

@@ -231,8 +231,11 @@ def recv_fds(conn: Connection, count: int) -> list[int]:
             if len(fds) < want:  # the kernel drops fds (MSG_CTRUNC) when no slot is free
                 raise OSError(
                     errno.EMFILE, "Too many open files: the main process had no file "
-                    "descriptor left to receive a worker's shared memory; raise the limit "
-                    "(`ulimit -n`) or close files the program no longer needs")
+                    "descriptor left to receive a worker's shared memory (as under torch, "
+                    "each tensor of a batch you hold keeps one open); raise the limit "
+                    "(`ulimit -n`), keep fewer batches, call torch.multiprocessing."
+                    "set_sharing_strategy('file_system') as torch's docs advise, or pass "
+                    "beyond_torch={'slab_transport'} (no descriptor per batch)")
     except BaseException:
         for fd in got:
             os.close(fd)
