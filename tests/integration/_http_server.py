@@ -78,6 +78,12 @@ class HTTPFiles:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
+    def join_handlers(self, timeout: float = 10.0) -> None:
+        """Wait for the threads serving connections to end (each ends when its client has
+        closed the connection): their sockets are this process's fds until then."""
+        for thread in list(getattr(self._server, "_threads", None) or ()):
+            thread.join(timeout=timeout)
+
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()

@@ -225,5 +225,6 @@ def test_sources_dropped_without_close_leave_no_thread_or_fd_behind(served) -> N
     assert not any(thread.is_alive() for thread in threads)
     assert [t.name for t in threading.enumerate() if t.name.startswith("asyncio_")] == []
     gc.collect()  # the filesystems, let go by their loop threads
+    served.join_handlers()  # the server's ends of the closed connections (same process)
     assert _open_fds() <= fds
 
