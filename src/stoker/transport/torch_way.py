@@ -36,12 +36,14 @@ class _Pickler(ForkingPickler):
     def __init__(self, file: io.BytesIO, fds: list[int]) -> None:
         super().__init__(file)
         self.fds = fds
+        self.shared_bytes = 0  # the bytes of the storages it sends by fd or name
         table = dict(self.dispatch_table)
         table[torch.UntypedStorage] = self._reduce_storage
         self.dispatch_table = table
 
     def _reduce_storage(self, storage: torch.UntypedStorage) -> Any:
         # torch's reduce_storage, but for its fd branch: the fd travels with the batch
+        self.shared_bytes += storage.nbytes()
         if (storage.is_cuda or storage.device.type == "meta"
                 or get_sharing_strategy() == "file_system" or storage.size() == 0):
             return torch_reductions.reduce_storage(storage)
@@ -52,17 +54,20 @@ class _Pickler(ForkingPickler):
         return (_rebuild_storage_fd, (type(storage), len(self.fds) - 1, size))
 
 
-def dumps(obj: Any) -> tuple[bytes, list[int]]:
-    """``obj`` pickled as torch's workers pickle it, and the fds to send with it (the caller
-    sends, then closes them)."""
+def dumps(obj: Any) -> tuple[bytes, list[int], int]:
+    """``obj`` pickled as torch's workers pickle it, the fds to send with it (the caller
+    sends, then closes them), and its size: the shared storages' bytes plus the payload's
+    (arrays and other data pickled by value), counted while pickling."""
     buf = io.BytesIO()
     fds: list[int] = []
+    pickler = _Pickler(buf, fds)
     try:
-        _Pickler(buf, fds).dump(obj)
+        pickler.dump(obj)
     except BaseException:
         close(fds)
         raise
-    return buf.getvalue(), fds
+    payload = buf.getvalue()
+    return payload, fds, pickler.shared_bytes + len(payload)
 
 
 def loads(payload: bytes, fds: list[int]) -> Any:

@@ -96,9 +96,9 @@ class BatchBuilder:
             batch = data.batch if isinstance(data, Collated) else finish(data)
             del data
             t1 = time.perf_counter()
-            payload, fds = torch_way.dumps(batch)
+            payload, fds, nbytes = torch_way.dumps(batch)
             t2 = time.perf_counter()
-            return Packed(None, 0, payload, t1 - t0, t2 - t1, t2, batch_nbytes(batch), fds)
+            return Packed(None, 0, payload, t1 - t0, t2 - t1, t2, nbytes, fds)
         try:
             t0 = time.perf_counter()
             with allocating_into(slab):
