@@ -32,7 +32,6 @@ import torch
 from workloads.tiny import TinyDataset
 
 import stoker
-from stoker.profile.events import record_events
 
 LOADERS = ("stats_on", "stats_off", "stats_on_again", "stats_on_timeline")
 
@@ -44,7 +43,7 @@ def _build(dataset: Any, name: str, workers: int, worker_type: str) -> Any:
         worker_type=worker_type,  # type: ignore[arg-type]
     )
     if name == "stats_on_timeline":
-        record_events(loader)
+        loader.record_timeline()
     return loader
 
 

@@ -13,36 +13,24 @@ import functools
 import os
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, TypeVar
 
 import torch.utils.data
 
 from stoker._core import beyond_torch as beyond
-from stoker._core.stats import LoaderStats
-from stoker.device.attach import feed_spec
-from stoker.distributed import begin_epoch, next_epoch
-from stoker.distributed.context import DistContext, detect, rank_and_world
-from stoker.engine.base_iter import (
-    BaseIterator,
-    fetch_spec_of,
-    keeps_main_rngs,
-    stateful_sampler_of,
-)
-from stoker.engine.inline_iter import InlineIterator
-from stoker.engine.loader_state import EngineState
-from stoker.engine.process_iter import ProcessIterator
-from stoker.engine.progress import check_state
-from stoker.engine.state_fit import check_fields, check_fit, check_rank, stamp
-from stoker.engine.state_fit import describe as describe_fit
-from stoker.engine.thread_iter import ThreadIterator
-from stoker.engine.worker_streams import check_worker_streams, state_fields
-from stoker.fastpaths.auto_inline import gathers_suffice
 from stoker.fastpaths.switch import enabled as fast_paths_enabled
-from stoker.fastpaths.switch import tell_not_per_sample
-from stoker.fetch.fetchers import vectorisable
-from stoker.integrations.accelerate import remember as remember_for_accelerate
-from stoker.sampling.rng_state import RngSnapshot, check_main_rngs
-from stoker.sampling.sharded import ShardedSampler
+
+# NOTE [ Import only what the loader needs ]: the engine, the state checks and the sampling
+# parts load when a loader is first built, iterated or saved, not at ``import stoker``.
+if TYPE_CHECKING:
+    from stoker._core.plan import Executor, Plan
+    from stoker._core.specs import FetchSpec
+    from stoker._core.stats import LoaderStats, StatsHook
+    from stoker.distributed.context import DistContext
+    from stoker.engine.base_iter import BaseIterator
+    from stoker.engine.worker_streams import StreamsOwner
+    from stoker.profile.events import EventRecorder
+    from stoker.sampling.sharded import ShardedSampler
 
 T_co = TypeVar("T_co", covariant=True)
 Seeding = Literal["per_batch", "per_worker"]
@@ -117,12 +105,20 @@ def _constant_sampler_keys(state: dict[str, Any], index_sampler: Any) -> None:
     one. A stateful sampler's state is recorded only once a batch was delivered, so before that
     it stands in with its current ``state_dict()``, marked as not to be applied: loading it
     resumes exactly as the state without it did."""
+    from stoker.engine.base_iter import stateful_sampler_of
+
     stateful = stateful_sampler_of(index_sampler)
     if state["sampler_state"] is not None or stateful is None:
         state["sampler_state_applies"] = state["sampler_state"] is not None
         return
     state["sampler_state"] = stateful.state_dict()
     state["sampler_state_applies"] = False
+
+
+def _is_sharded(sampler: Any) -> TypeGuard[ShardedSampler]:
+    from stoker.sampling.sharded import ShardedSampler
+
+    return isinstance(sampler, ShardedSampler)
 
 
 def _injected_distributed(sampler: Any, batch_sampler: Any) -> bool:
@@ -269,6 +265,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         _check_error_policy(dataset, on_error, skip_budget)
         _check_executor(dataset, worker_type, worker_concurrency)
         # NOTE [ Batches on the device ]
+        from stoker.device.attach import feed_spec  # NOTE [ Import only what the loader needs ]
+
         feed = feed_spec(device, device_prefetch, device_transform)
         self.worker_type = worker_type
         self.worker_concurrency = worker_concurrency
@@ -307,6 +305,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self.device_prefetch = device_prefetch
         self.device_transform = device_transform
         self.collect_stats = collect_stats
+        from stoker.engine.loader_state import EngineState
+
         self._engine = EngineState(  # NOTE [ Engine state ]
             dataset, num_workers, collect_stats, self._stoker_fast_paths
         )
@@ -315,8 +315,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             from stoker.doctor.agent import attach
 
             attach(self)
-        remember_for_accelerate(self)  # NOTE [ Accelerate keeps stoker ]
-        if shard and shard_even == "exact" and isinstance(sampler, ShardedSampler):
+        if shard and shard_even == "exact" and _is_sharded(sampler):
             # A partial, not a lambda: the loader pickles (NOTE [ Loader pickling ]).
             self._stoker_pad_steps = functools.partial(
                 sampler.num_batches, self.batch_size or 1, self.drop_last
@@ -340,6 +339,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         )
         # Rank and world size are read when a pass starts, not now: Lightning's ddp builds the
         # loader before the process group exists, with WORLD_SIZE set and RANK not yet.
+        from stoker.distributed.context import rank_and_world
+        from stoker.sampling.sharded import ShardedSampler
+
         return ShardedSampler(
             len(dataset), shuffle=bool(shuffle), seed=seed, even=even, context=rank_and_world,
         )
@@ -347,6 +349,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     @property
     def dist_context(self) -> DistContext:
         """This process's rank and world size, read now (see ``stoker.distributed.detect``)."""
+        from stoker.distributed.context import detect
+
         return detect()
 
     def __len__(self) -> int:
@@ -377,16 +381,18 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         resume, self._stoker_resume = self._stoker_resume, None
         if resume is not None and not resume.get("sampler_state_applies", True):
             resume = {**resume, "sampler_state": None}  # NOTE [ Constant state keys ]
+        from stoker.distributed import begin_epoch
+
         begin_epoch(self.sampler, self.batch_sampler,
                     autopilot="epoch_autopilot" in self._stoker_beyond)
         if self.persistent_workers and self.num_workers > 0:
             it = self._iterator
             if it is None or it.stopped or resume is not None:  # type: ignore[attr-defined]
                 if it is not None:
-                    it._shutdown()  # type: ignore[attr-defined]
+                    it.shutdown()  # type: ignore[attr-defined]
                 self._iterator = self._make_iterator(resume)
             else:
-                it._reset(self)
+                it.reset(self._pass_plan())  # type: ignore[attr-defined]
             result = self._iterator
         else:
             result = self._make_iterator(resume)
@@ -398,17 +404,78 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def _make_iterator(self, resume: dict[str, Any] | None) -> Any:
         _check_generator(self.generator)
-        if self.worker_type == "thread":
-            self._engine.stats.threads = True
-            return ThreadIterator(self, resume)
-        if self.num_workers == 0 or self._runs_inline():
-            inline = InlineIterator(self, resume)
+        plan = self._pass_plan()
+        engine = self._engine
+        # NOTE [ Import only what the loader needs ]: each engine loads when a pass runs on it.
+        if plan.executor == "threads":
+            from stoker.engine.thread_iter import ThreadIterator
+
+            engine.stats.threads = True
+            return ThreadIterator(plan, engine, resume)
+        if plan.executor == "calling_thread":
+            from stoker.engine.inline_iter import InlineIterator
+
+            inline = InlineIterator(plan, engine, resume)
             if self._dataset_kind:  # an IterableDataset
                 inline.restore_iterator_state(resume)
                 self._stoker_inline_iter = weakref.ref(inline)
             return inline
         self.check_worker_number_rationality()
-        return ProcessIterator(self, resume)
+        from stoker.engine.process_iter import ProcessIterator
+
+        return ProcessIterator(plan, engine, resume)
+
+    def _pass_plan(self) -> Plan:
+        """The plan of the pass starting now; the engine's stats learn whether it runs inline."""
+        plan = self.plan()
+        self._engine.fit_workers(plan.num_workers)
+        inline = plan.executor == "calling_thread" and self.num_workers > 0
+        if inline and not self._engine.inline_told:
+            self._engine.inline_told = True
+            from stoker.fastpaths.switch import tell_not_per_sample
+
+            tell_not_per_sample(self.dataset, "inline")
+        if plan.executor != "threads":
+            self._engine.stats.inline = inline
+        return plan
+
+    def plan(self) -> Plan:
+        """What the next ``iter()`` does, decided from the arguments as they are now, and why
+        (NOTE [ One plan ]). ``print(loader.plan())`` lists every decision."""
+        from stoker._core.plan import Plan, plan_decisions
+        from stoker.engine.base_iter import fetch_spec_of, keeps_main_rngs
+
+        beyond_now = self._stoker_beyond
+        fetch = fetch_spec_of(self.dataset, self.collate_fn, self._auto_collation,
+                              self.drop_last, self.on_error, self._stoker_fast_paths,
+                              beyond_now, self._stoker_feed_spec)
+        seeding = self._stoker_seeding
+        executor, executor_why = self._executor(fetch)
+        main_rngs = keeps_main_rngs(self.num_workers, self.worker_type, seeding)
+        decisions = plan_decisions(
+            fetch=fetch, executor=executor, executor_why=executor_why, seeding=seeding,
+            seeding_given=self.seeding is not None, num_workers=self.num_workers,
+            prefetch_factor=self.prefetch_factor, concurrency=self.worker_concurrency,
+            main_rngs=main_rngs, feed=self._stoker_feed_spec, pin_memory=self.pin_memory,
+            beyond_given=getattr(self, "beyond_torch", None),
+        )
+        return Plan(
+            fetch=fetch, index_sampler=self._index_sampler, sampler=self.sampler,
+            batch_sampler=self.batch_sampler, batch_size=self.batch_size,
+            generator=self.generator, collate_fn=self.collate_fn, executor=executor,
+            worker_type=self.worker_type, num_workers=self.num_workers,
+            prefetch_factor=self.prefetch_factor, persistent_workers=self.persistent_workers,
+            in_order=self.in_order, timeout=self.timeout, worker_init_fn=self.worker_init_fn,
+            multiprocessing_context=self.multiprocessing_context,
+            worker_concurrency=self.worker_concurrency, stall_warning_s=self.stall_warning_s,
+            dist=self.dist_context if self.num_workers > 0 else None,
+            seeding=seeding, main_rngs=main_rngs,
+            pin_memory=self.pin_memory, pin_memory_device=self.pin_memory_device,
+            feed=self._stoker_feed_spec, pad_steps=self._stoker_pad_steps,
+            skip_budget=self.skip_budget, iterations=self._stoker_iterations,
+            len_reported=self._IterableDataset_len_called,
+            decisions=decisions,
+        )
 
     @property
     def _stoker_beyond(self) -> frozenset[str]:
@@ -423,27 +490,35 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return self.seeding
         return "per_batch" if "per_batch_seeding" in self._stoker_beyond else "per_worker"
 
-    def _runs_inline(self) -> bool:
-        """inline_gathers (beyond torch), worker_type="auto" with workers, for a dataset whose
-        batches are plain gathers: load in the calling thread (NOTE [ Gathers need no
-        workers ]). Decided again at every epoch from the loader's current arguments (a
-        worker_init_fn or collate_fn set since runs); only the probe of the dataset is kept."""
-        if self.worker_type != "auto" or self.num_workers == 0 or not self.prefetch_factor or (
-                "inline_gathers" not in self._stoker_beyond):
-            self._engine.stats.inline = False
-            return False
+    def _executor(self, fetch: FetchSpec) -> tuple[Executor, str]:
+        """Who loads the pass, and why. inline_gathers (beyond torch), worker_type="auto" with
+        workers, for a dataset whose batches are plain gathers: the calling thread (NOTE
+        [ Gathers need no workers ]). Decided again at every pass from the loader's current
+        arguments (a worker_init_fn or collate_fn set since runs); only the probe of the
+        dataset is kept."""
+        if self.worker_type == "thread":
+            return "threads", (f"worker_type='thread': fetches run on threads of this process "
+                               f"(worker_concurrency={self.worker_concurrency!r})")
+        if self.num_workers == 0:
+            return "calling_thread", "num_workers=0: loaded in the calling thread, as torch does"
+        processes: Executor = "processes"
+        why = f"num_workers={self.num_workers}: worker processes, as torch starts them"
+        if self.worker_type != "auto" or not self.prefetch_factor or (
+                "inline_gathers" not in fetch.beyond):
+            return processes, why
+        from stoker.fastpaths.auto_inline import gathers_suffice
+        from stoker.fetch.fetchers import vectorisable
+
         engine = self._engine
-        spec = fetch_spec_of(self)
-        if self.worker_init_fn is not None or not vectorisable(spec):
-            inline = False
-        else:
-            if engine.inline is None:
-                engine.inline = gathers_suffice(spec, None, self.batch_size)
-                if engine.inline:
-                    tell_not_per_sample(self.dataset, "inline")
-            inline = engine.inline
-        engine.stats.inline = inline
-        return inline
+        if self.worker_init_fn is not None or not vectorisable(fetch):
+            return processes, why + " (inline_gathers is on, but a worker_init_fn is set or " \
+                "the fetch is not a plain gather)"
+        if engine.inline is None:
+            engine.inline = gathers_suffice(fetch, None, self.batch_size)
+        if engine.inline:
+            return "calling_thread", ("inline_gathers (beyond torch): every batch is a plain "
+                                      "gather of arrays, loaded in the calling thread")
+        return processes, why + " (inline_gathers is on; the batches are not plain gathers)"
 
     # -- answers ---------------------------------------------------------------------------
 
@@ -455,6 +530,36 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         """
         return self._engine.stats.snapshot()
 
+    def add_stats_hook(self, hook: StatsHook) -> None:
+        """Tell ``hook`` of every batch this loader hands out from now on (``StatsHook``:
+        its ``batch_delivered(samples, at, stats)`` runs in the calling thread). Hooks stay
+        with this loader in this process (a pickled copy has none)."""
+        from stoker._core.stats import StatsHook
+
+        if not isinstance(hook, StatsHook):
+            raise TypeError(
+                f"add_stats_hook({hook!r}): expected an object with a "
+                "batch_delivered(samples, at, stats) method (stoker.StatsHook).")
+        self._engine.add_stats_hook(hook)
+
+    def remove_stats_hook(self, hook: StatsHook) -> None:
+        """Stop telling ``hook`` (added with ``add_stats_hook``); nothing if it was not."""
+        self._engine.remove_stats_hook(hook)
+
+    def record_timeline(self, max_batches: int | None = None) -> EventRecorder:
+        """Record the per-batch timeline (when each step, worker batch and main-process
+        stage ran) from now on, keeping the last ``max_batches``; returns the recorder, which
+        fills until ``stop_timeline()``. ``stoker doctor`` draws its report from it."""
+        from stoker.profile.events import DEFAULT_MAX_BATCHES, EventRecorder
+
+        recorder = EventRecorder(DEFAULT_MAX_BATCHES if max_batches is None else max_batches)
+        self._engine.stats.events = recorder
+        return recorder
+
+    def stop_timeline(self) -> None:
+        """Stop recording the timeline (the recorder keeps what it has)."""
+        self._engine.stats.events = None
+
     # -- resume ------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -464,6 +569,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         Before the first batch it is the initial state; after a finished epoch it is the start
         of the next one. ``load_state_dict`` applies it to the next ``iter()``.
         """
+        from stoker.engine.state_fit import stamp
+        from stoker.engine.worker_streams import state_fields
+
         _check_generator(self.generator)  # not a torch.Generator: the TypeError iter() raises
         progress = self._engine.progress
         if self._stoker_resume is not None:
@@ -475,7 +583,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         _constant_sampler_keys(state, self._index_sampler)
         if self._dataset_kind and "dataset_iter_state" not in state:
             state["dataset_iter_state"], state["dataset_iter_ended"] = self._live_iterator_state()
-        state["loader"] = describe_fit(self)  # NOTE [ A state must fit its loader ]
+        state["loader"] = self._fit_description()  # NOTE [ A state must fit its loader ]
         if callable(getattr(self.dataset, "state_dict", None)) and not (
             self._dataset_kind and isinstance(self.dataset, collections.abc.Iterator)
         ):
@@ -490,7 +598,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             state["dataset_state_covers_position"] = bool(
                 self._dataset_kind and self.num_workers == 0
             )
-        state.update(state_fields(self, progress))  # NOTE [ Worker streams resume ]
+
+        state.update(state_fields(self._streams_owner(), progress))
         return stamp(state)  # rank, world size, digest: NOTE [ A state must fit its loader ]
 
     def _live_iterator_state(self) -> tuple[Any, bool]:
@@ -504,9 +613,32 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return None, False
         return inline.iterator_state(progress)  # type: ignore[no-any-return]
 
+    def _fit_description(self) -> dict[str, Any]:
+        """What this loader's state positions depend on (NOTE [ A state must fit its loader ])."""
+        from stoker.engine.state_fit import describe
+
+        return describe(self.dataset, self.batch_size, self.drop_last, self.sampler,
+                            self.batch_sampler)
+
+    def _streams_owner(self) -> StreamsOwner:
+        """What the state's worker fields depend on, now (NOTE [ Worker streams resume ])."""
+        from stoker.engine.worker_streams import StreamsOwner
+
+        it = self._iterator
+        return StreamsOwner(
+            dataset=self.dataset, num_workers=self.num_workers, seeding=self._stoker_seeding,
+            worker_init_fn=self.worker_init_fn, persistent_workers=self.persistent_workers,
+            workers_alive=it is not None and not it.stopped,  # type: ignore[attr-defined]
+        )
+
     def _fresh_state(self, finished: Any) -> dict[str, Any]:
         """The state of an epoch not begun yet: generators as they are now."""
-        rng = RngSnapshot(self.generator, self._index_sampler, main_rngs=keeps_main_rngs(self))
+        from stoker.distributed import next_epoch
+        from stoker.engine.base_iter import keeps_main_rngs
+        from stoker.sampling.rng_state import RngSnapshot
+
+        main_rngs = keeps_main_rngs(self.num_workers, self.worker_type, self._stoker_seeding)
+        rng = RngSnapshot(self.generator, self._index_sampler, main_rngs=main_rngs)
         rng.capture()
         persistent_alive = (
             finished is not None and self._iterator is not None
@@ -542,14 +674,22 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
         Refuses a state that does not fit this loader (NOTE [ A state must fit its loader ]),
         and, before applying any of it, one that is not this rank's."""
+        from stoker.engine.progress import check_state
+        from stoker.engine.state_fit import check_fields, check_fit, check_rank, length_or_none
+        from stoker.engine.worker_streams import check_worker_streams
+        from stoker.sampling.rng_state import check_main_rngs
+
         state = check_state(state_dict)
         check_fields(state)  # NOTE [ A state must fit its loader ]
         check_rank(state)  # before any of it is applied
-        check_worker_streams(state, self)  # NOTE [ Worker streams resume ]
+
+        check_worker_streams(state, self.num_workers)  # NOTE [ Worker streams resume ]
         check_main_rngs(state.get("rng"))  # NOTE [ Main streams resume ]
         if "dataset_state" in state and callable(getattr(self.dataset, "load_state_dict", None)):
             self.dataset.load_state_dict(state["dataset_state"])  # type: ignore[attr-defined]
-        check_fit(state, self)  # with the dataset's own state loaded (its length may follow it)
+        # with the dataset's own state loaded (its length may follow it)
+        check_fit(state, "iterable" if self._dataset_kind else "map", self._fit_description,
+                  functools.partial(length_or_none, self))
         self._stoker_iterations = state["iterations"]
         epoch = state.get("sampler_epoch")
         if epoch is not None and callable(getattr(self.sampler, "set_epoch", None)):

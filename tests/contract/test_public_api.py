@@ -38,13 +38,22 @@ PUBLIC = {
     "MixedDeviceError": "exception",
     "PackError": "exception",
     "PackInterrupted": "exception",
+    "Plan": "class",
     "RemoteReadError": "exception",
     "RemoteTraceback": "exception",
     "ShardError": "exception",
     "SkipBudgetExceeded": "exception",
     "StallWarning": "warning",
     "StatefulDataLoader": "class",
+    "StatsHook": "class",
     "StokerError": "exception",
+    "SupportsEpoch": "class",
+    "SupportsFetchForBatch": "class",
+    "SupportsFetchForStream": "class",
+    "SupportsPrepareBatch": "class",
+    "SupportsShareLists": "class",
+    "SupportsTensorIndex": "class",
+    "SupportsThreadSafe": "class",
     "WorkerDiedError": "exception",
     "WorkerError": "exception",
     "default_collate": "function",
@@ -268,8 +277,8 @@ def test_extra_is_documented(name):
 SUBPACKAGES = {
     "image": ["DecodeImages", "decode_box_into", "decode_crop_into", "random_resized_crop_box"],
     "storage": [
-        "ByteSource", "LocalSource", "RemoteReadError", "RemoteSource", "RetryPolicy",
-        "ShardCache", "open_source",
+        "ByteSource", "ByteSourceExtras", "LocalSource", "RemoteReadError", "RemoteSource",
+        "RetryPolicy", "ShardCache", "open_source",
     ],
 }
 

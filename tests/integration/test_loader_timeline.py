@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 import stoker
-from stoker.profile.events import record_events
 
 
 class _Rows(torch.utils.data.Dataset):
@@ -20,7 +19,7 @@ class _Rows(torch.utils.data.Dataset):
 def test_worker_batches_are_timed_on_the_main_clock() -> None:
     loader = stoker.DataLoader(_Rows(), batch_size=8, num_workers=2, worker_type="process",
                                timeout=30)
-    recorder = record_events(loader)
+    recorder = loader.record_timeline()
     batches = list(loader)
     assert len(batches) == 12
     worker = recorder.worker_batches()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stoker.cli.doctor import check_outputs
-from stoker.cli.factory import UserCodeFailed, call_factory
+from stoker.doctor.factory import UserCodeFailed, call_factory
 from stoker.doctor.script import CommandError, resolve_command
 from stoker.formats.pack_report import plan_differences
 

@@ -177,7 +177,7 @@ def test_a_stoker_loaders_arguments_come_back_from_its_attributes() -> None:
     import torch
 
     import stoker
-    from stoker.doctor.target import kwargs_of
+    from stoker.doctor.loader_kwargs import kwargs_of
 
     data = torch.utils.data.TensorDataset(torch.arange(10))
     loader = stoker.DataLoader(data, batch_size=4, shuffle=True, num_workers=2,

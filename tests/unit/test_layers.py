@@ -8,17 +8,16 @@ from pathlib import Path
 
 import stoker
 
-# Low to high, as in src/stoker/README.md. Private top-level helpers sit with their users.
+# Low to high, as in src/stoker/README.md.
 LAYERS = [
     ["errors"], ["_core"], ["transport"], ["collate"], ["sampling"], ["sharing"], ["fetch"],
-    ["fastpaths"], ["distributed"], ["workers"], ["profile"], ["device"], ["engine"],
-    ["loader", "mix", "_mix_checks", "_mix_rounds", "testing", "_batch_compare", "stateful"],
-    ["formats", "storage", "image"],
+    ["fastpaths"], ["distributed"], ["storage"], ["formats"], ["workers"], ["profile"],
+    ["device"], ["image"], ["engine"],
+    ["loader", "mix", "testing", "stateful"],
     ["integrations", "doctor", "cli"],
 ]
-# Calls from the loader up to hooks that exist for it (each named in src/stoker/README.md).
+# A call from the loader up to a hook that exists for it (named in src/stoker/README.md).
 HOOKS = {
-    ("loader.py", "stoker.integrations.accelerate"),  # NOTE [ Accelerate keeps stoker ]
     ("loader.py", "stoker.doctor.agent"),  # only under `stoker doctor -- python train.py`
 }
 ROOT = Path(stoker.__file__).parent

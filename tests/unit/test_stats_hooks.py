@@ -4,12 +4,16 @@ No processes here: num_workers=0 (the worker timeline is in tests/integration)."
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
+import pytest
 import torch
 
 import stoker
 from stoker._core.stats import LoaderStats
 from stoker.engine.stats import NoStats, StatsAccumulator
-from stoker.profile.events import EventRecorder, record_events, stop_recording
+from stoker.profile.events import EventRecorder
 from stoker.workers.protocol import BatchReport
 
 
@@ -55,14 +59,14 @@ def test_collect_stats_default_counts_batches() -> None:
 def test_events_are_off_by_default_and_recorded_when_asked() -> None:
     loader = stoker.DataLoader(_Squares(), batch_size=4)
     assert loader._engine.stats.events is None
-    recorder = record_events(loader)
+    recorder = loader.record_timeline()
     list(loader)
     steps = recorder.steps()
     assert len(steps) == 10 and all(s.samples == 4 and s.left >= s.entered for s in steps)
     stages = recorder.main_stages()
     assert [s.name for s in stages[:2]] == ["fetch", "collate"] and len(stages) == 20
     assert all(s.end >= s.start for s in stages)
-    stop_recording(loader)
+    loader.stop_timeline()
     list(loader)
     assert len(recorder.steps()) == 10  # nothing more once stopped
 
@@ -92,3 +96,46 @@ def test_profiler_sees_the_loaders_ranges_only_while_recording() -> None:
     assert names.count("stoker: next()") == 11  # 10 batches and the StopIteration
     assert names.count("stoker: fetch (dataset __getitem__)") == 10
     assert names.count("stoker: collate") == 10
+
+
+class _Counter:
+    """A StatsHook that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[int, float]] = []
+        self.last_batches = -1
+
+    def batch_delivered(self, samples: int, at: float, stats: Any) -> None:
+        self.told.append((samples, at))
+        self.last_batches = stats().batches
+
+
+@pytest.mark.parametrize("collect", [True, False])
+def test_a_stats_hook_is_told_of_every_batch_until_removed(collect: bool) -> None:
+    loader = stoker.DataLoader(_Squares(), batch_size=4, collect_stats=collect)
+    hook = _Counter()
+    loader.add_stats_hook(hook)
+    assert len(list(loader)) == 10
+    assert [s for s, _ in hook.told] == [4] * 10
+    assert all(a <= b for (_, a), (_, b) in itertools.pairwise(hook.told))
+    assert hook.last_batches == (10 if collect else 0)  # collect_stats=False: no figures
+    loader.remove_stats_hook(hook)
+    list(loader)
+    assert len(hook.told) == 10
+
+
+def test_a_stats_hook_outlives_a_change_of_num_workers() -> None:
+    loader = stoker.DataLoader(_Squares(), batch_size=4, num_workers=2)
+    hook = _Counter()
+    loader.add_stats_hook(hook)
+    recorder = loader.record_timeline()
+    loader.num_workers = 0  # set after construction, as torch allows (no processes here)
+    assert len(list(loader)) == 10
+    assert len(hook.told) == 10 and len(recorder.steps()) == 10
+    assert loader.stats().num_workers == 0 and loader.plan().executor == "calling_thread"
+
+
+def test_add_stats_hook_refuses_what_is_not_a_hook() -> None:
+    loader = stoker.DataLoader(_Squares(), batch_size=4)
+    with pytest.raises(TypeError, match="batch_delivered"):
+        loader.add_stats_hook(print)  # type: ignore[arg-type]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -105,3 +107,16 @@ class LoaderStats:
         out["wait_share"] = self.wait_s / total if total > 0 else 0.0
         out["concurrency_max"] = max(self.concurrency, default=0)
         return out
+
+
+@runtime_checkable
+class StatsHook(Protocol):
+    """Told of every batch a loader hands out (``loader.add_stats_hook``), in the calling
+    thread, right after the batch's figures are counted: ``samples`` in it, ``at`` its
+    ``time.perf_counter()``, and ``stats()`` the loader's figures so far (a ``LoaderStats``;
+    it costs a snapshot, so call it only when needed). ``stoker doctor`` measures a script's
+    loader through one. A hook that raises stops the loop with its exception."""
+
+    def batch_delivered(self, samples: int, at: float, stats: Callable[[], LoaderStats]
+                        ) -> None:
+        """A batch of ``samples`` was handed out at ``at``; ``stats()`` gives the figures."""

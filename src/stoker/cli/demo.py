@@ -1,6 +1,6 @@
 """`stoker demo` and the pieces `benchmarks/` reuse: a process-tree memory sampler, an epoch
 timer and the demo's table. Its workload (synthetic JPEGs, their dataset and augmentation) is in
-``cli/demo_workload.py`` and exported here too.
+``doctor/demo_workload.py`` (the doctor's demo target runs it too) and exported here.
 
 Needs the `demo` extra (Pillow and psutil): ``pip install 'stoker[demo]'``.
 
@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 import torch
 
-from stoker.cli.demo_workload import (
+from stoker.doctor.demo_workload import (
     CROP_SIZE,
     JpegDataset,
     decode_and_augment,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Sequence
 
 
@@ -150,7 +149,8 @@ def _unwritable(flag: str, path: str) -> str:
 
 
 def run_factory(args: argparse.Namespace) -> int:
-    from stoker.cli.factory import UserCodeFailed
+    from stoker.doctor.factory import UserCodeFailed
+    from stoker.doctor.progress_line import ProgressLine
     from stoker.doctor.session import Session
     from stoker.doctor.target import TargetError, load_recipe
 
@@ -162,36 +162,5 @@ def run_factory(args: argparse.Namespace) -> int:
     except UserCodeFailed as exc:  # the user's error, from their own first frame
         print(f"{exc.traceback_text}stoker doctor: {exc}", file=sys.stderr)
         return 1
-    session = Session(recipe, args, Progress())
+    session = Session(recipe, args, ProgressLine())
     return session.run()
-
-
-class Progress:
-    """One line per run on stderr, rewritten in place on a terminal."""
-
-    def __init__(self) -> None:
-        self._tty = sys.stderr.isatty()
-        self._label = ""
-        self._shown_at = 0.0
-
-    def announce(self, text: str) -> None:
-        self._label = text
-        self._end_line()
-        print(f"stoker doctor: {text} ...", file=sys.stderr, end="" if self._tty else "\n",
-              flush=True)
-
-    def update(self, label: str, batches: int, seconds: float) -> None:
-        now = time.monotonic()
-        if self._tty and now - self._shown_at > 0.25:
-            self._shown_at = now
-            print(f"\rstoker doctor: {self._label} ... {seconds:4.1f} s, {batches} batches",
-                  file=sys.stderr, end="", flush=True)
-
-    def _end_line(self) -> None:
-        if self._tty and self._shown_at:
-            print(file=sys.stderr)
-            self._shown_at = 0.0
-
-    def done(self) -> None:
-        self._end_line()
-

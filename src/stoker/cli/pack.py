@@ -71,7 +71,7 @@ def add_parser(commands: Any) -> None:
 
 def _load_dataset(spec: str) -> Any:
     """The dataset ``spec`` names; ``UserCodeFailed`` when the user's code raises."""
-    from stoker.cli.factory import call_factory, import_factory
+    from stoker.doctor.factory import call_factory, import_factory
 
     try:
         factory = import_factory(spec, "a map-style Dataset")
@@ -81,7 +81,7 @@ def _load_dataset(spec: str) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from stoker.cli.factory import UserCodeFailed
+    from stoker.doctor.factory import UserCodeFailed
     from stoker.errors import PackError
     from stoker.formats import PackOptions, ShardError, pack
     from stoker.formats.pack import check_out_dir

@@ -13,25 +13,25 @@ from stoker.device.feed import DeviceFeed, FeedSpec
 from stoker.device.host_pins import HostPins
 
 
-def make_feed(loader: Any, iterator: Any) -> DeviceFeed | None:
-    """The iterator's ``DeviceFeed`` when the loader has ``device=`` (NOTE [ Batches on the
-    device ]); it starts CUDA only when the first batch is copied."""
-    spec = loader._stoker_feed_spec
+def make_feed(plan: Any, stats: Any, iterator: Any) -> DeviceFeed | None:
+    """The iterator's ``DeviceFeed`` when the pass's ``plan`` has ``device=`` (NOTE [ Batches
+    on the device ]); it starts CUDA only when the first batch is copied. ``stats``: the
+    loader's accumulator; ``iterator``: the ``HostSource`` the feed pulls from."""
+    spec = plan.feed
     if spec is None:
         return None
-    if loader.num_workers == 0 and callable(getattr(loader.dataset, "state_dict", None)) and (
-        isinstance(loader.dataset, torch.utils.data.IterableDataset)
+    if plan.num_workers == 0 and callable(getattr(plan.dataset, "state_dict", None)) and (
+        isinstance(plan.dataset, torch.utils.data.IterableDataset)
     ):
         # Its state_dict() is its own position (loader.state_dict() saves it as such): batches
         # pulled ahead would be counted in it. Copy each batch when it is asked for instead.
         spec = dataclasses.replace(spec, ahead=0)
-    elif getattr(iterator, "_main_rngs", False):
+    elif plan.main_rngs:
         # Samples draw from the caller's global RNGs (NOTE [ Main streams resume ]): a batch
         # pulled ahead would draw before the caller's step does (torch never does), and the
         # state's save point would hold draws of batches not handed out.
         spec = dataclasses.replace(spec, ahead=0)
-    return DeviceFeed(spec, CudaBackend(spec.device), iterator, loader._engine.stats,
-                      pins=iterator._pins)
+    return DeviceFeed(spec, CudaBackend(spec.device), iterator, stats, pins=iterator.pins)
 
 
 def host_pins_for(device: torch.device | None, pin_type: str | None) -> HostPins | None:

@@ -45,11 +45,19 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
+from stoker._core.lazy_exports import lazy_exports as _lazy_exports
 from stoker.distributed.context import DistContext, detect, set_context
-from stoker.distributed.iterable import ShardInfo, shard_info, shard_iterable, shard_list
 from stoker.sampling.sharded import ShardedSampler
+
+# An iterable's shard helpers load when first read (NOTE [ Import only what the loader needs ]).
+__getattr__, __dir__ = _lazy_exports(__name__, {
+    name: "stoker.distributed.iterable"
+    for name in ("ShardInfo", "shard_info", "shard_iterable", "shard_list")
+})
+if TYPE_CHECKING:
+    from stoker.distributed.iterable import ShardInfo, shard_info, shard_iterable, shard_list
 
 T = TypeVar("T")
 

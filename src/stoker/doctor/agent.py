@@ -15,9 +15,8 @@ import atexit
 import json
 import os
 import time
+import weakref
 from typing import Any
-
-from stoker.engine.stats import StatsAccumulator
 
 OUT_ENV = "STOKER_DOCTOR"
 CONFIG_ENV = "STOKER_DOCTOR_CONFIG"
@@ -48,17 +47,15 @@ class _Agent:
                 setattr(loader, key, value)
         if loader.num_workers > 0 and loader.prefetch_factor is None:
             loader.prefetch_factor = 2  # what torch's constructor sets with workers
-        loader._engine.num_workers = loader.num_workers
-        loader._engine.stats = _AgentStats(loader.num_workers, self, loader)
-        if self.detailed:
-            from stoker.profile.events import EventRecorder
+        events = loader.record_timeline() if self.detailed else None
+        loader.add_stats_hook(_Told(self, loader, events))
 
-            loader._engine.stats.events = EventRecorder()
-
-    def delivered(self, loader: Any, stats: StatsAccumulator, samples: int) -> None:
-        now = time.perf_counter()
+    def delivered(self, told: _Told, samples: int, now: float, stats: Any) -> None:
+        loader = told.loader()
+        if loader is None:
+            return
         if self.measured is None:
-            self._start(loader, stats)
+            self._start(loader, told)
         if loader is not self.measured:
             return
         run = self.run
@@ -69,7 +66,7 @@ class _Agent:
             if len(run.batch_times) >= self.bounds.warmup_batches and (
                 now - run.started >= self.bounds.warmup_s
             ):
-                self.warm_stats, run.warm_at = stats.snapshot(), now
+                self.warm_stats, run.warm_at = stats(), now
             return
         run.batches += 1
         run.samples += samples
@@ -78,19 +75,20 @@ class _Agent:
             self.write()
             raise SystemExit(0)
 
-    def _start(self, loader: Any, stats: StatsAccumulator) -> None:
+    def _start(self, loader: Any, told: _Told) -> None:
+        from stoker.doctor.loader_kwargs import kwargs_of
         from stoker.doctor.measure import _MemoryWatcher
         from stoker.doctor.records import plain_kwargs
         from stoker.doctor.rng_probe import draws_global_rng
-        from stoker.doctor.target import kwargs_of
 
         self.measured = loader
         self.kwargs = plain_kwargs(kwargs_of(loader))
+        self.run.plan = str(loader.plan())
         if self.detailed:  # the first run: the one the verdict comes from
             self.draws_global_rng = draws_global_rng(loader.dataset)
-        self.run.started = getattr(stats, "created", time.perf_counter())
+        self.run.started = told.attached_at
         if self.detailed:
-            self.run.events = stats.events
+            self.run.events = told.events
             self.watcher = _MemoryWatcher()
 
     def write(self) -> None:
@@ -118,23 +116,17 @@ class _Agent:
         os.replace(tmp, self.out_path)
 
 
-class _AgentStats(StatsAccumulator):
-    """The loader's accumulator, telling the agent of every delivered batch."""
+class _Told:
+    """The agent's ``StatsHook`` on one loader (weakly: the script owns its loaders)."""
 
-    def __init__(self, num_workers: int, agent: _Agent, loader: Any) -> None:
-        super().__init__(num_workers)
-        self.created = time.perf_counter()
-        self._agent = agent
-        import weakref
+    def __init__(self, agent: _Agent, loader: Any, events: Any) -> None:
+        self.agent = agent
+        self.loader = weakref.ref(loader)
+        self.events = events
+        self.attached_at = time.perf_counter()
 
-        self._loader = weakref.ref(loader)
-
-    def left_next(self, entered_at: float, data: Any) -> None:
-        before = self.samples
-        super().left_next(entered_at, data)
-        loader = self._loader()
-        if loader is not None:
-            self._agent.delivered(loader, self, self.samples - before)
+    def batch_delivered(self, samples: int, at: float, stats: Any) -> None:
+        self.agent.delivered(self, samples, at, stats)
 
 
 _agent: _Agent | None = None

@@ -17,7 +17,7 @@ IMAGES = 512
 
 
 def jpeg() -> tuple[Any, dict[str, Any]]:
-    from stoker.cli.demo import JpegDataset, make_jpeg_files
+    from stoker.doctor.demo_workload import JpegDataset, make_jpeg_files
 
     root = os.path.join(tempfile.gettempdir(), f"stoker-doctor-jpeg-{IMAGES}")
     dataset = JpegDataset(make_jpeg_files(root, IMAGES))

@@ -58,9 +58,3 @@ def between(a: LoadMark, b: LoadMark, wall_s: float) -> Load:
     steal = (b.steal_s - a.steal_s) / (b.total_s - a.total_s)
     return Load(others, steal, True)
 
-
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1

@@ -17,7 +17,7 @@ from typing import Any
 
 from stoker._core.stats import LoaderStats
 from stoker.doctor.machine import Load, between, mark
-from stoker.profile.events import EventRecorder, record_events
+from stoker.profile.events import EventRecorder
 from stoker.profile.verdict import summarize
 
 
@@ -57,6 +57,7 @@ class Run:
     warm_at: float = 0.0  # perf_counter when the warm-up ended (the measured window starts)
     interrupted: bool = False
     error: str = ""
+    plan: str = ""  # print(loader.plan()): how stoker runs the measured loader (NOTE [ One plan ])
 
 
 Progress = Callable[[str, int, float], None]
@@ -74,8 +75,9 @@ def measure(build: Callable[[], Any], run: Run, bounds: Bounds,
     except Exception as exc:  # a candidate the dataset refuses: reported, not fatal
         run.error = f"{type(exc).__name__}: {exc}"
         return run
+    run.plan = str(loader.plan()) if callable(getattr(loader, "plan", None)) else ""
     if detailed:
-        run.events = record_events(loader)
+        run.events = loader.record_timeline()
     watcher = _MemoryWatcher() if detailed else None
     try:
         with warnings.catch_warnings():

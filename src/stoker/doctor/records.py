@@ -22,7 +22,7 @@ def run_to_dict(run: Run) -> dict[str, Any]:
         "events": run.events.raw() if run.events is not None else None,
         "memory": [dataclasses.astuple(m) for m in run.memory],
         "batch_times": run.batch_times, "started": run.started, "warm_at": run.warm_at,
-        "interrupted": run.interrupted, "error": run.error,
+        "interrupted": run.interrupted, "error": run.error, "plan": run.plan,
     }
 
 
@@ -40,6 +40,7 @@ def run_from_dict(d: dict[str, Any]) -> Run:
         memory=[MemorySample(*m) for m in d["memory"]],
         batch_times=[(t, n) for t, n in d["batch_times"]], started=d["started"],
         warm_at=d["warm_at"], interrupted=d["interrupted"], error=d["error"],
+        plan=d.get("plan", ""),
     )
 
 

@@ -54,6 +54,8 @@ def _header(ctx: Context, run: Run) -> list[str]:
         f"  measured {run.seconds:.1f} s after a warm-up: {run.batches} batches, "
         f"{run.samples_per_s:,.0f} samples/s (first batch after {run.first_batch_s:.2f} s)",
     ]
+    if run.plan:  # NOTE [ One plan ]: each decision stoker took for this loader, and why
+        out += ["  how stoker runs it:", *("  " + line for line in run.plan.splitlines()[1:])]
     if run.error:
         out.append(f"  the run failed: {run.error}")
     if run.interrupted:

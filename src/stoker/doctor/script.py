@@ -146,12 +146,12 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def run_script(command: list[str], args: argparse.Namespace) -> int:
-    from stoker.cli.doctor import Progress
+    from stoker.doctor.progress_line import ProgressLine
     from stoker.doctor.session import ScriptSession
 
     with tempfile.TemporaryDirectory(prefix="stoker-doctor-") as workdir:
         runner = ScriptRunner(command, args, workdir)
-        session = ScriptSession(runner, " ".join(command), args, Progress())
+        session = ScriptSession(runner, " ".join(command), args, ProgressLine())
         status = session.run()
         if status and runner.log_path and os.path.exists(runner.log_path):
             with open(runner.log_path, errors="replace") as f:

@@ -11,11 +11,11 @@ from typing import Any
 from stoker.doctor.candidates import candidates
 from stoker.doctor.conclude import conclude, sweeps
 from stoker.doctor.diagnose import Diagnosis, Setup, diagnose
-from stoker.doctor.machine import cores
 from stoker.doctor.measure import Bounds, Run, measure
 from stoker.doctor.report import Context, render
 from stoker.doctor.sweep import BASELINE, Sweep, recipe_runner, run_sweep
 from stoker.doctor.target import Recipe
+from stoker.profile.verdict import usable_cores
 
 
 def setup_of(kwargs: Any, device_copy: bool = False) -> Setup:
@@ -23,7 +23,7 @@ def setup_of(kwargs: Any, device_copy: bool = False) -> Setup:
     wtype = kwargs.get("worker_type", "auto")
     if wtype == "auto":
         wtype = "process" if n > 0 else "auto"
-    return Setup(num_workers=n, worker_type=wtype, cores=cores(), device_copy=device_copy)
+    return Setup(num_workers=n, worker_type=wtype, cores=usable_cores(), device_copy=device_copy)
 
 
 class Session:

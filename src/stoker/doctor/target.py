@@ -13,9 +13,7 @@ from typing import Any
 
 import torch.utils.data
 
-# stoker's own keyword arguments, read back from a stoker loader's attributes.
-_STOKER_ATTRS = ("worker_type", "worker_concurrency", "seeding", "on_error", "skip_budget",
-                 "device", "device_prefetch", "device_transform")
+from stoker.doctor.loader_kwargs import kwargs_of
 
 
 class TargetError(ValueError):
@@ -29,7 +27,7 @@ class Recipe:
     source: str = ""  # what the user named, for the report
 
     def build(self, overrides: Mapping[str, Any] | None = None) -> Any:
-        from stoker import DataLoader
+        from stoker.loader import DataLoader
 
         return DataLoader(self.dataset, **self.merged(overrides))
 
@@ -44,7 +42,7 @@ class Recipe:
 
 def load_recipe(spec: str) -> Recipe:
     """``module:function`` (the current directory is importable, as for ``python -m``)."""
-    from stoker.cli.factory import call_factory, import_factory
+    from stoker.doctor.factory import call_factory, import_factory
 
     try:
         factory = import_factory(spec, "your DataLoader or (dataset, loader_kwargs)")
@@ -62,38 +60,3 @@ def recipe_of(made: Any, source: str = "") -> Recipe:
         f"{source or 'the factory'} returned {type(made).__name__}; expected a DataLoader "
         "(stoker's or torch's) or a (dataset, loader_kwargs) pair."
     )
-
-
-def kwargs_of(loader: Any) -> dict[str, Any]:
-    """The constructor arguments that rebuild ``loader`` (its sampler objects reused)."""
-    from torch.utils.data._utils.collate import default_collate, default_convert
-
-    kwargs: dict[str, Any] = {}
-    if loader.batch_size is not None:
-        kwargs.update(batch_size=loader.batch_size, sampler=loader.sampler,
-                      drop_last=loader.drop_last)
-    elif loader.batch_sampler is not None:
-        kwargs.update(batch_sampler=loader.batch_sampler)
-    else:
-        kwargs.update(batch_size=None, sampler=loader.sampler)
-    if loader.collate_fn not in (default_collate, default_convert) and not _stokers(
-        loader.collate_fn
-    ):
-        kwargs["collate_fn"] = loader.collate_fn
-    kwargs["num_workers"] = loader.num_workers
-    for name in ("pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
-                 "generator", "persistent_workers", "in_order"):
-        kwargs[name] = getattr(loader, name)
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-    for name in _STOKER_ATTRS:
-        if hasattr(loader, name):
-            kwargs[name] = getattr(loader, name)
-    if kwargs.get("device") is None:  # no device feed: leave its arguments out
-        for name in ("device", "device_prefetch", "device_transform"):
-            kwargs.pop(name, None)
-    return kwargs
-
-
-def _stokers(fn: Any) -> bool:
-    return getattr(fn, "__module__", "").startswith("stoker.collate")

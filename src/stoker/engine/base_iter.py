@@ -17,10 +17,9 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
+from stoker._core.plan import Plan
 from stoker._core.specs import FetchSpec
-from stoker.collate import collate, default_convert
-from stoker.device.attach import host_pins_for, make_feed
-from stoker.device.pin import pin_batch, pin_target
+from stoker.engine.loader_state import EngineState
 from stoker.engine.progress import EpochProgress
 from stoker.engine.skips import SkipLedger
 from stoker.profile.ranges import PIN, WAIT, profiling, stage_range
@@ -41,6 +40,8 @@ def resolve_collate(collate_fn: Any) -> Any:
     """
     from torch.utils.data import _utils
 
+    from stoker.collate import collate, default_convert
+
     if collate_fn is _utils.collate.default_collate:
         return functools.partial(collate, collate_fn_map=_utils.collate.default_collate_fn_map)
     if collate_fn is _utils.collate.default_convert:
@@ -48,27 +49,29 @@ def resolve_collate(collate_fn: Any) -> Any:
     return collate_fn
 
 
-def effective_beyond(loader: Any) -> frozenset[str]:
+def effective_beyond(beyond: frozenset[str], feed: Any) -> frozenset[str]:
     """The loader's behaviours beyond torch, with what they imply: slabs for ``keep_slabs``
     and for stoker's own ``device=`` feed (its pins are the slabs, NOTE [ Slabs pinned in
     place ]); ``device=`` is not torch's argument, so nothing of torch's is given up."""
-    beyond = frozenset(getattr(loader, "_stoker_beyond", frozenset()))
-    if "keep_slabs" in beyond or getattr(loader, "_stoker_feed_spec", None) is not None:
+    if "keep_slabs" in beyond or feed is not None:
         beyond |= {"slab_transport"}
     return beyond
 
 
-def fetch_spec_of(loader: Any) -> FetchSpec:
-    beyond = effective_beyond(loader)
-    collate_fn = loader.collate_fn
+def fetch_spec_of(
+    dataset: Any, collate_fn: Any, auto_collation: bool, drop_last: bool, on_error: str,
+    fast_paths: bool, beyond: frozenset[str], feed: Any,
+) -> FetchSpec:
+    """The fetch half of a pass's plan (NOTE [ One plan ] in ``stoker._core.plan``)."""
+    beyond = effective_beyond(beyond, feed)
     return FetchSpec(
-        dataset=loader.dataset,
-        kind="iterable" if isinstance(loader.dataset, IterableDataset) else "map",
-        auto_collation=loader._auto_collation,
+        dataset=dataset,
+        kind="iterable" if isinstance(dataset, IterableDataset) else "map",
+        auto_collation=auto_collation,
         collate_fn=resolve_collate(collate_fn) if "slab_transport" in beyond else collate_fn,
-        drop_last=loader.drop_last,
-        skip_errors=loader.on_error == "skip",
-        fast_paths=getattr(loader, "_stoker_fast_paths", True),
+        drop_last=drop_last,
+        skip_errors=on_error == "skip",
+        fast_paths=fast_paths,
         beyond=beyond,
     )
 
@@ -121,12 +124,11 @@ def warn_fast_forward(dataset: Any, batches: int, saved_workers: int, workers: i
     warnings.warn(message, stacklevel=5)
 
 
-def keeps_main_rngs(loader: Any) -> bool:
+def keeps_main_rngs(num_workers: int, worker_type: str, seeding: str) -> bool:
     """Whether the loader's state keeps the main process's global RNGs (NOTE [ Main streams
     resume ] in ``sampling.rng_state``): samples drawn from them in the calling thread, under
     torch's per-worker seeding, with ``num_workers=0``."""
-    seeding = getattr(loader, "_stoker_seeding", None) or loader.seeding
-    return loader.num_workers == 0 and loader.worker_type != "thread" and seeding != "per_batch"
+    return num_workers == 0 and worker_type != "thread" and seeding != "per_batch"
 
 
 # A batch handed out: its position, the sampler's state after it, the worker that loaded it
@@ -138,29 +140,33 @@ class BaseIterator:
     # Worker iterators call iter(sampler) a second time after the seed draw, as torch does.
     _reiter_after_seed = False
 
-    def __init__(self, loader: Any, resume: dict[str, Any] | None) -> None:
-        self._dataset = loader.dataset
-        self._fetch_spec = fetch_spec_of(loader)
-        self._index_sampler = loader._index_sampler
-        self._num_workers = loader.num_workers
-        self._timeout = loader.timeout
-        self._seeding = getattr(loader, "_stoker_seeding", None) or loader.seeding
-        self._pin_type = pin_target(loader.pin_memory, loader.pin_memory_device)
+    def __init__(self, plan: Plan, engine: EngineState, resume: dict[str, Any] | None) -> None:
+        from stoker.device.attach import make_feed  # NOTE [ Import only what the loader needs ]
+        from stoker.device.pin import pin_target
+
+        self._plan = plan  # NOTE [ One plan ]: what this iterator was started with
+        self._dataset = plan.dataset
+        self._fetch_spec = plan.fetch
+        self._index_sampler = plan.index_sampler
+        self._num_workers = plan.num_workers
+        self._timeout = plan.timeout
+        self._seeding = plan.seeding
+        self._pin_type = pin_target(plan.pin_memory, plan.pin_memory_device)
         self._pin = self._pin_type is not None
         # NOTE [ Batches on the device ]: delivery records held back while batches are ahead.
         self._feed: Any = None
         self._held: list[Delivery] | None = None
         self._pins: Any = None  # NOTE [ Slabs pinned in place ]; set by iterators with slabs
-        self._feed_spec = loader._stoker_feed_spec
+        self._feed_spec = plan.feed
         # NOTE [ Main streams resume ]: the feed (device=) reads it too: nothing pulled ahead
-        self._main_rngs = keeps_main_rngs(loader)
-        self._rng = RngSnapshot(loader.generator, self._index_sampler, self._main_rngs)
+        self._main_rngs = plan.main_rngs
+        self._rng = RngSnapshot(plan.generator, self._index_sampler, self._main_rngs)
         self._stateful = stateful_sampler_of(self._index_sampler)
         self._tracked = self._stateful if is_delivery_tracked(self._stateful) else None
-        self._step_slots = loader.batch_size or 1  # nominal slots per step, for ``advance``
-        self._pad_steps = loader._stoker_pad_steps
-        self._generator = loader.generator
-        self._engine = loader._engine  # NOTE [ Engine state ]
+        self._step_slots = plan.batch_size or 1  # nominal slots per step, for ``advance``
+        self._pad_steps = plan.pad_steps
+        self._generator = plan.generator
+        self._engine = engine  # NOTE [ Engine state ]
         self._stats = self._engine.stats
         self._stats.beyond = self._fetch_spec.beyond
         per_batch = self._seeding == "per_batch"
@@ -173,8 +179,8 @@ class BaseIterator:
         self._iter_datapipe = is_iter_datapipe(self._dataset)
         self._seed_group = seed_group() if self._iter_datapipe else None
         self._datapipe_seed: int | None = None
-        self._open_epoch(loader, resume, first=True)
-        self._feed = make_feed(loader, self)
+        self._open_epoch(plan, resume, first=True)
+        self._feed = make_feed(plan, engine.stats, self)
 
     def __iter__(self) -> BaseIterator:
         return self
@@ -185,14 +191,21 @@ class BaseIterator:
     def __getstate__(self) -> Any:
         raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
 
+    @property
+    def pins(self) -> Any:
+        """The slabs' pinning (NOTE [ Slabs pinned in place ]), or None; the feed reads it."""
+        return self._pins
+
     # -- opening an epoch --------------------------------------------------------------------
 
-    def _open_epoch(self, loader: Any, resume: dict[str, Any] | None, first: bool) -> None:
+    def _open_epoch(self, plan: Plan, resume: dict[str, Any] | None, first: bool) -> None:
+        """Start an epoch; ``plan`` is the new pass's: only its epoch facts are read (NOTE
+        [ One plan ])."""
         if self._feed is not None:
             self._feed.reset()
         self._held = None
         self._num_yielded = 0
-        self._len_reported = loader._IterableDataset_len_called
+        self._len_reported = plan.len_reported
         self._drop_below = 0  # iterable resume: positions fetched and dropped, not delivered
         self._drop_set: set[int] = set()
         # iterable resume in workers: batches of each worker's stream to read and drop
@@ -217,7 +230,7 @@ class BaseIterator:
             elif resume:
                 self._base_seed = resume["base_seed"]
             if first and self._reiter_after_seed:
-                self._check_before_reiter(loader)
+                self._check_before_reiter(plan)
                 self._sampler_iter = self._iter_sampler()
             if datapipe and (self._reiter_after_seed or not first):
                 # torch's worker iterators draw one more at their first reset (their workers
@@ -232,13 +245,13 @@ class BaseIterator:
                 self._skip_delivered(resume)
         self._steps_target = self._pad_steps() if self._pad_steps is not None else None
         self._skips = SkipLedger(
-            loader.skip_budget, functools.partial(_epoch_samples, self._index_sampler),
+            plan.skip_budget, functools.partial(_epoch_samples, self._index_sampler),
             self._engine.skip_logged,
             self._stats,
         )
         self._progress = EpochProgress(
             rng=self._rng, base_seed=self._base_seed, drew_base_seed=drew, epoch=self._epoch,
-            iterations=loader._stoker_iterations, kind=self._fetch_spec.kind,
+            iterations=plan.iterations, kind=self._fetch_spec.kind,
             num_workers=self._num_workers,
             # Positions read again and dropped on resume were delivered before the save.
             prefix=max(self._position, self._drop_below),
@@ -246,19 +259,19 @@ class BaseIterator:
                     if p >= max(self._position, self._drop_below)},
             # Batches each worker's stream delivered: on a resume, those it drops again.
             worker_batches=(list(self._drop_worker) if self._drop_worker is not None
-                            else self._fresh_worker_batches(loader)),
+                            else self._fresh_worker_batches()),
             sampler_state=resume["sampler_state"] if resume else None,
-            sampler_epoch=getattr(loader.sampler, "epoch", None),
+            sampler_epoch=getattr(plan.sampler, "epoch", None),
             live_sampler=self._tracked,
             sampler_started=self._sampler_started,
         )
         self._engine.progress = self._progress
 
-    def _fresh_worker_batches(self, loader: Any) -> list[int] | None:
+    def _fresh_worker_batches(self) -> list[int] | None:
         """Per-worker delivered counts, for an IterableDataset read by workers."""
         return None
 
-    def _check_before_reiter(self, loader: Any) -> None:
+    def _check_before_reiter(self, plan: Plan) -> None:
         """torch's worker iterator checks its arguments between the seed draw and its second
         ``iter(sampler)``: a failing check has called the sampler (``len(dataset)``) once."""
 
@@ -373,6 +386,8 @@ class BaseIterator:
 
     def _host_pins(self) -> Any:
         """Registers the slabs this iterator maps, or None (NOTE [ Slabs pinned in place ])."""
+        from stoker.device.attach import host_pins_for
+
         self._pins = host_pins_for(self._feed_device(), self._pin_type)
         if self._feed is not None:
             self._feed.pins = self._pins
@@ -425,6 +440,8 @@ class BaseIterator:
     def _pinned(self, data: Any) -> Any:
         if not self._pin:
             return data
+        from stoker.device.pin import pin_batch
+
         t0 = time.perf_counter()
         pins = self._pins  # NOTE [ Slabs pinned in place ]: slab tensors are pinned already
         with stage_range(PIN):

@@ -58,15 +58,16 @@ def _pickle_error(objects: dict[str, Any]) -> str | None:
     return None
 
 
-def safe_context(requested: BaseContext | None, default: BaseContext, loader: Any) -> BaseContext:
-    """The start method to use: the default unless it would fork a process that holds CUDA."""
+def safe_context(requested: BaseContext | None, default: BaseContext, plan: Any) -> BaseContext:
+    """The start method to use: the default unless it would fork a process that holds CUDA.
+    ``plan``: the pass's ``Plan`` (its dataset, collate_fn and worker_init_fn are pickled)."""
     if requested is not None or default.get_start_method() != "fork":
         return requested or default
     if not torch.cuda.is_initialized():
         return default
     problem = _pickle_error(
-        {"the dataset": loader.dataset, "collate_fn": loader.collate_fn,
-         "worker_init_fn": loader.worker_init_fn}
+        {"the dataset": plan.dataset, "collate_fn": plan.collate_fn,
+         "worker_init_fn": plan.worker_init_fn}
     )
     if problem is not None:
         raise CudaInWorkersError(

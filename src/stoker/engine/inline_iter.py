@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from stoker._core.plan import Plan
 from stoker.engine.base_iter import BaseIterator
+from stoker.engine.loader_state import EngineState
 from stoker.errors import MixedDeviceError
 from stoker.fastpaths.batched_getitem import Decline
 from stoker.fastpaths.index_tensor import VectorProbe
@@ -26,14 +28,16 @@ from stoker.workers.remote_errors import add_note, describe_failure
 
 
 class InlineIterator(BaseIterator):
-    def __init__(self, loader: Any, resume: dict[str, Any] | None = None) -> None:
-        if loader.timeout != 0 and loader.num_workers == 0:
+    def __init__(
+        self, plan: Plan, engine: EngineState, resume: dict[str, Any] | None = None
+    ) -> None:
+        if plan.timeout != 0 and plan.num_workers == 0:
             raise AssertionError(
-                f"timeout={loader.timeout} needs worker processes: with num_workers=0 batches "
+                f"timeout={plan.timeout} needs worker processes: with num_workers=0 batches "
                 "are loaded in the calling thread and cannot time out. Set timeout=0, or "
                 "num_workers>0."
             )
-        super().__init__(loader, resume)
+        super().__init__(plan, engine, resume)
         if self._datapipe_seed is not None:
             seed_shufflers(self._dataset, self._datapipe_seed)
         if is_datapipe(self._dataset):
@@ -54,8 +58,9 @@ class InlineIterator(BaseIterator):
 
     stopped = False
 
-    def _reset(self, loader: Any) -> None:
-        self._open_epoch(loader, None, first=False)
+    def reset(self, plan: Plan) -> None:
+        """The next epoch of a persistent iterator (torch's ``_reset``)."""
+        self._open_epoch(plan, None, first=False)
         if self._datapipe_seed is not None:
             seed_shufflers(self._dataset, self._datapipe_seed)
             self._fetcher = make_fetcher(self._fetch_spec)
@@ -74,10 +79,10 @@ class InlineIterator(BaseIterator):
                 resume.get("dataset_iter_state"), bool(resume.get("dataset_iter_ended"))
             )
 
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
         pass  # no workers to stop
 
-    _shutdown_workers = _shutdown  # torch's name, for code that calls it on persistent loaders
+    _shutdown_workers = shutdown  # torch's name, for code that calls it on persistent loaders
     _workers: list[Any] = []  # torch's name for the worker processes: none here
 
     def _fetch(self, position: int, index: Any) -> Any:

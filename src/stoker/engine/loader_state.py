@@ -21,9 +21,17 @@ import weakref
 from typing import Any
 
 from stoker.engine.stats import NoStats, StatsAccumulator
-from stoker.profile.memory_watch import MemoryWatch
 from stoker.sharing.auto_share import ListSharing
 from stoker.transport.slab_bank import SlabBank
+
+
+def _memory_watch(dataset: Any) -> Any:
+    """A watch of the workers' memory; its module loads with the first loader that has
+    workers (NOTE [ Import only what the loader needs ])."""
+    from stoker.profile.memory_watch import MemoryWatch
+
+    return MemoryWatch(dataset)
+
 
 _LOCAL = ("progress", "stats", "memory_watch", "list_sharing", "slab_bank")
 
@@ -41,6 +49,7 @@ class EngineState:
         # -- portable ------------------------------------------------------------------------
         self.skip_logged: set[Any] = set()  # on_error="skip": messages logged once
         self.inline: bool | None = None  # NOTE [ Gathers need no workers ]; None: not asked
+        self.inline_told = False  # the INFO line that batches load inline was logged
         self.vector_trusted: Any = None  # the dataset whose batched form passed its probes
         self.init_fn_seeds_told = False  # NOTE [ Seeds set in worker_init_fn stay ]
         self._new_local_parts()
@@ -49,10 +58,27 @@ class EngineState:
         """The process-local parts, as a new loader has them."""
         self.progress: Any = None  # the live ``EpochProgress`` of the last epoch begun
         self.stats = (StatsAccumulator if self.collect_stats else NoStats)(self.num_workers)
-        self.memory_watch = MemoryWatch(self.dataset) if self.num_workers > 0 else None
+        self.memory_watch = _memory_watch(self.dataset) if self.num_workers > 0 else None
         self.list_sharing = ListSharing(self.fast_paths)
         self.slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
         weakref.finalize(self, self.slab_bank.close)
+
+    def fit_workers(self, num_workers: int) -> None:
+        """A pass with another ``num_workers`` than the last (the attribute was set since):
+        the stats count that many workers from now on, hooks and timeline kept."""
+        if num_workers == self.num_workers:
+            return
+        self.num_workers = num_workers
+        old = self.stats
+        self.stats = type(old)(num_workers).carry_over(old)
+        if num_workers > 0 and self.memory_watch is None:
+            self.memory_watch = _memory_watch(self.dataset)
+
+    def add_stats_hook(self, hook: Any) -> None:
+        self.stats.hooks = (*self.stats.hooks, hook)
+
+    def remove_stats_hook(self, hook: Any) -> None:
+        self.stats.hooks = tuple(h for h in self.stats.hooks if h is not hook)
 
     def warn_init_fn_seeds_once(self, lightning: bool = False) -> None:
         """NOTE [ Seeds set in worker_init_fn stay ] in ``workers.main_loop``: said once per

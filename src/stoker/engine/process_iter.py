@@ -32,9 +32,17 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
+from stoker._core.dataset_hooks import (
+    SupportsEpoch,
+    SupportsFetchForBatch,
+    SupportsFetchForStream,
+    provided,
+)
+from stoker._core.plan import Plan
 from stoker._core.specs import WorkerSpec
 from stoker.engine.base_iter import BaseIterator
 from stoker.engine.cuda_safety import refuse_device_tensors, safe_context
+from stoker.engine.loader_state import EngineState
 from stoker.engine.prefetch_depth import depth_for
 from stoker.engine.stall import StallClock
 from stoker.engine.stragglers import MovePolicy, StragglerWatch
@@ -65,7 +73,7 @@ _WATCH_DELAY_S = 1.0  # only a fallback: worker sentinels wake the wait at once 
 
 def _dataset_epoch(dataset: Any) -> int | None:
     """NOTE [ A dataset's epoch on persistent workers ]."""
-    epoch_of = getattr(dataset, "stoker_epoch", None)
+    epoch_of = provided(dataset, SupportsEpoch.stoker_epoch)
     return epoch_of() if callable(epoch_of) else None
 
 
@@ -79,18 +87,21 @@ class ProcessIterator(BaseIterator):
 
     _reiter_after_seed = True
 
-    def _fresh_worker_batches(self, loader: Any) -> list[int] | None:
+    def _fresh_worker_batches(self) -> list[int] | None:
         # The iterator's own worker count, as torch's persistent iterator keeps it: a
         # num_workers set on the loader since counts from its next new iterator only.
         if isinstance(self._dataset, IterableDataset):
             return [0] * self._num_workers
         return None
 
-    def __init__(self, loader: Any, resume: dict[str, Any] | None = None) -> None:
-        super().__init__(loader, resume)  # draws the base seed first, as torch's does
-        self._prefetch = loader.prefetch_factor
-        self._in_order = loader.in_order
-        self._persistent = loader.persistent_workers
+    def __init__(
+        self, plan: Plan, engine: EngineState, resume: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(plan, engine, resume)  # draws the base seed first, as torch's does
+        # An int with workers (torch's constructor sets 2; _check_before_reiter refuses < 1).
+        self._prefetch: int = plan.prefetch_factor  # type: ignore[assignment]
+        self._in_order = plan.in_order
+        self._persistent = plan.persistent_workers
         self._is_iterable = self._fetch_spec.kind == "iterable"
         # Which worker loads a batch changes nothing only if batches are seeded by position;
         # else (an iterable's data, and under seeding="per_worker" a batch's augmentations,
@@ -101,10 +112,10 @@ class ProcessIterator(BaseIterator):
         beyond = self._fetch_spec.beyond
         self._torch_depth = not (by_position and "deep_prefetch" in beyond)
         self._may_move = by_position and "move_stragglers" in beyond and self._num_workers > 1
-        self._stall = StallClock(self._timeout, loader.stall_warning_s)
-        self._step_samples = loader.batch_size or 1
+        self._stall = StallClock(self._timeout, plan.stall_warning_s)
+        self._step_samples = plan.batch_size or 1
         refuse_device_tensors(self._dataset, self._num_workers)
-        ctx = safe_context(loader.multiprocessing_context, default_context(), loader)
+        ctx = safe_context(plan.multiprocessing_context, default_context(), plan)
         self._group = WorkerGroup(self._num_workers)
         self._group.reader.pins = self._host_pins()  # NOTE [ Slabs pinned in place ]
         self._finalizer = weakref.finalize(self, self._group.stop)
@@ -116,31 +127,32 @@ class ProcessIterator(BaseIterator):
         # first one: yes (it starts with no fetch threads), unless a worker_init_fn may have
         # taken over its seeds (NOTE [ Seeds set in worker_init_fn stay ]). Assuming no let
         # an idle worker exit while a task still queued behind a straggler could move to it.
-        self._gives_back = [loader.worker_init_fn is None] * self._num_workers
+        self._gives_back = [plan.worker_init_fn is None] * self._num_workers
         # A dataset may ask to see each batch here as it is sent (an iterable one: the samples
         # asked of the worker so far), e.g. to download what the worker will read
         # (stoker.formats.TarShards, TarShardStream); the samples do not change.
-        self._fetch_for_batch = None if self._is_iterable else getattr(
-            self._dataset, "stoker_fetch_for_batch", None)
-        self._fetch_for_stream = getattr(self._dataset, "stoker_fetch_for_stream", None) \
-            if self._is_iterable else None
-        self._init_streams(loader, resume)  # NOTE [ Worker streams resume ]
+        self._fetch_for_batch = None if self._is_iterable else provided(
+            self._dataset, SupportsFetchForBatch.stoker_fetch_for_batch)
+        self._fetch_for_stream = provided(
+            self._dataset, SupportsFetchForStream.stoker_fetch_for_stream
+        ) if self._is_iterable else None
+        self._init_streams(plan, resume)  # NOTE [ Worker streams resume ]
         self._init_dispatch()
         if resume and not self._is_iterable:  # continue torch's round-robin where it stopped
             self._book.start_turn_at(resume["batches"])
-        start_workers(self._group, ctx, self._specs(loader, ctx), self._prime)
-        self._worker_pids = self._group.pids
+        start_workers(self._group, ctx, self._specs(plan, ctx), self._prime)
+        self._worker_pids = tuple(p for p in self._group.pids if p is not None)  # all started
         self._memory_watch = self._engine.memory_watch
         # Its first reads cost ~10 ms each: keep them out of the time to the first batch.
         self._watch_from = time.monotonic() + _WATCH_DELAY_S
         self._fill()
 
-    def _check_before_reiter(self, loader: Any) -> None:
-        if not loader.prefetch_factor > 0:  # torch's check and message, where torch makes it
+    def _check_before_reiter(self, plan: Plan) -> None:
+        if not plan.prefetch_factor > 0:  # type: ignore[operator]  # torch's check and message, where torch makes it
             raise AssertionError(
                 "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
 
-    def _specs(self, loader: Any, ctx: Any) -> list[WorkerSpec]:
+    def _specs(self, plan: Plan, ctx: Any) -> list[WorkerSpec]:
         # Under fork, large plain lists go to the workers as shared containers (NOTE
         # [ Automatic list sharing ]); spawned workers get the pickled dataset anyway.
         fork = ctx.get_start_method() == "fork"
@@ -148,26 +160,26 @@ class ProcessIterator(BaseIterator):
             self._dataset, asked="shared_lists" in self._fetch_spec.beyond) if fork else ()
         if fork and source_form(self._fetch_spec):
             compile_batched(self._dataset)  # cached: forked workers inherit it
-        specs = [self._spec(loader, wid, shared) for wid in range(self._num_workers)]
+        specs = [self._spec(plan, wid, shared) for wid in range(self._num_workers)]
         if fork:  # NOTE [ Slabs outlive workers ]; keep_slabs: NOTE [ Same as torch unless asked ]
             if "keep_slabs" in self._fetch_spec.beyond:  # else freed as torch frees them
                 self._group.bank = self._engine.slab_bank
             specs = [forked_spec(self._group, s) for s in specs]
         return specs
 
-    def _spec(self, loader: Any, wid: int, shared_lists: tuple = ()) -> WorkerSpec:
+    def _spec(self, plan: Plan, wid: int, shared_lists: tuple = ()) -> WorkerSpec:
         return WorkerSpec(
             worker_id=wid,
             num_workers=self._num_workers,
             fetch=self._fetch_spec,
             base_seed=self._base_seed,
-            worker_init_fn=loader.worker_init_fn,
+            worker_init_fn=plan.worker_init_fn,
             max_idle_slabs=self._prefetch + 2,  # idle slabs kept: memory vs allocations
             parent_pid=os.getpid(),
             first_epoch=self._epoch,
             seed_per_batch=self._seeding == "per_batch",
-            dist=loader.dist_context,
-            concurrency=loader.worker_concurrency,
+            dist=plan.dist,
+            concurrency=plan.worker_concurrency,
             shared_lists=shared_lists,
             vector_trusted=self._vector_trusted,
             datapipe_seed=self._datapipe_seed,
@@ -178,9 +190,9 @@ class ProcessIterator(BaseIterator):
 
     # -- each worker's own streams (NOTE [ Worker streams resume ]) ----------------------------
 
-    def _init_streams(self, loader: Any, resume: dict[str, Any] | None) -> None:
+    def _init_streams(self, plan: Plan, resume: dict[str, Any] | None) -> None:
         kind, n = self._fetch_spec.kind, self._num_workers
-        self._lightning_init_fn = is_lightning_init_fn(loader.worker_init_fn)
+        self._lightning_init_fn = is_lightning_init_fn(plan.worker_init_fn)
         self._stream_log = StreamLog(n, kind)
         self._resume_entries = tuple(resume_entries(resume, n)) if resume else ()
         self._progress.streams = WorkerStreams.resumed(kind, n, resume)
@@ -216,15 +228,16 @@ class ProcessIterator(BaseIterator):
         self._moves = MovePolicy(self._book, StragglerWatch(self._num_workers), self._may_move)
         self._stall.replied(time.monotonic())
 
-    def _reset(self, loader: Any) -> None:
-        """Next epoch on persistent workers (called by ``DataLoader.__iter__``)."""
+    def reset(self, plan: Plan) -> None:
+        """Next epoch on persistent workers (called by ``DataLoader.__iter__``; torch's
+        ``_reset``): of the new pass's ``plan`` only the epoch's facts are read."""
         # Batches of the abandoned epoch that arrived but were never handed out: their slabs
         # go back to the workers (else each early-ended epoch would strand a few slabs).
         for wid, reply in self._book.ready.values():
             if isinstance(reply, msg.Done):
                 self._group.reader.release_now(wid, reply.segment_id)
         ended = self._progress
-        self._open_epoch(loader, None, first=False)
+        self._open_epoch(plan, None, first=False)
         self._progress.streams = ended.streams.next_epoch(ended.finished)
         self._group.collect_released()
         for w in self._group.workers:
@@ -489,13 +502,14 @@ class ProcessIterator(BaseIterator):
 
     def _end_epoch(self) -> None:
         if not self._persistent:
-            self._shutdown()
+            self.shutdown()
 
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
+        """Stop the workers (idempotent)."""
         self._finalizer()
 
     def _shutdown_workers(self) -> None:  # torch's name, for code that calls it
-        self._shutdown()
+        self.shutdown()
 
     @property
     def _workers(self) -> list[WorkerProcess]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import warnings
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from stoker.distributed.context import detect
@@ -68,23 +69,26 @@ def _class_name(obj: Any) -> str | None:
     return None if obj is None else f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
-def _length(obj: Any) -> int | None:
+def length_or_none(obj: Any) -> int | None:
+    """``len(obj)``, or None where it has none."""
     try:
         return len(obj)
     except (TypeError, NotImplementedError):
         return None
 
 
-def describe(loader: Any) -> dict[str, Any]:
+def describe(
+    dataset: Any, batch_size: int | None, drop_last: bool, sampler: Any, batch_sampler: Any
+) -> dict[str, Any]:
     """What a state's positions depend on (plain values, JSON-safe)."""
-    custom_batches = loader.batch_sampler is not None and loader.batch_size is None
+    custom_batches = batch_sampler is not None and batch_size is None
     return {
-        "dataset_len": _length(loader.dataset),
-        "batch_size": loader.batch_size,
-        "drop_last": bool(loader.drop_last),
-        "sampler": _class_name(loader.sampler),
-        "shuffle": getattr(loader.sampler, "shuffle", None),
-        "batch_sampler": _class_name(loader.batch_sampler) if custom_batches else None,
+        "dataset_len": length_or_none(dataset),
+        "batch_size": batch_size,
+        "drop_last": bool(drop_last),
+        "sampler": _class_name(sampler),
+        "shuffle": getattr(sampler, "shuffle", None),
+        "batch_sampler": _class_name(batch_sampler) if custom_batches else None,
     }
 
 
@@ -214,11 +218,15 @@ def _mismatch(field: str, saved: Any, now: Any) -> ValueError:
     )
 
 
-def check_fit(state: dict[str, Any], loader: Any) -> None:
-    """Refuse a state whose positions mean other samples in ``loader`` (NOTE [ A state must
-    fit its loader ])."""
+def check_fit(
+    state: dict[str, Any], kind: str, described: Callable[[], dict[str, Any]],
+    steps_now: Callable[[], int | None],
+) -> None:
+    """Refuse a state whose positions mean other samples in the loader it is loaded into
+    (NOTE [ A state must fit its loader ]): ``kind`` is its dataset's, ``described()`` its
+    ``describe``, ``steps_now()`` its ``len()`` (None: unknown); each read only when needed,
+    in that order."""
     check_fields(state)
-    kind = "iterable" if loader._dataset_kind else "map"
     if state.get("dataset_kind", kind) != kind:
         raise _mismatch("the dataset kind", state["dataset_kind"], kind)
     saved = state.get("loader")
@@ -229,11 +237,11 @@ def check_fit(state: dict[str, Any], loader: Any) -> None:
                 "expected the dict state_dict() records. Pass the dict returned by "
                 "DataLoader.state_dict() unchanged."
             )
-        now = describe(loader)
+        now = described()
         for field, value in now.items():
             if field in saved and saved[field] != value:
                 raise _mismatch(_LABELS[field], saved[field], value)
-    steps = _length(loader) if kind == "map" else None
+    steps = steps_now() if kind == "map" else None
     if steps is None:
         return
     batches = state.get("batches", 0)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from stoker._core.stats import LoaderStats, TunerEvent
+from stoker._core.stats import LoaderStats, StatsHook, TunerEvent
 from stoker.profile.events import EventRecorder
 from stoker.profile.timesplit import CallingThreadClock
-from stoker.workers.protocol import BatchReport
+
+if TYPE_CHECKING:  # NOTE [ Import only what the loader needs ]: loads with the workers
+    from stoker.workers.protocol import BatchReport
 
 
 class StatsAccumulator:
@@ -56,6 +58,12 @@ class StatsAccumulator:
         self.worker_times: dict[int, tuple[float, float, float, float]] = {}
         # The per-batch timeline: None (the default) records nothing (profile/events.py).
         self.events: EventRecorder | None = None
+        self.hooks: tuple[StatsHook, ...] = ()  # told of every batch handed out
+
+    def carry_over(self, old: StatsAccumulator) -> StatsAccumulator:
+        """Take ``old``'s hooks and timeline (a new accumulator for another worker count)."""
+        self.hooks, self.events = old.hooks, old.events
+        return self
 
     def entered_next(self) -> float:
         if self._steal_at_start is None:
@@ -76,6 +84,8 @@ class StatsAccumulator:
         self.samples += samples
         if self.events is not None:
             self.events.step(entered_at, now, samples)
+        for hook in self.hooks:
+            hook.batch_delivered(samples, now, self.snapshot)
 
     def epoch_ended(self) -> None:
         self._left_next_at = None  # the gap between epochs is not the user's step
@@ -159,7 +169,12 @@ class NoStats(StatsAccumulator):
         return 0.0
 
     def left_next(self, entered_at: float, data: Any) -> None:
-        pass
+        if self.hooks:  # a hook asked for the batches, though the loader measures nothing
+            samples = batch_samples(data)
+            self.batches += 1
+            self.samples += samples
+            for hook in self.hooks:
+                hook.batch_delivered(samples, time.perf_counter(), self.snapshot)
 
     def worker_batch(self, worker_id: int, report: BatchReport) -> None:
         pass

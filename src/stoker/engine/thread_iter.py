@@ -14,8 +14,10 @@ import weakref
 from collections import deque
 from typing import Any
 
+from stoker._core.plan import Plan
 from stoker._core.stats import TunerEvent
 from stoker.engine.base_iter import BaseIterator
+from stoker.engine.loader_state import EngineState
 from stoker.errors import LoaderTimeoutError, MixedDeviceError
 from stoker.fetch.concurrency import ConcurrencyTuner, declared_thread_safe
 from stoker.fetch.fetchers import EMPTY, make_fetcher
@@ -27,22 +29,24 @@ from stoker.workers.remote_errors import add_note, describe_failure
 
 
 class ThreadIterator(BaseIterator):
-    def __init__(self, loader: Any, resume: dict[str, Any] | None = None) -> None:
-        super().__init__(loader, resume)
+    def __init__(
+        self, plan: Plan, engine: EngineState, resume: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(plan, engine, resume)
         self._fetcher: Any = make_fetcher(self._fetch_spec)  # map-style: checked by the loader
         self._fetcher.sample_context = (self._base_seed, self._epoch)
         # worker_type="thread" is the user's promise of thread-safety (NOTE [ Automatic
         # concurrency ]).
         self._tuner = ConcurrencyTuner(
-            loader.worker_concurrency, declared_thread_safe(self._dataset),
+            plan.worker_concurrency, declared_thread_safe(self._dataset),
             can_split=self._fetcher.splittable, threads_promised=True,
         )
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._pipeline = SamplePipeline(self._fetcher, self._events, self._base_seed)  # type: ignore[arg-type]
         self._finalizer = weakref.finalize(self, self._pipeline.close)
-        self._prefetch = loader.prefetch_factor or 2
-        self._in_order = loader.in_order
-        self._step_samples = loader.batch_size or 1
+        self._prefetch = plan.prefetch_factor or 2
+        self._in_order = plan.in_order
+        self._step_samples = plan.batch_size or 1
         self._order: deque[int] = deque()
         self._ready: dict[int, Job] = {}
         self._events_seen = 0

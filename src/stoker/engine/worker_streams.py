@@ -53,11 +53,14 @@ from __future__ import annotations
 import functools
 import pickle
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import IterableDataset
 
 from stoker.sampling import worker_rngs
-from stoker.workers import protocol as msg
-from stoker.workers.stream_states import keeps_state
+
+if TYPE_CHECKING:  # NOTE [ Import only what the loader needs ]: loads with the workers
+    from stoker.workers import protocol as msg
 
 UNKNOWN: Any = object()  # a worker's start not reported yet (its Started is on the way)
 WORKER_SEEDINGS = ("per_batch", "per_worker", "worker_init_fn", "lightning_worker_init_fn")
@@ -168,24 +171,39 @@ class WorkerStreams:
 # -- the state's fields ----------------------------------------------------------------------
 
 
-def tracks_dataset(loader: Any) -> bool:
+def tracks_dataset(dataset: Any, num_workers: int, persistent_workers: bool) -> bool:
     """Whether the workers' dataset copies are saved: persistent workers reading an
     IterableDataset that has ``state_dict``/``load_state_dict``."""
-    return bool(loader._dataset_kind and loader.num_workers > 0 and loader.persistent_workers
-                and keeps_state(loader.dataset))
+    from stoker.workers.stream_states import keeps_state
+
+    return bool(isinstance(dataset, IterableDataset) and num_workers > 0 and persistent_workers
+                and keeps_state(dataset))
 
 
-def worker_seeding(loader: Any, streams: WorkerStreams | None) -> str:
-    seeding = getattr(loader, "_stoker_seeding", None) or loader.seeding
+def worker_seeding(seeding: str, worker_init_fn: Any, streams: WorkerStreams | None) -> str:
     if seeding != "per_batch":
         return "per_worker"
     if streams is not None and streams.init_fn_seeded:
-        lightning = is_lightning_init_fn(loader.worker_init_fn)
+        lightning = is_lightning_init_fn(worker_init_fn)
         return "lightning_worker_init_fn" if lightning else "worker_init_fn"
     return "per_batch"
 
 
-def state_fields(loader: Any, progress: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StreamsOwner:
+    """What the state's worker fields depend on, as the loader is now: its dataset, worker
+    count, seeding, ``worker_init_fn``, whether its workers persist, and whether a persistent
+    iterator's workers are alive (they carry their streams into the next epoch)."""
+
+    dataset: Any
+    num_workers: int
+    seeding: str
+    worker_init_fn: Any
+    persistent_workers: bool
+    workers_alive: bool
+
+
+def state_fields(owner: StreamsOwner, progress: Any) -> dict[str, Any]:
     """``worker_seeding``, ``worker_rngs`` and ``worker_dataset_states`` for ``state_dict()``.
 
     The lists always have one entry per worker when they apply (NOTE [ Constant state keys ]):
@@ -194,11 +212,9 @@ def state_fields(loader: Any, progress: Any) -> dict[str, Any]:
     """
     streams = getattr(progress, "streams", None) if progress is not None else None
     finished = progress is None or progress.finished
-    iterator = loader._iterator
-    if finished and not (iterator is not None and loader.persistent_workers
-                         and not iterator.stopped):
+    if finished and not (owner.persistent_workers and owner.workers_alive):
         streams = None  # the next epoch starts fresh workers
-    n = loader.num_workers
+    n = owner.num_workers
     entries = [FRESH] * n
     if streams is not None:
         await_starts = streams.await_starts() if streams.await_starts is not None else None
@@ -208,12 +224,12 @@ def state_fields(loader: Any, progress: Any) -> dict[str, Any]:
     rngs = [None if e.rngs is None or streams is None else streams.encoded(w, e.rngs)
             for w, e in enumerate(entries)]
     fields: dict[str, Any] = {
-        "worker_seeding": worker_seeding(loader, streams),
+        "worker_seeding": worker_seeding(owner.seeding, owner.worker_init_fn, streams),
         "worker_rngs": rngs if any(r is not None for r in rngs) else None,
         "worker_dataset_states": None,
     }
-    if tracks_dataset(loader):
-        main = loader.dataset.state_dict()
+    if tracks_dataset(owner.dataset, n, owner.persistent_workers):
+        main = owner.dataset.state_dict()
         fields["worker_dataset_states"] = [
             main if e.dataset_state is None else
             pickle.loads(e.dataset_state[0]) if e.pickled else e.dataset_state[0]
@@ -250,6 +266,8 @@ class StreamLog:
     def file(self, wid: int, reply: msg.Reply | msg.Started, epoch: int,
              streams: WorkerStreams) -> msg.Reply | None:
         """The reply with its states resolved; None for a ``Started`` (filed here)."""
+        from stoker.workers import protocol as msg
+
         if isinstance(reply, msg.Started):
             rngs = self._resolve(wid, reply.rngs)
             if reply.epoch == epoch:
@@ -316,13 +334,13 @@ def _why(seeding: str) -> tuple[str, str]:
                    "and its states resume at any num_workers.")
 
 
-def check_worker_streams(state: dict[str, Any], loader: Any) -> None:
-    """Refuse a state whose workers' own streams cannot continue in ``loader`` (another
-    ``num_workers``), naming the switch that makes states resume anywhere (NOTE [ Worker
-    streams resume ])."""
+def check_worker_streams(state: dict[str, Any], num_workers: int) -> None:
+    """Refuse a state whose workers' own streams cannot continue with ``num_workers`` (another
+    count than the state's), naming the switch that makes states resume anywhere (NOTE
+    [ Worker streams resume ])."""
     _check_types(state)
     seeding = state.get("worker_seeding", "per_batch")
-    saved, now = state.get("num_workers", 0), loader.num_workers
+    saved, now = state.get("num_workers", 0), num_workers
     if seeding == "per_batch" or saved == now:
         return
     rngs = state.get("worker_rngs") or ()

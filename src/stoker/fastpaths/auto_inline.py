@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import Any
 
 from stoker._core.specs import FetchSpec
-from stoker.fastpaths.index_tensor import VectorProbe
 from stoker.fetch.fetchers import vectorisable
 
 _PROBE_BATCH = 64  # samples per probe batch, at most
@@ -44,6 +43,10 @@ def gathers_suffice(spec: FetchSpec, worker_init_fn: Any, batch_size: int | None
     """Whether the batches of ``spec`` are best computed in the calling thread."""
     if worker_init_fn is not None:
         return False
+    # The probe's module loads here, at the first pass that asks (NOTE [ Import only what the
+    # loader needs ]).
+    from stoker.fastpaths.index_tensor import VectorProbe
+
     probe = VectorProbe(spec.dataset, vectorisable(spec), direct=False, source=True)
     if probe.kind != "source":
         return False

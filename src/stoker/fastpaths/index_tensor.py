@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stoker._core.dataset_hooks import SupportsTensorIndex, declares
 from stoker.collate._alloc import allocating_into
 from stoker.fastpaths.batched_getitem import compile_batched
 from stoker.sampling import global_rngs
@@ -77,7 +78,7 @@ def same_batch(a: Any, b: Any) -> bool:
 
 def declared_tensor_index(dataset: Any) -> bool:
     """The dataset's class promises ``dataset[tensor_of_indices]`` is its collated batch."""
-    return getattr(dataset, "stoker_tensor_index", False) is True
+    return declares(dataset, SupportsTensorIndex)
 
 
 class VectorProbe:

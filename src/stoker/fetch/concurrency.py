@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from stoker._core.dataset_hooks import SupportsThreadSafe, declares
+
 _MAX_CONCURRENCY = 64
 _MEMORY_BUDGET_BYTES = 512 << 20
 _WINDOW_S = 0.25
@@ -238,7 +240,7 @@ class ConcurrencyTuner:
 
 
 def declared_thread_safe(dataset: Any) -> bool:
-    return getattr(dataset, "stoker_thread_safe", False) is True
+    return declares(dataset, SupportsThreadSafe)
 
 
 def opt_in_hint(gain: float) -> str:

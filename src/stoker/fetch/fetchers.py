@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from stoker._core.dataset_hooks import SupportsPrepareBatch, provided
 from stoker._core.specs import FetchSpec
 from stoker.sampling.sample_rng import CURSOR, CURSOR_WORKS, SAMPLE_CONTEXT
 
@@ -117,8 +118,7 @@ class MapFetcher:
         self._getitems: Callable[[Any], Any] | None = getitems if getitems else None
         # A dataset may ask to see a batch's indices before its samples are read, e.g. to
         # fetch what they need from storage at once (stoker.formats.TarShards).
-        self._prepare: Callable[[Any], Any] | None = getattr(
-            spec.dataset, "stoker_prepare_batch", None)
+        self._prepare = provided(spec.dataset, SupportsPrepareBatch.stoker_prepare_batch)
         self._announced: set[Any] = set()  # tasks whose batch the dataset has seen ahead
         self.upcoming: list[tuple[Any, Any]] = []  # (task, indices) waiting after this one
         self.skipped: list[Skipped] = []  # of the last fetch

@@ -38,6 +38,7 @@ from stoker.formats.tar_members import (
     split_name,
 )
 from stoker.storage import ByteSource
+from stoker.storage.source import ByteSourceExtras, extra
 
 INDEX_SUFFIX = ".idx.npz"
 INDEX_VERSION = 1
@@ -257,7 +258,7 @@ def scan_shard(source: ByteSource, path: str, meta: dict[str, Any] | None = None
 def shard_bytes(source: ByteSource, path: str) -> Iterator[memoryview]:
     """The whole shard: a read-only map of the local file (or of a remote source's cached
     copy, fetched first), or its bytes read through."""
-    fetch_local = getattr(source, "fetch_local", None)
+    fetch_local = extra(source, ByteSourceExtras.fetch_local)
     local = fetch_local(path) if fetch_local is not None else source.local_path(path)
     try:
         f = open(local, "rb") if local is not None else None
@@ -405,18 +406,15 @@ def load_index(source: ByteSource, shard: str) -> ShardTable:
 def read_fresh(source: ByteSource, path: str) -> bytes:
     """The whole object from its store, never from a cache of remote objects (NOTE [ A pack
     written again at the same place ])."""
-    get_whole = getattr(source, "get_whole", None)
-    if get_whole is None:
-        return source.read(path)
-    data: bytes = get_whole(path)
-    return data
+    get_whole = extra(source, ByteSourceExtras.get_whole)
+    return source.read(path) if get_whole is None else get_whole(path)
 
 
 def drop_stale_copy(source: ByteSource, path: str) -> bool:
     """Drop the cached copy of ``path`` this process read from, after its bytes disagreed
     with the index: True when there was one (read again: from the store), False when the
     bytes came from the store itself (NOTE [ A pack written again at the same place ])."""
-    drop = getattr(source, "drop_cached", None)
+    drop = extra(source, ByteSourceExtras.drop_cached)
     return bool(drop(path)) if drop is not None else False
 
 

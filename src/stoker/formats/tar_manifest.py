@@ -15,6 +15,7 @@ from stoker.errors import ShardError
 from stoker.formats._common import join, parent
 from stoker.formats.tar_index import TABLES_NAME, ShardTable, read_fresh, tables_from_bytes
 from stoker.storage import ByteSource
+from stoker.storage.source import ByteSourceExtras, extra
 
 _GUESSED_TABLES_BYTES = 8 << 20  # NOTE [ The file of indexes alongside the manifest ]
 
@@ -55,7 +56,7 @@ class Manifest:
 
 def read_manifest(source: ByteSource, path: str) -> Manifest:
     """The manifest at ``path`` (NOTE [ The file of indexes alongside the manifest ])."""
-    read_prefix = getattr(source, "read_prefix", None)
+    read_prefix = extra(source, ByteSourceExtras.read_prefix)
     if read_prefix is None:
         return _parse_manifest(_read_manifest_file(source, path), path)
     guess = join(parent(path), TABLES_NAME)
@@ -139,7 +140,7 @@ def expect_contents(source: ByteSource, tables: dict[str, ShardTable]) -> None:
     """Tell a caching source what each shard's content is (a digest of its index), so no
     cached copy of other content is read for it (NOTE [ Cached copies named by their
     content ] in ``storage/cache.py``)."""
-    expect_versions = getattr(source, "expect_versions", None)
+    expect_versions = extra(source, ByteSourceExtras.expect_versions)
     if expect_versions is not None and tables:
         expect_versions({path: table.digest() for path, table in tables.items()})
 
@@ -147,7 +148,7 @@ def expect_contents(source: ByteSource, tables: dict[str, ShardTable]) -> None:
 def expect_manifest_sizes(source: ByteSource, shards: list[TarShard]) -> None:
     """Tell a source that takes them the shards' sizes the manifest gives, so no request asks
     them one by one (``RemoteSource.expect_sizes``)."""
-    expect_sizes = getattr(source, "expect_sizes", None)
+    expect_sizes = extra(source, ByteSourceExtras.expect_sizes)
     if expect_sizes is not None:
         expect_sizes({s.path: s.size_bytes for s in shards})
 

@@ -48,6 +48,7 @@ from stoker.formats.tar_manifest import (
 )
 from stoker.formats.tar_members import duplicate_field
 from stoker.storage import ByteSource
+from stoker.storage.source import ByteSourceExtras, extra, extra_value, offers
 
 _INDEX_THREADS = 8  # remote indexes read at once (NOTE [ A batch's shards at once ])
 _EAGER_REMOTE_INDEXES = 256  # up to this many shards, remote indexes are read at construction
@@ -123,7 +124,7 @@ class TarShards(Dataset[Any]):
         # A warm cache holds local copies of a remote pack: it is still read as remote (sizes
         # from the manifest, the main process fetching for its workers), else each shard's
         # size was asked of the store on opening, one request at a time.
-        self._remote = bool(paths) and (hasattr(self.source, "expect_sizes")
+        self._remote = bool(paths) and (offers(self.source, ByteSourceExtras.expect_sizes)
                                         or self.source.local_path(paths[0]) is None)
         if self._remote:
             expect_manifest_sizes(self.source, self.shards)
@@ -192,7 +193,7 @@ class TarShards(Dataset[Any]):
     def _check_size(self, path: str, table: ShardTable) -> None:
         """A shard against its sidecar's size where that costs no request: a local file's (one
         stat), or one a remote source already knows (listed or read)."""
-        known_size = getattr(self.source, "known_size", None)
+        known_size = extra(self.source, ByteSourceExtras.known_size)
         if known_size is not None:
             actual = known_size(path)
         else:
@@ -236,7 +237,7 @@ class TarShards(Dataset[Any]):
         sends the batch to a worker: from object storage in shard mode, the main process
         downloads the shards the batch needs and the worker waits for them instead of making
         its own S3 client (NOTE [ The main process fetches for its workers ])."""
-        fetch = getattr(self.source, "fetch_for_workers", None)
+        fetch = extra(self.source, ByteSourceExtras.fetch_for_workers)
         if self._remote and fetch is not None:
             shard_ids = self._shard_ids(indices)
             self._watch_the_cache(shard_ids, len(indices))
@@ -245,7 +246,7 @@ class TarShards(Dataset[Any]):
     def _watch_the_cache(self, shard_ids: list[int], samples: int) -> None:
         """NOTE [ A cache the order thrashes ] in ``formats/cache_thrash.py``."""
         if self._thrash is None:
-            cache = getattr(self.source, "cache", None)
+            cache = extra_value(self.source, ByteSourceExtras.cache, None)
             if cache is None or not self.shards:
                 return
             self._thrash = ThrashWatch(cache.budget_bytes, self._length / len(self.shards),
@@ -275,7 +276,7 @@ class TarShards(Dataset[Any]):
         missing = [s for s in shard_ids if s not in self._tables]
         if len(missing) > 1:
             self._load_tables(missing)
-        prefetch = getattr(self.source, "prefetch", None)
+        prefetch = extra(self.source, ByteSourceExtras.prefetch)
         if prefetch is not None and len(shard_ids) > 1:  # it skips the ones it holds open
             prefetch([self.shards[s].path for s in shard_ids])
 

@@ -73,6 +73,7 @@ from stoker.formats.tar_manifest import (
 )
 from stoker.formats.tar_members import duplicate_field
 from stoker.storage import ByteSource
+from stoker.storage.source import ByteSourceExtras, extra, extra_value
 
 
 class TarShardStream(IterableDataset[Any]):
@@ -195,7 +196,7 @@ class TarShardStream(IterableDataset[Any]):
         that worker reads next, and the worker waits for them instead of making its own S3
         client (NOTE [ The main process fetches for its workers ]). The samples are the same
         without it (torch's DataLoader does not call it)."""
-        fetch = getattr(self.source, "fetch_for_workers", None)
+        fetch = extra(self.source, ByteSourceExtras.fetch_for_workers)
         if fetch is None or not self._counts:
             return
         ctx = detect()
@@ -213,23 +214,24 @@ class TarShardStream(IterableDataset[Any]):
         read = min(self.shuffle_initial + 2 * samples, samples + self.shuffle_buffer)
         done = bisect.bisect_right(ends, samples)
         reading = bisect.bisect_left(ends, read)
-        fetch(mine[done : reading + 1 + getattr(self.source, "lookahead_shards", 0)])
+        ahead = extra_value(self.source, ByteSourceExtras.lookahead_shards, 0)
+        fetch(mine[done : reading + 1 + ahead])
 
     def __iter__(self) -> Iterator[Any]:
         info = shard_info()
         rng = random.Random(f"{self.seed}/{self.epoch}/{info.shard_id}/{info.num_shards}")
         buffer: list[dict[str, Any]] = []
         mine = self._mine(info)
-        plan = getattr(self.source, "plan", None)
+        plan = extra(self.source, ByteSourceExtras.plan)
         if plan is not None:  # a remote source fetches this reader's next shards ahead
             plan(mine)
         incoming = (sample for path in mine for sample in self._samples(path))
         for sample in incoming:
             buffer.append(sample)
             if len(buffer) <= self.shuffle_buffer:  # growing: two samples in per one out
-                extra = next(incoming, None)
-                if extra is not None:
-                    buffer.append(extra)
+                second = next(incoming, None)
+                if second is not None:
+                    buffer.append(second)
                 if len(buffer) < self.shuffle_initial:
                     continue
             k = rng.randrange(len(buffer))

@@ -6,8 +6,9 @@ DataLoader: they wrap it in a ``DataLoaderShard`` (or ``DataLoaderDispatcher``) 
 ``base_dataloader`` is a new ``torch.utils.data.DataLoader`` built from the old one's torch
 arguments and a sharded batch sampler. For a stoker loader that new loader would be torch's:
 every stoker argument gone, ``stats()`` at zero, no warning. stoker therefore wraps those two
-functions of ``accelerate.data_loader`` as soon as that module is imported (an import hook
-registered by ``import stoker``, or at once when Accelerate was imported first): the wrapped
+functions of ``accelerate.data_loader`` as soon as that module is imported (``install``, run
+by the import watch ``import stoker`` sets, ``_core/import_watch.py``, or at once when
+Accelerate was imported first; this module itself loads only then): the wrapped
 functions run Accelerate's own code unchanged, then, when the input was a stoker loader, build
 the base loader again as a ``stoker.DataLoader`` with the very arguments Accelerate chose
 (dataset, sharded batch sampler, workers, collate) plus the original's stoker arguments. Any
@@ -31,12 +32,9 @@ each process its share, and stoker's sharding on top would split it again.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import inspect
 import sys
 import warnings
-from collections.abc import Sequence
 from types import CodeType, FrameType, ModuleType
 from typing import Any
 
@@ -51,12 +49,6 @@ _BINDERS = (
 _warned: set[str] = set()
 # The code of Accelerate's functions in _WRAPPED, unwrapped: how an adapter finds their frames.
 _rebuilder_codes: set[CodeType] = set()
-
-
-def remember(loader: Any) -> None:
-    """Called by every stoker loader; does nothing now. An adapter reads the loader being
-    rebuilt from the stack (NOTE [ Accelerate keeps stoker ]): a registry of loaders by dataset
-    named the wrong loader when loaders share a dataset."""
 
 
 def _being_rebuilt() -> Any:
@@ -203,34 +195,3 @@ def install(module: ModuleType) -> None:
             if mod is not None and getattr(mod, name, None) is original:
                 setattr(mod, name, wrapped)
         setattr(module, name, wrapped)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Wraps the functions the moment ``accelerate.data_loader`` has run, before any
-    ``from .data_loader import prepare_data_loader`` binds the unwrapped one."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _TARGET:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        exec_module = loader.exec_module
-
-        def exec_and_install(module: ModuleType) -> None:
-            exec_module(module)
-            install(module)
-
-        loader.exec_module = exec_and_install  # type: ignore[method-assign]
-        return spec
-
-
-def register() -> None:
-    """Called by ``import stoker``: install now if Accelerate is loaded, else when it is."""
-    if _TARGET in sys.modules:
-        install(sys.modules[_TARGET])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())

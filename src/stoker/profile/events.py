@@ -1,7 +1,7 @@
 """A bounded per-batch timeline of a loader, recorded only when asked for.
 
 Off by default: ``StatsAccumulator.events`` is ``None`` and the loader pays one attribute
-test per batch. ``stoker doctor`` (and anyone else: ``record_events(loader)``) turns it on; it
+test per batch. ``stoker doctor`` (or anyone: ``loader.record_timeline()``) turns it on; it
 then keeps the newest ``max_batches`` records of each kind, as plain tuples, so a long run
 costs a fixed amount of memory.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from stoker.workers.protocol import BatchReport
@@ -107,15 +107,3 @@ def _now() -> float:
     import time
 
     return time.perf_counter()
-
-
-def record_events(loader: Any, max_batches: int = DEFAULT_MAX_BATCHES) -> EventRecorder:
-    """Start recording ``loader``'s per-batch timeline (a ``stoker.DataLoader``); returns the
-    recorder, which keeps filling until ``stop_recording(loader)``."""
-    recorder = EventRecorder(max_batches)
-    loader._engine.stats.events = recorder
-    return recorder
-
-
-def stop_recording(loader: Any) -> None:
-    loader._engine.stats.events = None

@@ -12,7 +12,9 @@ from stoker._core.stats import LoaderStats
 from stoker.profile import rules
 
 
-def _cores() -> int:
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity), which the verdicts weigh work against;
+    the doctor's too."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
@@ -30,7 +32,7 @@ def summarize(s: LoaderStats) -> str:
     if s.skipped:
         head += f"; {s.skipped} samples skipped"
     worker_type = "thread" if s.threads else "process" if s.num_workers else "auto"
-    figures = rules.from_stats(s, _cores(), worker_type)
+    figures = rules.from_stats(s, usable_cores(), worker_type)
     v = rules.judge(figures)
     if v.kind == "consumer":
         return head + ". Not input-bound: the training step is the bottleneck."

@@ -11,6 +11,7 @@ behaviour) it warns once, naming the attribute and the fix.
 from __future__ import annotations
 
 import random
+import sys
 import warnings
 import weakref
 from typing import Any
@@ -22,7 +23,14 @@ from stoker._core.walk import iter_attributes
 from stoker.sampling.datapipes import is_datapipe
 from stoker.sampling.seeds import mix_seed
 
-_RNG_TYPES = (random.Random, np.random.Generator, np.random.RandomState, torch.Generator)
+
+def _rng_types() -> tuple[type, ...]:
+    """numpy's generator classes only once ``numpy.random`` is loaded: no dataset holds one
+    before, and loading it for nothing costs ~5 ms (NOTE [ Import only what the loader needs ])."""
+    nprandom = sys.modules.get("numpy.random")
+    if nprandom is None:
+        return random.Random, torch.Generator
+    return random.Random, nprandom.Generator, nprandom.RandomState, torch.Generator
 
 
 def find_dataset_rngs(dataset: Any) -> list[tuple[str, Any]]:
@@ -30,8 +38,9 @@ def find_dataset_rngs(dataset: Any) -> list[tuple[str, Any]]:
         return []  # its shufflers take the loader's shared seed (stoker.sampling.datapipes)
     found = []
     seen: set[int] = set()
+    rng_types = _rng_types()
     for path, value in iter_attributes(dataset):
-        if isinstance(value, _RNG_TYPES) and id(value) not in seen:
+        if isinstance(value, rng_types) and id(value) not in seen:
             if isinstance(value, torch.Generator) and value.device.type != "cpu":
                 continue
             seen.add(id(value))
@@ -48,12 +57,12 @@ def reseed(rngs: list[tuple[str, Any]], seed: int) -> None:
         s = _seed_of(seed, k)
         if isinstance(rng, torch.Generator):
             rng.manual_seed(s)
+        elif isinstance(rng, random.Random):  # before numpy's: no numpy.random to load for it
+            rng.seed(s)
         elif isinstance(rng, np.random.Generator):
             rng.bit_generator.state = type(rng.bit_generator)(s).state
-        elif isinstance(rng, np.random.RandomState):
+        else:  # np.random.RandomState
             rng.seed(s & 0xFFFFFFFF)
-        else:
-            rng.seed(s)
 
 
 def save_states(rngs: list[tuple[str, Any]]) -> list[Any]:
@@ -61,12 +70,12 @@ def save_states(rngs: list[tuple[str, Any]]) -> list[Any]:
     for _, rng in rngs:
         if isinstance(rng, torch.Generator):
             out.append(rng.get_state())
+        elif isinstance(rng, random.Random):
+            out.append(rng.getstate())
         elif isinstance(rng, np.random.Generator):
             out.append(rng.bit_generator.state)
-        elif isinstance(rng, np.random.RandomState):
+        else:  # np.random.RandomState
             out.append(rng.get_state())
-        else:
-            out.append(rng.getstate())
     return out
 
 
@@ -74,12 +83,12 @@ def restore_states(rngs: list[tuple[str, Any]], states: list[Any]) -> None:
     for (_, rng), state in zip(rngs, states, strict=True):
         if isinstance(rng, torch.Generator):
             rng.set_state(state)
+        elif isinstance(rng, random.Random):
+            rng.setstate(state)
         elif isinstance(rng, np.random.Generator):
             rng.bit_generator.state = state
-        elif isinstance(rng, np.random.RandomState):
+        else:  # np.random.RandomState
             rng.set_state(state)
-        else:
-            rng.setstate(state)
 
 
 _warned: weakref.WeakSet[Any] = weakref.WeakSet()

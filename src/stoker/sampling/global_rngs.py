@@ -13,11 +13,11 @@ Both states are plain memory: numpy's MT19937 words and position at the bit gene
 ``ctypes.state_address``, plus the legacy Gaussian cache (``has_gauss``, ``gauss``) inside the
 ``RandomState`` object; ``random``'s 624 words and index inside its C object, plus the
 ``gauss_next`` attribute. Copying those bytes is ~2 us. Where they live inside the objects is
-not public, so it is found at import on private instances, by searching each object's memory
-for a state just set through the public API, and then checked: bytes copied out and back must
-reproduce the public state and the same draws. If anything does not check out (another Python
-or numpy, a subclass), that RNG uses the public API as before. torch's state is 5 KiB behind
-``get_rng_state``/``set_rng_state`` (~5 us): used as is.
+not public, so it is found at the first snapshot (not at import) on private instances, by
+searching each object's memory for a state just set through the public API, and then checked:
+bytes copied out and back must reproduce the public state and the same draws. If anything does
+not check out (another Python or numpy, a subclass), that RNG uses the public API as before.
+torch's state is 5 KiB behind ``get_rng_state``/``set_rng_state`` (~5 us): used as is.
 """
 
 from __future__ import annotations
@@ -30,18 +30,28 @@ from typing import Any
 import numpy as np
 import torch
 
-from stoker.sampling.raw_rng_states import (
-    MT_WORDS,
-    NUMPY_GAUSS_OFFSET,
-    RANDOM_OFFSET,
-    numpy_raw,
-    numpy_restore,
-)
+from stoker.sampling import raw_rng_states
+from stoker.sampling.raw_rng_states import MT_WORDS, numpy_raw, numpy_restore
 
 _MT_WORDS = MT_WORDS
-# Module globals, so a test can take the public path: None there.
-_RANDOM_OFFSET = RANDOM_OFFSET
-_NUMPY_GAUSS_OFFSET = NUMPY_GAUSS_OFFSET
+# Module globals, so a test can take the public path: None there. Found at the first snapshot.
+_ASK: Any = "found at first use"
+_RANDOM_OFFSET: Any = _ASK
+_NUMPY_GAUSS_OFFSET: Any = _ASK
+
+
+def _random_offset() -> int | None:
+    global _RANDOM_OFFSET
+    if _RANDOM_OFFSET is _ASK:
+        _RANDOM_OFFSET = raw_rng_states.random_offset()
+    return _RANDOM_OFFSET  # type: ignore[no-any-return]
+
+
+def _numpy_gauss_offset() -> int | None:
+    global _NUMPY_GAUSS_OFFSET
+    if _NUMPY_GAUSS_OFFSET is _ASK:
+        _NUMPY_GAUSS_OFFSET = raw_rng_states.numpy_gauss_offset()
+    return _NUMPY_GAUSS_OFFSET  # type: ignore[no-any-return]
 
 
 # -- snapshots ---------------------------------------------------------------------------------
@@ -51,9 +61,10 @@ def _module_random() -> tuple[Any, int] | None:
     """The ``random.Random`` behind the module functions (if they still are its methods) and
     the address of its state words, when they can be copied raw."""
     inst = getattr(random.random, "__self__", None)
-    if _RANDOM_OFFSET is None or type(inst) is not random.Random:
+    offset = _random_offset()
+    if offset is None or type(inst) is not random.Random:
         return None
-    return inst, id(inst) + _RANDOM_OFFSET
+    return inst, id(inst) + offset
 
 
 def _random_state(raw: bool = True) -> Any:
@@ -85,21 +96,22 @@ def _numpy_global() -> Any:
 
 def _numpy_state(raw: bool = True) -> Any:
     rs = _numpy_global()
+    offset = _numpy_gauss_offset() if raw else None
     if (
-        raw
-        and _NUMPY_GAUSS_OFFSET is not None
+        offset is not None
         and type(rs) is np.random.RandomState
         and type(rs._bit_generator) is np.random.MT19937
     ):
-        return numpy_raw(rs, _NUMPY_GAUSS_OFFSET)
+        return numpy_raw(rs, offset)
     return rs.get_state()
 
 
 def _set_numpy_state(state: Any) -> None:
     rs = _numpy_global()
     if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], bytes):
-        assert _NUMPY_GAUSS_OFFSET is not None
-        numpy_restore(rs, _NUMPY_GAUSS_OFFSET, state)
+        offset = _numpy_gauss_offset()
+        assert offset is not None
+        numpy_restore(rs, offset, state)
     else:
         rs.set_state(state)
 
@@ -140,4 +152,4 @@ def changed_since(state: tuple[Any, Any, torch.Tensor]) -> bool:
 
 def raw_paths() -> dict[str, bool]:
     """Which RNGs are copied as raw bytes here (the rest use the public API)."""
-    return {"random": _RANDOM_OFFSET is not None, "numpy": _NUMPY_GAUSS_OFFSET is not None}
+    return {"random": _random_offset() is not None, "numpy": _numpy_gauss_offset() is not None}

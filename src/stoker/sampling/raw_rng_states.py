@@ -1,14 +1,17 @@
 """Raw copies of ``random``'s and numpy's global RNG states (NOTE [ Raw RNG snapshots ] in
-``stoker.sampling.global_rngs``): where the states live inside the objects is found at import
-on private instances and checked by round trips. A fast path that relies on CPython's and
-numpy's object layouts, under NOTE [ One switch for the fast paths ] (``stoker.fastpaths.switch``)
-but kept here, beside the snapshots that use it: with ``STOKER_FAST_PATHS=0`` nothing is
-calibrated and every state goes through the public APIs.
+``stoker.sampling.global_rngs``): where the states live inside the objects is found on private
+instances the first time a snapshot asks, and checked by round trips; not at import, where
+numpy's RNG module is not loaded yet (NOTE [ Import only what the loader needs ]). A fast path
+that relies on CPython's and numpy's object layouts, under
+NOTE [ One switch for the fast paths ] (``stoker.fastpaths.switch``) but kept here, beside the
+snapshots that use it: with ``STOKER_FAST_PATHS=0`` nothing is calibrated and every state goes
+through the public APIs.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import random
 import struct
 from typing import Any
@@ -113,5 +116,13 @@ def _calibrated(find: Any) -> int | None:
         return None
 
 
-RANDOM_OFFSET = _calibrated(_random_offset) if env_allows() else None
-NUMPY_GAUSS_OFFSET = _calibrated(_numpy_gauss_offset) if env_allows() else None
+@functools.cache
+def random_offset() -> int | None:
+    """Where ``random``'s state lies in its object, found once; None: use the public API."""
+    return _calibrated(_random_offset) if env_allows() else None
+
+
+@functools.cache
+def numpy_gauss_offset() -> int | None:
+    """Where numpy's Gaussian cache lies in a ``RandomState``, found once; None: public API."""
+    return _calibrated(_numpy_gauss_offset) if env_allows() else None

@@ -44,11 +44,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from stoker._core.dataset_hooks import SupportsShareLists, flag
 from stoker._core.walk import iter_attributes
-from stoker.sharing import inherited_list
-from stoker.sharing.inherited_list import InheritedList
-from stoker.sharing.shared_list import SharedBytesList, SharedList, SharedStrList
-from stoker.sharing.stand_in import ListStandIn
+
+# Every loader has a ``ListSharing``, few share a list: the containers and stand-ins load
+# when a plan first does (NOTE [ Import only what the loader needs ]).
 
 MIN_ITEMS = 65_536
 _PLAIN_SCALARS = (int, float, bool, type(None), str, bytes)
@@ -62,6 +62,8 @@ def _is_plain(x: Any) -> bool:
 
 def container_class(items: list[Any]) -> type[Any] | None:
     """The shared container that reproduces ``items`` exactly, or None if none does."""
+    from stoker.sharing.shared_list import SharedBytesList, SharedList, SharedStrList
+
     if all(type(x) is str for x in items):
         return SharedStrList
     if all(type(x) is bytes for x in items):
@@ -113,6 +115,8 @@ def _held_only_by(holder: dict[int, list[Any]], key: int, known: int) -> bool:
 def _pays_to_read_in_place(items: list[Any]) -> bool:
     """Plain items (sampled), read back equal by this interpreter (NOTE [ Reading inherited
     lists in place ])."""
+    from stoker.sharing import inherited_list
+
     n = len(items)
     positions = sorted({*range(0, n, max(1, n // _SAMPLE)), n - 1})
     return all(_is_plain(items[i]) for i in positions) and inherited_list.reads_back(
@@ -153,10 +157,12 @@ class ListSharing:
         ``asked``: the loader's ``beyond_torch`` names ``shared_lists`` (NOTE [ Same as torch
         unless asked ]: inside workers a stand-in is not ``type list``); a dataset class can
         also ask with ``stoker_share_lists = True``, or refuse with ``False``."""
-        declared = getattr(dataset, "stoker_share_lists", None)
+        declared = flag(dataset, SupportsShareLists)
         if not self._enabled or declared is False or not (asked or declared is True):
             self._entries = {}
             return ()
+        from stoker.sharing import inherited_list
+
         found, slots = _large_lists(dataset)
         plan: list[tuple[Any, str, Any]] = []
         kept: dict[int, _Entry] = {}
@@ -189,6 +195,9 @@ def _unchanged(snapshot: list[Any], current: list[Any]) -> bool:
 
 def apply_in_worker(plan: tuple[tuple[Any, str, Any], ...]) -> None:
     """Point each planned attribute at its stand-in (in a forked worker only)."""
+    from stoker.sharing.inherited_list import InheritedList
+    from stoker.sharing.stand_in import ListStandIn
+
     views: dict[int, ListStandIn] = {}
     for owner, name, shared in plan:
         source = vars(owner)[name]

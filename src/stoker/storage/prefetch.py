@@ -83,12 +83,31 @@ import threading
 import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from stoker.storage.cache_locks import release_claim
 
 if TYPE_CHECKING:
-    from stoker.storage.remote import RemoteSource
+    from stoker.storage.cache import ShardCache
+
+
+
+class PrefetchSource(Protocol):
+    """What the prefetcher reads of its ``RemoteSource`` (which makes one per process): the
+    cache it fills and the whole-object GETs it fills it with."""
+
+    @property
+    def cache(self) -> ShardCache | None: ...
+
+    @property
+    def fetch(self) -> str: ...  # "shard": an uncached shard is fetched whole before a read
+
+    def get_whole(self, path: str) -> bytes: ...
+
+    def get_into(self, path: str, file: str) -> int: ...
+
+    def known_size(self, path: str) -> int | None: ...
+
 
 _PREFETCH_THREADS = 2
 _FETCH_FOR_OTHERS_THREADS = 8  # NOTE [ The main process fetches for its workers ]
@@ -110,7 +129,7 @@ def _close_left_open(pid: int, pins: dict[str, tuple[int, int]], claims: dict[st
 class Prefetcher:
     """Per-process state of one ``RemoteSource``'s cache use: pins, plan, download threads."""
 
-    def __init__(self, source: RemoteSource, lookahead_shards: int) -> None:
+    def __init__(self, source: PrefetchSource, lookahead_shards: int) -> None:
         self.source = source
         self.lookahead = max(0, int(lookahead_shards))
         self.plan: list[str] = []

@@ -1,23 +1,40 @@
-"""``ByteSource``: the one interface record formats read through, and its local implementation.
+"""``ByteSource``: the one interface record formats read through; ``ByteSourceExtras``: what a
+source may also offer, each member on its own; and the local implementation.
 
 A source is addressed by the paths (or URLs) the user gave. Every method is safe to call from
 several threads at once, and a source pickles (workers receive it with the dataset): process-local
 handles are opened lazily, never pickled.
+
+NOTE [ Optional source members ]
+A reader needs only ``ByteSource``'s four methods; ``RemoteSource`` offers more (sizes from a
+manifest, fetching ahead, reads that skip its cache), and a user's source may offer any of them.
+Each member of ``ByteSourceExtras`` is optional on its own: a reader asks for one with
+``extra`` (the bound method, or None), ``extra_value`` (an attribute, or a default) or
+``offers``, naming it by the protocol's member (``extra(source, ByteSourceExtras.get_whole)``),
+so the name is written once, here, and mypy checks the call. Asking is ``getattr``: a source
+that has the attribute offers it, whatever its class. ``tests/unit/test_contracts.py`` fails
+on a member a reader uses that neither protocol declares.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar, runtime_checkable
+
+if TYPE_CHECKING:
+    from stoker.storage.cache import ShardCache
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 @runtime_checkable
 class ByteSource(Protocol):
     """Bytes of named objects: whole, by range, or as a local file when one exists.
 
-    Readers also use these when a source has them (``RemoteSource`` does): ``learn_sizes`` and
-    ``expect_sizes`` (sizes from one listing, or from a manifest), ``fetch_local`` (a local
-    copy made on demand), ``prefetch`` and ``plan`` (objects to fetch ahead)."""
+    Readers also use what ``ByteSourceExtras`` declares when a source has it (``RemoteSource``
+    has all of it)."""
 
     def size(self, path: str) -> int:
         """Length of the object in bytes."""
@@ -35,6 +52,103 @@ class ByteSource(Protocol):
         """A local file holding the whole object (the file itself, or a complete cached copy),
         or ``None`` when only ``read``/``read_range`` can reach it."""
         ...
+
+
+class ByteSourceExtras(Protocol):
+    """What a ``ByteSource`` may also offer; readers use each member a source has, on its own
+    (NOTE [ Optional source members ]). ``RemoteSource`` offers them all; a source with none
+    of them is read through ``ByteSource``'s methods alone, with the same samples."""
+
+    # -- what a dataset's manifest and indexes tell the source
+    def known_size(self, path: str) -> int | None:
+        """The object's size if already known without a request, else None (readers check a
+        shard against its index with it instead of asking ``size``)."""
+        ...
+
+    def expect_sizes(self, sizes: dict[str, int]) -> None:
+        """The objects' sizes as a dataset's manifest gives them, so none is asked one by one.
+        A reader that finds this treats the source as remote (sizes from the manifest, the
+        main process fetching for its workers)."""
+        ...
+
+    def expect_versions(self, versions: dict[str, str]) -> None:
+        """A tag of each object's content (a digest of its index), so no cached copy of other
+        content is read for it (NOTE [ Cached copies named by their content ] in ``cache.py``)."""
+        ...
+
+    # -- reads around a cache
+    def read_prefix(self, path: str, length: int) -> bytes:
+        """The object's first ``length`` bytes, or all of it when it is shorter; asked at once
+        beside the manifest (NOTE [ The file of indexes alongside the manifest ] in
+        ``formats/tar_manifest.py``)."""
+        ...
+
+    def get_whole(self, path: str) -> bytes:
+        """The whole object from its store, never from a cache (manifests, indexes: NOTE [ A
+        pack written again at the same place ] in ``formats/tar_index.py``)."""
+        ...
+
+    def fetch_local(self, path: str) -> str | None:
+        """A local file holding the whole object, fetched first if need be, to map it; None
+        when it cannot be had (the reader reads it instead)."""
+        ...
+
+    def drop_cached(self, path: str) -> bool:
+        """Drop the cached copy this process read ``path`` from (its bytes disagreed with the
+        index): True when there was one, so reading again reads the store."""
+        ...
+
+    # -- fetching ahead (NOTE [ Shard prefetch order ] in prefetch.py)
+    def plan(self, paths: list[str]) -> None:
+        """The order these objects will be read in; reading one fetches the next ahead."""
+        ...
+
+    def prefetch(self, paths: list[str]) -> None:
+        """Fetch these whole objects in the background, in this order."""
+        ...
+
+    def fetch_for_workers(self, paths: list[str]) -> None:
+        """In the loader's main process: download these objects for the workers that will
+        read them (NOTE [ The main process fetches for its workers ] in ``prefetch.py``)."""
+        ...
+
+    @property
+    def lookahead_shards(self) -> int:
+        """How many objects past the one being read are fetched ahead (readers: 0 without)."""
+        ...
+
+    @property
+    def cache(self) -> ShardCache | None:
+        """The local cache whole objects are kept in, or None (its ``budget_bytes`` tells a
+        reader whether a shuffled order outgrows it: NOTE [ A cache the order thrashes ] in
+        ``formats/cache_thrash.py``)."""
+        ...
+
+
+def _member_name(member: Any) -> str:
+    """The attribute a ``ByteSourceExtras`` member (a function, or a property) stands for."""
+    return str(getattr(member, "fget", member).__name__)
+
+
+def extra(
+    source: ByteSource, member: Callable[Concatenate[Any, _P], _R]
+) -> Callable[_P, _R] | None:
+    """``source``'s own (bound) method for ``member``, a method of ``ByteSourceExtras``
+    (``extra(source, ByteSourceExtras.get_whole)``), or None when it has none."""
+    found: Callable[_P, _R] | None = getattr(source, _member_name(member), None)
+    return found
+
+
+def extra_value(source: ByteSource, member: Callable[[Any], _R], default: _R) -> _R:
+    """``source``'s value of ``member``, a property of ``ByteSourceExtras``
+    (``extra_value(source, ByteSourceExtras.cache, None)``), or ``default`` without one."""
+    found: _R = getattr(source, _member_name(member), default)
+    return found
+
+
+def offers(source: ByteSource, member: object) -> bool:
+    """Whether ``source`` has ``member`` of ``ByteSourceExtras`` at all."""
+    return hasattr(source, _member_name(member))
 
 
 class LocalSource:

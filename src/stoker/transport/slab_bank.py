@@ -23,8 +23,6 @@ from __future__ import annotations
 import threading
 from typing import NamedTuple
 
-from stoker.transport import segments
-
 _MAX_BANK_BYTES = 256 << 20
 
 
@@ -34,6 +32,8 @@ class BankedSlab(NamedTuple):
 
 
 def _free(slab: BankedSlab) -> None:
+    from stoker.transport import segments  # a bank holds slabs only once workers ran
+
     segments.unmap_address(slab.address, slab.nbytes)
 
 

@@ -16,6 +16,10 @@ import weakref
 from multiprocessing.connection import Connection
 from typing import Any
 
+# Every worker seeds numpy's global RNG (torch's contract): loaded once here, in the main process
+# before it forks, not in each worker (NOTE [ Import only what the loader needs ]).
+import numpy.random  # noqa: F401
+
 from stoker._core.specs import WorkerSpec
 from stoker.fastpaths.torch_collate_patch import collate_into_slabs_in_this_worker
 from stoker.sharing.auto_share import apply_in_worker

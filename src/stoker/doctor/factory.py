@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-# the stoker package's directory (this file is stoker/cli/factory.py)
+# the stoker package's directory (this file is stoker/doctor/factory.py)
 _STOKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 

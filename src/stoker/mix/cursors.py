@@ -1,5 +1,5 @@
 """``stoker.Mix``'s parts: the per-source cursors of the iterable mix and the map-style
-schedule (see ``stoker.mix``)."""
+schedule (see ``stoker.mix``). Given what they read (lengths, generators), never the mix."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import numpy as np
 from stoker.distributed.iterable import ShardInfo, shard_iterable
 
 if TYPE_CHECKING:
-    from stoker._mix_checks import Stop
-    from stoker.mix import MapMix
+    from collections.abc import Callable
+
+    from stoker.mix.checks import Stop
 
 _CHUNK_MAX = 1 << 22  # draws per RNG call when building a map-style schedule
 _MAX_DRAWS = 1 << 32  # a map-style schedule longer than this is a mistake, not a plan
@@ -159,16 +160,19 @@ def _positions_by_source(sources: np.ndarray, m: int) -> list[np.ndarray]:
     return np.split(order, np.cumsum(np.bincount(sources, minlength=m))[:-1])
 
 
-def local_indices(mix: MapMix, sources: np.ndarray) -> np.ndarray:
-    """Index within its source of each draw: round r of source s is a seeded permutation."""
-    m = len(mix.datasets)
-    dtype = np.int32 if int(mix.lengths.max(initial=0)) < 2**31 else np.int64
+def local_indices(
+    lengths: np.ndarray, sources: np.ndarray, rng_of_source: Callable[[int], np.random.Generator]
+) -> np.ndarray:
+    """Index within its source of each draw: round r of source s is a seeded permutation, drawn
+    from ``rng_of_source(s)`` (the mix's generator for source s this epoch)."""
+    m = len(lengths)
+    dtype = np.int32 if int(lengths.max(initial=0)) < 2**31 else np.int64
     local = np.empty(len(sources), dtype=dtype)
     for s, where in enumerate(_positions_by_source(sources, m)):
         if not len(where):
             continue
-        n, count = int(mix.lengths[s]), len(where)
-        rng = mix._rng(mix.epoch, 1 + s)
+        n, count = int(lengths[s]), len(where)
+        rng = rng_of_source(s)
         full, rest = divmod(count, n)
         parts = []
         if full:

@@ -61,7 +61,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from stoker._batch_compare import (
+from stoker.testing.batches import (
     content_key,
     first_difference,
     non_plain_path,

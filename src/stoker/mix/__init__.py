@@ -78,7 +78,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset, IterableDataset
 
-from stoker._mix_checks import (
+from stoker.distributed.iterable import ShardInfo, shard_info
+from stoker.mix.checks import (
     Stop,
     check_empty_sources,
     check_num_samples,
@@ -88,8 +89,7 @@ from stoker._mix_checks import (
     is_sequence_of_sources,
     short,
 )
-from stoker._mix_rounds import END, IterCursor, MapCursor, draw_schedule, local_indices
-from stoker.distributed.iterable import ShardInfo, shard_info
+from stoker.mix.cursors import END, IterCursor, MapCursor, draw_schedule, local_indices
 
 __all__ = ["Mix", "MixIterator"]
 
@@ -198,7 +198,8 @@ class MapMix(Mix):
         sources = draw_schedule(self._rng(self.epoch, 0), self.probabilities, self.lengths,
                                  self.stop, self.num_samples_per_epoch)
         self._source = sources
-        self._local = local_indices(self, sources)
+        self._local = local_indices(
+            self.lengths, sources, lambda s: self._rng(self.epoch, 1 + s))
 
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
