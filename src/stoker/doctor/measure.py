@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from stoker._core.stats import LoaderStats
+from stoker.doctor.interrupts import NOTED
 from stoker.doctor.machine import Load, between, mark
 from stoker.profile.events import EventRecorder
 from stoker.profile.verdict import summarize
@@ -94,6 +95,8 @@ def measure(build: Callable[[], Any], run: Run, bounds: Bounds,
     del loader
     gc.collect()
     run.load = between(before, mark(), time.perf_counter() - run.started)
+    if NOTED.seen:  # a Ctrl-C a finalizer swallowed (doctor/interrupts.py)
+        run.interrupted = True
     return run
 
 

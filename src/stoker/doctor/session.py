@@ -52,6 +52,12 @@ class Session:
                        progress=self.progress.update)
 
     def run(self) -> int:
+        from stoker.doctor.interrupts import noting_interrupts
+
+        with noting_interrupts():
+            return self._run()
+
+    def _run(self) -> int:
         self.progress.announce(f"measuring {BASELINE} in detail")
         try:
             first = self.first_run()

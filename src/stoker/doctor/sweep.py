@@ -27,6 +27,7 @@ from math import comb
 from typing import Any
 
 from stoker.doctor.candidates import Candidate
+from stoker.doctor.interrupts import NOTED
 from stoker.doctor.machine import Load
 from stoker.doctor.measure import Bounds, Progress, Run, measure
 from stoker.doctor.target import Recipe
@@ -211,7 +212,7 @@ def _run_plan(sweep: Sweep, measure_one: MeasureOne, plan: list[Candidate | None
         except KeyboardInterrupt:  # between runs, or while one was starting
             sweep.interrupted = True
             return False
-        if run.interrupted:
+        if run.interrupted or NOTED.seen:  # NOTED: a Ctrl-C a finalizer swallowed
             sweep.interrupted = True
             return False
     return True
