@@ -12,10 +12,19 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
 import torch.utils.data
+
+# A suite started in the background (``cmd &`` in a non-interactive shell, as a script or a CI
+# step may do) begins with SIGINT ignored, and every process it starts inherits that: the
+# tests that press Ctrl-C on a child (tests/integration/test_shutdown.py, the doctor's) would
+# wait for a child that cannot hear it. Start from a terminal's state: Python's own handler,
+# which a child gets back as the default disposition when it starts.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 LOADER_ENV = "STOKER_TEST_LOADER"
 _CHOICES = ("stoker", "torch")

@@ -1,10 +1,9 @@
 """Ctrl-C during ``stoker doctor``, noted where no finalizer can lose it.
 
 Python raises ``KeyboardInterrupt`` wherever the main thread is when SIGINT arrives: inside a
-finalizer or ``__del__`` (a loader's workers being stopped by ``gc.collect()`` between runs,
-which takes longest on a loaded machine) it is printed as "Exception ignored" and the sweep
-went on to its end (found by a fresh clone's suite at load 7). So while the doctor measures,
-SIGINT also sets a flag that each run and the sweep read after the fact.
+finalizer or ``__del__`` (a loader's workers being stopped by ``gc.collect()`` between runs) it
+is printed as "Exception ignored" and lost, and the sweep would go on to its end. So while the
+doctor measures, SIGINT also sets a flag that each run and the sweep read after the fact.
 """
 
 from __future__ import annotations
@@ -45,3 +44,4 @@ def noting_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, before)
+        NOTED.seen = False  # read only inside: a sweep run outside must not see an old one
