@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from stoker._core import beyond_torch
 from stoker._core.specs import FetchSpec
 
 Executor = Literal["calling_thread", "threads", "processes"]
@@ -103,8 +104,6 @@ def plan_decisions(
     main_rngs: bool, feed: Any, pin_memory: bool, beyond_given: Any,
 ) -> tuple[Decision, ...]:
     """Each decision of a pass with its reason, in the order a batch meets them."""
-    from stoker._core import beyond_torch
-
     beyond = fetch.beyond
     if beyond_given is None:
         source = f"from {beyond_torch.ENV}" if beyond else "nothing asked"
