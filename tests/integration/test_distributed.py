@@ -10,9 +10,12 @@ deadline (a hung rank is killed and reported).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import shutil
 import socket
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -218,23 +221,45 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _rank_with_stack_dump(rank: int, main: Any, dump_dir: str, dump_after_s: float,
+                          *args: Any) -> None:
+    """``main(rank, *args)``; a rank still running after ``dump_after_s`` writes every thread's
+    stack to ``dump_dir`` first, for the launcher's TimeoutError to show where it hung."""
+    with open(os.path.join(dump_dir, f"stacks-rank{rank}.txt"), "w") as out:
+        faulthandler.dump_traceback_later(dump_after_s, file=out)
+        try:
+            main(rank, *args)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+
 def run_ranks(main: Any, args: tuple, world: int, deadline_s: float = LAUNCH_DEADLINE_S,
               start_method: str = START_METHOD) -> None:
     """``main(rank, *args)`` on ``world`` new processes; returns when all ended, raises the
-    first rank's error, or TimeoutError after ``deadline_s`` (the ranks are killed)."""
-    ctx = tmp.start_processes(main, args=args, nprocs=world, join=False,
-                              start_method=start_method)
+    first rank's error, or TimeoutError after ``deadline_s`` (the ranks are killed; the error
+    carries the stacks of the ranks still running)."""
+    dump_dir = tempfile.mkdtemp(prefix="stoker-ranks-")
+    ctx = tmp.start_processes(_rank_with_stack_dump,
+                              args=(main, dump_dir, max(1.0, deadline_s - 5), *args),
+                              nprocs=world, join=False, start_method=start_method)
     deadline = time.monotonic() + deadline_s
     try:
         while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"{world} ranks still running after {deadline_s} s")
+                running = sum(p.is_alive() for p in ctx.processes)
+                stacks = "".join(
+                    f"\n--- {name}:\n{Path(dump_dir, name).read_text()}"
+                    for name in sorted(os.listdir(dump_dir))
+                )
+                raise TimeoutError(f"{running} of {world} ranks still running after "
+                                   f"{deadline_s} s; their stacks:{stacks}")
     finally:
         for proc in ctx.processes:  # kill stragglers (timeout) and release the sentinel fds
             if proc.is_alive():
                 proc.kill()
             proc.join(timeout=10)
             proc.close()
+        shutil.rmtree(dump_dir, ignore_errors=True)
 
 
 def launch(world: int, out_dir: Path, **kwargs: Any) -> list[dict[str, Any]]:

@@ -17,9 +17,9 @@ read and update it there, never the loader's own fields. It holds two kinds of t
 from __future__ import annotations
 
 import warnings
-import weakref
 from typing import Any
 
+from stoker._core.forked_copies import finalize_here
 from stoker.engine.stats import NoStats, StatsAccumulator
 from stoker.sharing.auto_share import ListSharing
 from stoker.transport.slab_bank import SlabBank
@@ -61,7 +61,7 @@ class EngineState:
         self.memory_watch = _memory_watch(self.dataset) if self.num_workers > 0 else None
         self.list_sharing = ListSharing(self.fast_paths)
         self.slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
-        weakref.finalize(self, self.slab_bank.close)
+        finalize_here(self, self.slab_bank.close)
 
     def fit_workers(self, num_workers: int) -> None:
         """A pass with another ``num_workers`` than the last (the attribute was set since):

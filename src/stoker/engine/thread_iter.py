@@ -10,10 +10,10 @@ one fetch at a time, seeded per batch like ``num_workers=0``.
 from __future__ import annotations
 
 import queue
-import weakref
 from collections import deque
 from typing import Any
 
+from stoker._core.forked_copies import finalize_here
 from stoker._core.plan import Plan
 from stoker._core.stats import TunerEvent
 from stoker.engine.base_iter import BaseIterator
@@ -43,7 +43,7 @@ class ThreadIterator(BaseIterator):
         )
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._pipeline = SamplePipeline(self._fetcher, self._events, self._base_seed)  # type: ignore[arg-type]
-        self._finalizer = weakref.finalize(self, self._pipeline.close)
+        self._finalizer = finalize_here(self, self._pipeline.close)
         self._prefetch = plan.prefetch_factor or 2
         self._in_order = plan.in_order
         self._step_samples = plan.batch_size or 1

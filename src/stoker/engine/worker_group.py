@@ -25,6 +25,7 @@ anything in /dev/shm. Batches the user still holds stay valid: their mappings ou
 
 from __future__ import annotations
 
+import os
 import select
 from typing import Any
 
@@ -56,6 +57,7 @@ class WorkerGroup:
         self._to_release: list[list[int]] = [[] for _ in range(num_workers)]
         self.stack_logs: dict[int, int] = {}  # worker id -> fd of its faulthandler log
         self.stopped = False
+        self._made_in = os.getpid()  # NOTE [ A forked child leaves its parent's things alone ]
         self._poller: tuple[select.poll, dict[int, tuple[WorkerHandle, bool]]] | None = None
         # Where idle slabs go when the workers stop (fork only): NOTE [ Slabs outlive workers ]
         self.bank: SlabBank | None = None
@@ -115,6 +117,8 @@ class WorkerGroup:
         if self.stopped:
             return
         self.stopped = True
+        if os.getpid() != self._made_in:  # a forked copy: the parent stops its own workers
+            return
         try:
             stop_workers(self.workers, drain=self.file_control)
         finally:

@@ -28,10 +28,11 @@ import os
 import secrets
 import socket
 import sys
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+
+from stoker._core.forked_copies import finalize_here
 
 _HAS_MEMFD = hasattr(os, "memfd_create") and sys.platform.startswith("linux")
 _PAGE = mmap.PAGESIZE
@@ -167,9 +168,10 @@ def unmap_address(address: int, nbytes: int) -> None:
 
 def lease_at(address: int, nbytes: int, on_release: Callable[[], None]) -> ctypes.Array:
     """A buffer over ``nbytes`` at an address mapped elsewhere; ``on_release`` runs when it is
-    collected (the buffer is what every tensor and array viewing it keeps alive)."""
+    collected (the buffer is what every tensor and array viewing it keeps alive), in this
+    process only (NOTE [ A forked child leaves its parent's things alone ]))."""
     lease = (ctypes.c_ubyte * nbytes).from_address(address)
-    fin = weakref.finalize(lease, on_release)
+    fin = finalize_here(lease, on_release)
     fin.atexit = False
     return lease
 
