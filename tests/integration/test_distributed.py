@@ -13,8 +13,12 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import pickle
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -39,12 +43,14 @@ from stoker.distributed import (
     shard_iterable,
 )
 
-# Ranks fork from this process: a spawned rank re-imports torch, 5-12 s each on 2 busy cores,
-# against milliseconds for a fork. Safe here because this process never joins a process group
-# (nothing distributed is inherited) and torch re-creates its thread pools after fork.
-# "spawn" works too (the functions below are importable), only slower.
+# Ranks fork from a fresh launcher process (run_ranks): a spawned rank re-imports torch, 5-12 s
+# each on 2 busy cores, against milliseconds for a fork, and the launcher imports it once. Safe
+# because the launcher never joins a process group (nothing distributed is inherited) and torch
+# re-creates its thread pools after fork. "spawn" works too (the functions below are
+# importable), only slower.
 START_METHOD = "fork"
 LAUNCH_DEADLINE_S = 45.0  # two launches fit in pytest's 120 s per-test timeout
+LAUNCHER_SLACK_S = 15.0  # the launcher's own start (imports torch) and its report
 COLLECTIVE_TIMEOUT_S = 30.0
 N, BATCH = 23, 4  # 23 is prime: no world size divides it, so every policy has a tail to handle
 ELASTIC_N, ELASTIC_BATCH, ELASTIC_STEPS = 23, 2, 2
@@ -235,9 +241,37 @@ def _rank_with_stack_dump(rank: int, main: Any, dump_dir: str, dump_after_s: flo
 
 def run_ranks(main: Any, args: tuple, world: int, deadline_s: float = LAUNCH_DEADLINE_S,
               start_method: str = START_METHOD) -> None:
-    """``main(rank, *args)`` on ``world`` new processes; returns when all ended, raises the
-    first rank's error, or TimeoutError after ``deadline_s`` (the ranks are killed; the error
-    carries the stacks of the ranks still running)."""
+    """``main(rank, *args)`` on ``world`` new processes, started by a fresh launcher process as
+    torchrun's agent starts ranks: nothing of this pytest process (its earlier tests' objects,
+    threads, garbage) is inherited by a rank. Returns when all ended; raises TimeoutError after
+    ``deadline_s`` (the ranks are killed; the error carries their stacks), or RuntimeError with
+    the launcher's report when a rank failed."""
+    with tempfile.TemporaryDirectory(prefix="stoker-launch-") as work:
+        job = Path(work, "job.pkl")
+        job.write_bytes(pickle.dumps((main, args, world, deadline_s, start_method)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        launcher = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), str(job)], env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        try:
+            report, _ = launcher.communicate(timeout=deadline_s + LAUNCHER_SLACK_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)  # its session: the ranks and their workers
+            report, _ = launcher.communicate(timeout=10)
+            raise TimeoutError(f"the rank launcher was still running {LAUNCHER_SLACK_S} s "
+                               f"after the ranks' deadline:\n{report[-8000:]}") from None
+    if launcher.returncode == 0:
+        return
+    if "TimeoutError: " in report:
+        raise TimeoutError(report[-12000:])
+    raise RuntimeError(f"the ranks failed (launcher exit {launcher.returncode}):\n"
+                       f"{report[-12000:]}")
+
+
+def _launch_here(main: Any, args: tuple, world: int, deadline_s: float,
+                 start_method: str) -> None:
+    """The launcher's part of ``run_ranks``: start the ranks, wait, report."""
     dump_dir = tempfile.mkdtemp(prefix="stoker-ranks-")
     ctx = tmp.start_processes(_rank_with_stack_dump,
                               args=(main, dump_dir, max(1.0, deadline_s - 5), *args),
@@ -372,3 +406,7 @@ def test_stoker_loader_resumes_elastically_from_three_ranks_to_two(
     assert not set(before) & set(after), "a sample read before the checkpoint was read again"
     assert sorted(before + after) == list(range(N))
     assert len({r["stoker_loader"]["steps"] for r in runs[2]}) == 1
+
+
+if __name__ == "__main__":  # run_ranks' launcher: python test_distributed.py JOB
+    _launch_here(*pickle.loads(Path(sys.argv[1]).read_bytes()))
