@@ -10,6 +10,8 @@ machine has 2 cores and is shared, so a doctor test must not hinge on a few perc
 - collate: samples are plain Python lists of 2048 floats, so collate (a Python list to
   tensor conversion of the whole batch) costs ~10x the fetch; one worker.
 - consumer: cheap samples against a 100 ms training step: the loop (almost) never waits.
+- jpeg: real JPEG files decoded and resized by Pillow in __getitem__: the doctor names the
+  decode and measures the image path on those files.
 - main_thread: the cpu dataset loaded in the training thread (num_workers=0) against a
   training step about as long as loading a batch: a worker overlaps the two, which gains
   ~2x even with a single free core (the step sleeps, as a GPU step leaves the CPU idle).
@@ -133,3 +135,17 @@ def storage_random() -> tuple[Any, dict[str, Any]]:
 
 def consumer_random() -> tuple[Any, dict[str, Any]]:
     return CheapAndDraws(), {"batch_size": 8, "num_workers": 2, "timeout": 60}
+
+
+def jpeg() -> tuple[Any, dict[str, Any]]:
+    """Real JPEG files decoded, cropped and resized with Pillow in __getitem__ (the demo's
+    dataset, 64 files written once under the temporary directory): decode-bound."""
+    import os
+    import tempfile
+
+    from stoker.doctor.demo_workload import JpegDataset, make_jpeg_files
+
+    root = os.path.join(tempfile.gettempdir(), "stoker-doctor-test-jpeg-64")
+    return JpegDataset(make_jpeg_files(root, 64)), {"batch_size": 16, "num_workers": 2,
+                                                    "persistent_workers": True,
+                                                    "timeout": 60}

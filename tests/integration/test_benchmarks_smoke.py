@@ -16,7 +16,7 @@ pytest.importorskip("psutil", reason="PSS sampling needs psutil")
 RUNNER = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
 WORKLOADS = {
     "tiny", "jpeg", "remote_get", "stragglers", "startup", "paths_memory", "paths_memory_shared",
-    "spawn_array", "packed", "per_sample",
+    "spawn_array", "packed", "per_sample", "image_path",
 }
 # `packed` also measures two controls: stoker's loader on the files, webdataset on the shards.
 CONTROLS = {"stoker per-file", "webdataset"}

@@ -269,3 +269,33 @@ def test_ctrl_c_gives_the_partial_report(tmp_path: Any) -> None:
     assert "VERDICT  Input-bound" in out
     assert "interrupted (Ctrl-C): the settings not listed were not tried." in out
     assert "your setting (median of 1 runs" in out
+
+
+@pytest.mark.timeout(240)
+def test_a_decode_bound_dataset_gets_the_image_path_line_measured_on_its_files(
+        tmp_path: Any) -> None:
+    pytest.importorskip("PIL", reason="the JPEG target decodes with Pillow")
+    doc, text = doctor(tmp_path, "--no-sweep", "_doctor_targets:jpeg")
+    decode = doc["decode"]
+    assert decode["decode_bound"] is True, text
+    assert decode["share"] >= 0.5 and decode["samples"] >= 5, decode
+    assert any("Pillow" in where for where in decode["where"]), decode
+    gain = decode["gain"]
+    assert gain is not None and gain["images"] == 16 and gain["ratio"] > 0, decode
+    lines = text.splitlines()
+    head = next(line for line in lines if line.startswith("DECODE  "))
+    assert head.startswith(f"DECODE  {decode['share']:.0%} of your workers' sampled time in "
+                           "__getitem__ is decoding and resizing images ("), head
+    assert ("    img = stoker.image.decode_crop_into(jpeg_bytes, out, stoker.sample_rng())   "
+            "# out: uint8 [3, H, W]") in lines
+    assert (f"  measured on 16 of your JPEGs, one core: {gain['ratio']:.2f}x Pillow's decode + "
+            "crop + resize + flip (") in text
+
+
+@pytest.mark.timeout(240)
+def test_a_dataset_that_is_not_decoding_gets_no_decode_line(tmp_path: Any) -> None:
+    doc, text = doctor(tmp_path, "--no-sweep", "_doctor_targets:cpu")
+    assert doc["decode"] is not None, "the worker's stacks were not sampled"
+    assert doc["decode"]["samples"] >= 5, doc["decode"]
+    assert doc["decode"]["decode_bound"] is False and doc["decode"]["decode_samples"] == 0
+    assert "DECODE" not in text and "decode_crop_into" not in text, text

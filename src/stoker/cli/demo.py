@@ -1,6 +1,8 @@
 """`stoker demo` and the pieces `benchmarks/` reuse: a process-tree memory sampler, an epoch
-timer and the demo's table. Its workload (synthetic JPEGs, their dataset and augmentation) is in
-``doctor/demo_workload.py`` (the doctor's demo target runs it too) and exported here.
+timer and the demo's run. Its tiers (torch, the drop-in, the image path, a pack) and their
+table are in ``cli/demo_tiers.py``; its workload (synthetic JPEGs, their datasets and
+augmentation) in ``doctor/demo_workload.py`` (the doctor's demo target runs it too), exported
+here.
 
 Needs the `demo` extra (Pillow and psutil): ``pip install 'stoker[demo]'``.
 
@@ -25,6 +27,15 @@ from typing import Any
 import psutil
 import torch
 
+from stoker.cli.demo_tiers import (
+    Tier,
+    build_tiers,
+    decoder_line,
+    format_tiers,
+    pack_files,
+    run_by_run,
+    verdict,
+)
 from stoker.doctor.demo_workload import (
     CROP_SIZE,
     JpegDataset,
@@ -45,7 +56,6 @@ __all__ = [
     "TreeMemorySampler",
     "batch_size_of",
     "decode_and_augment",
-    "format_table",
     "load_class",
     "loader_label",
     "make_jpeg_files",
@@ -228,7 +238,8 @@ class DemoOptions:
     num_workers: int = 2
     batch_size: int = 64
     candidate: str = CANDIDATE
-    rounds: int = 3  # runs of each loader, order alternating; the table shows medians
+    rounds: int = 3  # runs of each tier, order rotating; the table shows medians
+    packed: bool = False  # also the files packed by `stoker pack`, read by TarShards
 
 
 @dataclass(frozen=True)
@@ -292,7 +303,7 @@ def _stats_line(loader: Any) -> str | None:
 
 
 def _measure(
-    name: str, loader_cls: type[Any], dataset: JpegDataset, opts: DemoOptions, mem: Any
+    name: str, loader_cls: type[Any], dataset: Any, opts: DemoOptions, mem: Any
 ) -> DemoResult:
     batches_per_epoch = math.ceil(len(dataset) / opts.batch_size)
     bar = ProgressBar(name, batches_per_epoch * opts.epochs)
@@ -319,13 +330,6 @@ def _measure(
     )
 
 
-_TABLE_ROWS = (  # label, DemoResult field, value format, which way is better
-    ("samples/s", "samples_per_s", "{:.1f}", "higher is better"),
-    ("time to first batch", "time_to_first_batch_s", "{:.3f} s", "lower is better"),
-    ("peak memory (PSS)", "peak_pss_mib", "{:.0f} MiB", "lower is better"),
-)
-
-
 def median_result(runs: list[DemoResult]) -> DemoResult:
     """Each measure's median over runs of one loader; the last run's stats line."""
     return DemoResult(
@@ -336,56 +340,61 @@ def median_result(runs: list[DemoResult]) -> DemoResult:
     )
 
 
-def format_table(base: DemoResult, cand: DemoResult, cand_name: str = "stoker") -> str:
-    """The demo's result table: one row per measure, both loaders, and cand/base ratio."""
-    rows = [("", "torch", cand_name, f"{cand_name}/torch", "")]
-    for label, name, fmt, better in _TABLE_ROWS:
-        a, b = getattr(base, name), getattr(cand, name)
-        ratio = f"{b / a:.2f}x" if a > 0 else "n/a"
-        rows.append((label, fmt.format(a), fmt.format(b), ratio, better))
-    lines = [f"{a:<20} {b:>12} {c:>12} {d:>13}  {e}" for a, b, c, d, e in rows]
-    return "\n".join(line.rstrip() for line in lines)
-
-
 def run_demo(opts: DemoOptions) -> int:
-    """`stoker demo`: the same JPEG dataset through torch's DataLoader and stoker's."""
+    """`stoker demo`: the same JPEG files through each tier (``demo_tiers.py``): torch's
+    DataLoader, stoker's drop-in, stoker's image path (and, with ``--packed``, a pack)."""
     try:
-        candidate = load_class(opts.candidate)
+        load_class(opts.candidate)
     except (ImportError, ValueError) as exc:
         print(
             f"stoker demo: cannot load the loader to compare, {opts.candidate!r}: {exc}",
             file=sys.stderr,
         )
         return 1
-    baseline = load_class(BASELINE)
-    cand_name = loader_label(opts.candidate)
     with tempfile.TemporaryDirectory(prefix="stoker-demo-") as tmp:
         print(f"writing {opts.images} synthetic JPEGs to {tmp} ...", file=sys.stderr)
-        dataset = JpegDataset(make_jpeg_files(tmp, opts.images))
-        base_runs: list[DemoResult] = []
-        cand_runs: list[DemoResult] = []
-        with TreeMemorySampler() as mem:
-            # A core's speed drifts within seconds on shared machines: alternate the order
-            # and report medians, so neither loader always runs in the better moment.
-            for r in range(opts.rounds):
-                tag = f" {r + 1}/{opts.rounds}" if opts.rounds > 1 else ""
-                order = [("torch", baseline, base_runs), (cand_name, candidate, cand_runs)]
-                for name, cls, runs in order if r % 2 == 0 else order[::-1]:
-                    runs.append(_measure(name + tag, cls, dataset, opts, mem))
-    base, cand = median_result(base_runs), median_result(cand_runs)
+        paths = make_jpeg_files(os.path.join(tmp, "files"), opts.images)
+        packed = None
+        if opts.packed and opts.candidate == CANDIDATE:
+            print("packing them with stoker pack ...", file=sys.stderr)
+            packed = pack_files(paths, tmp)
+        tiers = build_tiers(paths, opts.candidate, packed)
+        runs = _run_tiers(tiers, opts)
+    results = [median_result(r) for r in runs]
+    _print_results(opts, tiers, runs, results)
+    return 0
+
+
+def _run_tiers(tiers: list[Tier], opts: DemoOptions) -> list[list[DemoResult]]:
+    runs: list[list[DemoResult]] = [[] for _ in tiers]
+    with TreeMemorySampler() as mem:
+        # A core's speed drifts within seconds on shared machines: rotate the order each
+        # round and report medians, so no tier always runs in the better moment.
+        for r in range(opts.rounds):
+            tag = f" {r + 1}/{opts.rounds}" if opts.rounds > 1 else ""
+            order = list(range(len(tiers)))
+            for k in order[r % len(order):] + order[: r % len(order)]:
+                cls = load_class(tiers[k].loader)
+                runs[k].append(_measure(tiers[k].key + tag, cls, tiers[k].dataset, opts, mem))
+    return runs
+
+
+def _print_results(opts: DemoOptions, tiers: list[Tier], runs: list[list[DemoResult]],
+                   results: list[DemoResult]) -> None:
     print(
         f"stoker demo: {opts.images} JPEGs -> random-resized-crop {CROP_SIZE} + flip, "
         f"batch_size={opts.batch_size}, num_workers={opts.num_workers}, "
         f"epochs={opts.epochs}, {os.cpu_count()} CPUs, torch {torch.__version__}"
     )
     if opts.rounds > 1:
-        per_round = " ".join(
-            f"{c.samples_per_s / b.samples_per_s:.2f}x"
-            for b, c in zip(base_runs, cand_runs, strict=True) if b.samples_per_s > 0
-        )
-        print(f"medians of {opts.rounds} runs each, order alternating; "
-              f"{cand_name}/torch samples/s run by run: {per_round}")
-    print(format_table(base, cand, cand_name))
-    if cand.stats_line is not None:
-        print(f"{cand_name} stats: {cand.stats_line}")
-    return 0
+        print(f"medians of {opts.rounds} runs each, order rotating; "
+              f"samples/s over torch's, run by run: {run_by_run(tiers, runs)}")
+    print(format_tiers(tiers, results))
+    if any(t.key == "image path" for t in tiers):
+        print(decoder_line())
+    if opts.packed and opts.candidate != CANDIDATE:
+        print("--packed: not run (the pack's tier needs stoker's loader, not "
+              f"{opts.candidate})")
+    if results[1].stats_line is not None:
+        print(f"{tiers[1].key} stats: {results[1].stats_line}")
+    print(verdict(tiers, results))

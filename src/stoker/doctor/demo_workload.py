@@ -1,7 +1,11 @@
 """The demo's workload: synthetic photo-like JPEG files and a map-style dataset that decodes
 them with Pillow and applies an ImageNet-style augmentation (RandomResizedCrop + flip), written
 as a torchvision user would write it, drawing from the ``random`` module that both loaders seed
-per worker. Needs the `demo` extra (Pillow): ``pip install 'stoker[demo]'``."""
+per worker. Needs the `demo` extra (Pillow): ``pip install 'stoker[demo]'``.
+
+The same dataset on stoker's image path (``ImagePathJpegDataset``: one line of
+``__getitem__`` changed to ``stoker.image.decode_crop_into``) and the transform that reads the
+same files packed into tar shards (``DecodeCropSample``) are the demo's other tiers."""
 
 from __future__ import annotations
 
@@ -137,3 +141,40 @@ class JpegDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return decode_and_augment(self.paths[index], self.size), self.labels[index]
+
+
+# ---------------------------------------------------------------------------------------------
+# The same samples on stoker's image path
+# ---------------------------------------------------------------------------------------------
+
+
+def _decode_crop(data: bytes, size: int) -> torch.Tensor:
+    """The image path's one line: decode, random-resized-crop and flip straight into ``out``,
+    drawing from the sample's own generator (the same crops under any executor)."""
+    from stoker import sample_rng
+    from stoker.image import decode_crop_into
+
+    out = torch.empty((3, size, size), dtype=torch.uint8)
+    decode_crop_into(data, out, sample_rng())
+    return out
+
+
+class ImagePathJpegDataset(JpegDataset):
+    """``JpegDataset`` with the decode on stoker's image path: the same files, labels and
+    output (uint8 [3, size, size], label); needs a stoker loader (``stoker.sample_rng()``)."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        with open(self.paths[index], "rb") as f:
+            data = f.read()
+        return _decode_crop(data, self.size), self.labels[index]
+
+
+class DecodeCropSample:
+    """``TarShards``' transform for a pack of the demo's files: the sample's ``jpg`` bytes on
+    the image path, its ``cls`` as the label (a class, so it pickles into workers)."""
+
+    def __init__(self, size: int = CROP_SIZE) -> None:
+        self.size = size
+
+    def __call__(self, sample: dict[str, bytes]) -> tuple[torch.Tensor, int]:
+        return _decode_crop(sample["jpg"], self.size), int(sample["cls"])

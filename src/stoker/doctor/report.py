@@ -21,6 +21,7 @@ class Context:
     setup: Setup
     step_ms: float | None  # simulated step; None: the script's real step
     draws_global_rng: bool | None = None  # rng_probe.py: seen drawing, not seen, not probed
+    decode: tuple[str, ...] = ()  # decode_verdict.py's DECODE block: the image-path line
 
 
 def render(ctx: Context, first: Run, diagnosis: Diagnosis, sweep: Sweep | None) -> str:
@@ -30,6 +31,8 @@ def render(ctx: Context, first: Run, diagnosis: Diagnosis, sweep: Sweep | None) 
     if ctx.draws_global_rng:
         lines.append("  (your __getitem__ draws from the global RNGs (random / numpy / torch): "
                      "it is not thread-safe in stoker's sense, so no thread opt-in is tried)")
+    if ctx.decode:
+        lines += ["", *ctx.decode]
     lines += ["", *where_time_goes(first, diagnosis, ctx.setup)]
     if sweep is not None:
         lines += ["", *_sweep_lines(ctx, sweep)]

@@ -10,6 +10,7 @@ from typing import Any
 
 from stoker.doctor.candidates import candidates
 from stoker.doctor.conclude import conclude, sweeps
+from stoker.doctor.decode_verdict import DecodeFinding, find
 from stoker.doctor.diagnose import Diagnosis, Setup, diagnose
 from stoker.doctor.measure import Bounds, Run, measure
 from stoker.doctor.report import Context, render
@@ -40,6 +41,7 @@ class Session:
         self.one = recipe_runner(recipe, self.bounds, progress.update)
         self.recipe = recipe
         self.draws_global_rng: bool | None = None
+        self.stacks: list[str] = []  # the workers' sampled stacks (worker_stacks.py)
 
     def probe(self) -> None:
         """Does ``__getitem__`` draw from the global RNGs? (rng_probe.py)"""
@@ -48,8 +50,21 @@ class Session:
         self.draws_global_rng = draws_global_rng(self.recipe.dataset)
 
     def first_run(self) -> Run:
-        return measure(self.recipe.build, Run(BASELINE, {}), self.bounds, detailed=True,
-                       progress=self.progress.update)
+        from stoker.doctor.worker_stacks import WorkerStacks
+
+        # NOTE [ Sampling the workers' stacks ] in doctor/worker_stacks.py
+        with WorkerStacks() as stacks:
+            run = measure(self.recipe.build, Run(BASELINE, {}), self.bounds, detailed=True,
+                          progress=self.progress.update)
+        self.stacks = stacks.samples
+        return run
+
+    def decode_finding(self, diagnosis: Diagnosis) -> DecodeFinding | None:
+        """Is the workers' time mostly an image decode? (decode_verdict.py)"""
+        if not self.stacks:
+            return None
+        self.progress.announce("looking at the workers' sampled stacks")
+        return find(self.stacks, self.recipe.dataset, diagnosis.input_bound)
 
     def run(self) -> int:
         from stoker.doctor.interrupts import noting_interrupts
@@ -73,15 +88,18 @@ class Session:
         self.probe()
         setup = setup_of(self.kwargs)
         diagnosis = diagnose(first.stats, setup, self.draws_global_rng)
+        decode = self.decode_finding(diagnosis)
         sweep = None
         if not (self.args.no_sweep or first.interrupted) and sweeps(diagnosis):
             sweep = self._sweep(first, diagnosis, setup)
         self.progress.done()
-        ctx = Context(self.source, self.kwargs, setup, self.step_ms, self.draws_global_rng)
+        ctx = Context(self.source, self.kwargs, setup, self.step_ms, self.draws_global_rng,
+                      () if decode is None else decode.lines)
         text = render(ctx, first, diagnosis, sweep)
         print(text, end="")
         return write_outputs(self.args, Outcome(first, diagnosis, sweep, text, self.kwargs,
-                                                self.draws_global_rng))
+                                                self.draws_global_rng,
+                                                None if decode is None else decode.data))
 
     def _sweep(self, first: Run, diagnosis: Diagnosis, setup: Setup) -> Sweep:
         import torch
@@ -105,6 +123,7 @@ class ScriptSession(Session):
         self.kwargs = {}
         self.one = runner
         self.draws_global_rng = None
+        self.stacks = []  # the script's workers are not this process's children: not sampled
 
     def probe(self) -> None:
         self.draws_global_rng = self.runner.draws_global_rng  # probed inside the script
@@ -123,6 +142,7 @@ class Outcome:
     text: str
     kwargs: Any = None
     draws_global_rng: bool | None = None
+    decode: dict[str, Any] | None = None  # decode_verdict.py's finding; None: not sampled
 
 
 def write_outputs(args: argparse.Namespace, out: Outcome) -> int:
@@ -161,6 +181,7 @@ def summary_dict(out: Outcome) -> dict[str, Any]:
         else dict(ending.recommended.overrides),
         "recommendation": list(ending.recommendation),
         "draws_global_rng": out.draws_global_rng,
+        "decode": out.decode,
         "detailed_run": _run_dict(first),
         "stats": first.stats.as_dict(),
         "where_time_goes": [{"name": x.name, "seconds": x.seconds, "of": x.of}

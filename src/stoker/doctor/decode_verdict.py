@@ -1,0 +1,165 @@
+"""Is the workers' time in ``__getitem__`` mostly an image decode? From sampled stacks
+(``worker_stacks.py``), and, when it is, the report's lines: the image-path line to write and
+its gain measured on the user's own files (``decode_gain.py``).
+
+A sample counts when a thread of the worker is inside ``__getitem__``/``__getitems__``; it
+counts as decode when that thread is in a frame that decodes or resizes an image: Pillow's
+(``ImageFile.load``, the JPEG plugin, ``Image.resize``/``reduce``/``draft``), torchvision's
+(``torchvision.io`` ``decode_jpeg``/``decode_image``/``read_image``, its ``resize``), or a
+line calling OpenCV's ``imdecode``/``imread``/``resize`` or another ``decode_jpeg`` (a C
+function shows as the Python line that called it: NOTE [ Sampling the workers' stacks ]).
+A thread already in ``stoker/image/`` is on stoker's image path: nothing to recommend.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from stoker.doctor.decode_gain import Gain
+
+MOST = 0.5  # "most of the time in __getitem__"
+MIN_SAMPLES = 5  # fewer samples in __getitem__ say nothing
+
+_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+_PIL: dict[str, set[str] | None] = {"ImageFile.py": None, "JpegImagePlugin.py": None,
+        "Image.py": {"resize", "reduce", "draft", "thumbnail", "load"}}
+_TORCHVISION = {"decode_jpeg", "decode_image", "read_image", "resize", "_resize_image_pil",
+                "resize_image"}
+_C_CALL = re.compile(r"\b(imdecode|imread|decode_jpeg|read_image)\s*\(|\bcv2\.resize\s*\(")
+_GETITEM = {"__getitem__", "__getitems__"}
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    func: str
+
+
+@dataclass(frozen=True)
+class DecodeShare:
+    samples: int  # dumps with a thread in __getitem__
+    decode: int  # of them, in an image decode or resize
+    on_image_path: int  # of them, already in stoker.image
+    where: tuple[str, ...]  # the decode frames seen, most frequent first
+
+    @property
+    def share(self) -> float:
+        return self.decode / self.samples if self.samples else 0.0
+
+    @property
+    def decode_bound(self) -> bool:
+        return self.samples >= MIN_SAMPLES and self.share >= MOST
+
+
+def threads(dump: str) -> list[list[Frame]]:
+    """A faulthandler dump's threads, each its frames most recent first."""
+    found: list[list[Frame]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread ", "Current thread ")):
+            found.append([])
+        elif (m := _FRAME.match(line)) and found:
+            found[-1].append(Frame(m["file"], int(m["line"]), m["func"].strip()))
+    return found
+
+
+def decode_frame(frame: Frame, innermost: bool) -> str | None:
+    """A name for ``frame`` if it decodes or resizes an image, else None."""
+    path = frame.file.replace("\\", "/")
+    if frame.func == "<module>":
+        return None  # an import, not a decode
+    if "/PIL/" in path:
+        funcs = _PIL.get(path.rsplit("/", 1)[-1], set())
+        if funcs is None or frame.func in funcs:
+            return f"Pillow {path.rsplit('/', 1)[-1][:-3]}.{frame.func}"
+    if "/torchvision/" in path and frame.func in _TORCHVISION:
+        return f"torchvision {frame.func}"
+    if innermost and (m := _C_CALL.search(linecache.getline(frame.file, frame.line))):
+        return m.group(0).rstrip("( ")
+    return None
+
+
+def decode_share(dumps: Iterable[str]) -> DecodeShare:
+    samples = decode = on_path = 0
+    where: dict[str, int] = {}
+    for dump in dumps:
+        busy = [t for t in threads(dump) if any(f.func in _GETITEM for f in t)]
+        if not busy:
+            continue
+        samples += 1
+        frames = busy[0][:next(k for k, f in enumerate(busy[0]) if f.func in _GETITEM) + 1]
+        if any("/stoker/image/" in f.file.replace("\\", "/") for f in frames):
+            on_path += 1
+            continue
+        names = [n for k, f in enumerate(frames) if (n := decode_frame(f, k == 0))]
+        if names:
+            decode += 1
+            chain = " > ".join(dict.fromkeys(reversed(names)))  # what was called, then inside
+            where[chain] = where.get(chain, 0) + 1
+    ranked = tuple(sorted(where, key=lambda n: -where[n]))
+    return DecodeShare(samples, decode, on_path, ranked)
+
+
+LINE = "img = stoker.image.decode_crop_into(jpeg_bytes, out, stoker.sample_rng())"
+
+
+def report_lines(share: DecodeShare, gain: Gain | None, why_not: str,
+                 input_bound: bool) -> list[str]:
+    """The DECODE block of the report."""
+    seen = ", ".join(share.where[:3])
+    out = [f"DECODE  {share.share:.0%} of your workers' sampled time in __getitem__ is "
+           f"decoding and resizing images ({seen}; {share.decode} of {share.samples} stack "
+           "samples)",
+           "  stoker's image path decodes, random-resized-crops and flips in one call, "
+           "decoding only at the scale the crop needs:",
+           f"    {LINE}   # out: uint8 [3, H, W]"]
+    if gain is None:
+        out.append(f"  gain not measured: {why_not}")
+    else:
+        out.append(f"  measured on {gain.images} of your JPEGs, one core: {gain.ratio:.2f}x "
+                   f"Pillow's decode + crop + resize + flip ({gain.pillow_ms:.2f} -> "
+                   f"{gain.image_path_ms:.2f} ms per image, to {gain.size}x{gain.size}; "
+                   f"{gain.decoder})")
+    if not input_bound:
+        out.append("  (training is not input-bound now: this frees CPU, it does not speed "
+                   "training)")
+    out.append("  see docs/image_path.md")
+    return out
+
+
+def summary(share: DecodeShare, gain: Gain | None, why_not: str) -> dict[str, object]:
+    """The finding as data (``--json``)."""
+    return {"samples": share.samples, "decode_samples": share.decode, "share": share.share,
+            "on_image_path": share.on_image_path, "where": list(share.where),
+            "decode_bound": share.decode_bound, "line": LINE,
+            "gain": None if gain is None else gain.as_dict(), "not_measured": why_not}
+
+
+@dataclass(frozen=True)
+class DecodeFinding:
+    share: DecodeShare
+    lines: tuple[str, ...]  # the report's DECODE block (none when not decode-bound)
+    data: dict[str, object]  # for --json
+
+
+NOT_FOUND = ("no JPEG files found through your dataset (the doctor reads the paths in its "
+             "paths, files, image_paths, filenames, file_paths, samples or imgs attribute)")
+
+
+def find(dumps: Iterable[str], dataset: object, input_bound: bool) -> DecodeFinding | None:
+    """The finding for a run's sampled stacks; None when no sample was in ``__getitem__``.
+    The gain is measured (about a second) only when the decode is most of the time."""
+    from stoker.doctor.decode_gain import jpeg_samples, measure_gain
+
+    share = decode_share(dumps)
+    if not share.samples:
+        return None
+    if not share.decode_bound:
+        return DecodeFinding(share, (), summary(share, None, "not decode-bound"))
+    gain = measure_gain(jpeg_samples(dataset))
+    why_not = "" if gain is not None else NOT_FOUND
+    return DecodeFinding(share, tuple(report_lines(share, gain, why_not, input_bound)),
+                         summary(share, gain, why_not))

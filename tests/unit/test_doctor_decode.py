@@ -1,0 +1,96 @@
+"""The doctor's decode verdict from workers' faulthandler dumps (decode_verdict.py) and the
+image path's gain measured on JPEG bytes found through a dataset (decode_gain.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stoker.doctor.decode_gain import jpeg_samples
+from stoker.doctor.decode_verdict import DecodeShare, decode_share, report_lines, threads
+
+IDLE = '''Thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "/site/stoker/workers/watch.py", line 40 in _run
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/site/stoker/workers/main_loop.py", line 90 in _receive
+  File "/site/stoker/workers/main_loop.py", line 60 in run
+'''
+
+PILLOW = '''Current thread 0x00007f0000000002 (most recent call first):
+  File "/site/PIL/ImageFile.py", line 291 in load
+  File "/site/PIL/Image.py", line 2200 in resize
+  File "/home/me/train.py", line 30 in __getitem__
+  File "/site/stoker/fetch/fetchers.py", line 150 in fetch
+'''
+
+PYTHON = '''Current thread 0x00007f0000000002 (most recent call first):
+  File "/home/me/train.py", line 12 in _spin
+  File "/home/me/train.py", line 30 in __getitem__
+'''
+
+ON_PATH = '''Current thread 0x00007f0000000002 (most recent call first):
+  File "/site/stoker/image/decode.py", line 140 in _decode_scaled
+  File "/home/me/train.py", line 30 in __getitem__
+'''
+
+
+def test_a_dump_is_read_as_threads_of_frames_most_recent_first() -> None:
+    found = threads(IDLE)
+    assert [[f.func for f in t] for t in found] == [["wait", "_run"], ["_receive", "run"]]
+    assert found[1][0].file == "/site/stoker/workers/main_loop.py" and found[1][0].line == 90
+
+
+def test_pillow_frames_in_getitem_count_as_decode_and_idle_dumps_not_at_all() -> None:
+    share = decode_share([PILLOW, PILLOW, PILLOW, PYTHON, PYTHON, IDLE, IDLE])
+    assert share == DecodeShare(samples=5, decode=3, on_image_path=0,
+                                where=("Pillow Image.resize > Pillow ImageFile.load",))
+    assert share.share == 0.6 and share.decode_bound
+
+
+def test_too_few_samples_or_python_work_is_not_decode_bound() -> None:
+    assert not decode_share([PILLOW] * 4).decode_bound  # fewer than 5 in __getitem__
+    assert not decode_share([PILLOW] * 2 + [PYTHON] * 4).decode_bound
+
+
+def test_an_opencv_call_is_seen_through_the_line_that_made_it(tmp_path: Path) -> None:
+    source = tmp_path / "train.py"
+    source.write_text("import cv2\n\n\ndef get(data):\n    return cv2.imdecode(data, 1)\n")
+    dump = ("Current thread 0x1 (most recent call first):\n"
+            f'  File "{source}", line 5 in __getitem__\n')
+    assert decode_share([dump] * 5).where == ("imdecode",)
+
+
+def test_stoker_image_path_is_not_recommended_again() -> None:
+    share = decode_share([ON_PATH] * 6)
+    assert (share.samples, share.decode, share.on_image_path) == (6, 0, 6)
+    assert not share.decode_bound
+
+
+def test_the_report_says_when_the_gain_was_not_measured() -> None:
+    share = decode_share([PILLOW] * 5)
+    lines = report_lines(share, None, "no JPEG files found", input_bound=True)
+    assert lines == [
+        "DECODE  100% of your workers' sampled time in __getitem__ is decoding and resizing "
+        "images (Pillow Image.resize > Pillow ImageFile.load; 5 of 5 stack samples)",
+        "  stoker's image path decodes, random-resized-crops and flips in one call, decoding "
+        "only at the scale the crop needs:",
+        "    img = stoker.image.decode_crop_into(jpeg_bytes, out, stoker.sample_rng())   "
+        "# out: uint8 [3, H, W]",
+        "  gain not measured: no JPEG files found",
+        "  see docs/image_path.md",
+    ]
+
+
+class _Folder:
+    def __init__(self, samples: list[tuple[str, int]]) -> None:
+        self.samples = samples
+
+
+def test_jpeg_bytes_come_from_the_paths_a_dataset_keeps(tmp_path: Path) -> None:
+    jpeg, text = tmp_path / "a.jpg", tmp_path / "b.txt"
+    jpeg.write_bytes(b"\xff\xd8\xff\xe0 not really decoded here")
+    text.write_bytes(b"hello")
+    assert jpeg_samples(_Folder([(str(jpeg), 0), (str(text), 1)])) == [jpeg.read_bytes()]
+    assert jpeg_samples(_Folder([(str(text), 1)])) == []
+    assert jpeg_samples(object()) == []
