@@ -15,7 +15,6 @@ only a stoker loader gives, so torch runs the Pillow dataset only.
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,33 +25,31 @@ from _harness import Context, Plan, _finish, _loader_order, measure
 from stoker.cli.demo import make_jpeg_files
 from stoker.doctor.demo_workload import ImagePathJpegDataset, JpegDataset
 from stoker.image import decode_crop_into
+from workloads.jpeg import single_process_rate
 
 
-def _pillow_rate(dataset: JpegDataset, count: int) -> float:
-    for i in range(4):
-        dataset[i]
-    start = time.perf_counter()
-    for i in range(count):
-        dataset[i % len(dataset)]
-    return count / (time.perf_counter() - start)
+class _ImagePathPlain:
+    """``ImagePathJpegDataset.__getitem__``'s work outside a loader, for the plain loop: read,
+    a generator seeded for the sample (what ``sample_rng()`` makes), decode_crop_into a new
+    tensor."""
+
+    def __init__(self, dataset: JpegDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        with open(self.dataset.paths[i], "rb") as f:
+            data = f.read()
+        size = self.dataset.size
+        out = torch.empty((3, size, size), dtype=torch.uint8)
+        decode_crop_into(data, out, np.random.default_rng(i))
+        return out
 
 
 def _image_path_rate(dataset: JpegDataset, count: int) -> float:
-    """``ImagePathJpegDataset.__getitem__``'s work outside a loader: read, a generator seeded
-    for the sample (what ``sample_rng()`` makes), decode_crop_into a new tensor."""
-
-    def one(i: int) -> None:
-        with open(dataset.paths[i % len(dataset)], "rb") as f:
-            data = f.read()
-        out = torch.empty((3, dataset.size, dataset.size), dtype=torch.uint8)
-        decode_crop_into(data, out, np.random.default_rng(i))
-
-    for i in range(4):
-        one(i)
-    start = time.perf_counter()
-    for i in range(count):
-        one(i)
-    return count / (time.perf_counter() - start)
+    return single_process_rate(_ImagePathPlain(dataset), count)  # type: ignore[arg-type]
 
 
 def run(ctx: Context) -> list[dict[str, Any]]:
@@ -73,11 +70,11 @@ def run(ctx: Context) -> list[dict[str, Any]]:
     for position, name in enumerate(_loader_order(ctx)):
         torch_side = name == "torch"
         dataset = pillow if torch_side else image_path
-        rate = (_pillow_rate if torch_side else _image_path_rate)
-        before = rate(pillow, count)
+        rate = single_process_rate if torch_side else _image_path_rate
+        before = rate(dataset, count)
         record: dict[str, Any] = {"workload": "image_path", "variant": ""}
         record.update(measure(ctx, name, dataset, kwargs, plan))
-        after = rate(pillow, count)
+        after = rate(dataset, count)
         single = (before + after) / 2
         record.update(
             dataset=type(dataset).__name__,

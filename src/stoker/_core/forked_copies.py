@@ -6,13 +6,15 @@ worker, a ``multiprocessing`` pool) has a copy of each. When the child's collect
 that was cyclic garbage at the fork, its ``weakref.finalize`` runs there: an iterator's would
 ask the parent's workers to stop over the inherited sockets and wait 5 s for processes that are
 not the child's to join (measured: 15 s in a child's first full collection with three such
-iterators, and the parent's next batch raised WorkerDiedError; a rank of
-tests/integration/test_distributed.py, forked from pytest, hung past its deadline), and a
+iterators, and the parent's next batch raised WorkerDiedError; a candidate, unconfirmed, for
+a rank of tests/integration/test_distributed.py forked from pytest hanging once in CI), and a
 batch's or a slab bank's would take locks another thread of the parent may have held at the
 fork. The parent owns all of it and stops it itself; the child's copies vanish with the child.
-So every finalizer that stops workers, gives slabs back or unmaps them is made here, and does
-nothing in any other process. Remote handles check their own pid (NOTE [ Remote handles after
-fork ]), and the prefetcher too; closing a duplicated fd in a child is harmless and stays.
+So every finalizer that gives slabs back or unmaps them is made here (``finalize_here``), and
+does nothing in any other process; ``WorkerGroup.stop``, which an iterator's finalizer and its
+own shutdown both call, checks the pid it was made in itself. Remote handles check their own
+pid (NOTE [ Remote handles after fork ]), and the prefetcher too; closing a duplicated fd in a
+child is harmless and stays.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ which decoder tier 3 ran and how to install the fast one when it is missing.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -87,17 +86,11 @@ def pack_files(paths: Sequence[str], root: str) -> str:
     return shards
 
 
-def _installed(module: str) -> bool:
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
-
-
 def decoder_line() -> str:
     """Which decoder the image path ran (the ``fastimage`` extra, or Pillow's fallback)."""
-    fast, resize = _installed("simplejpeg"), _installed("cv2")
+    from stoker.image.decode import fast_parts
+
+    fast, resize = fast_parts()
     if fast and resize:
         return "image path decoder: simplejpeg + OpenCV (the fastimage extra)"
     have = "simplejpeg, Pillow's resize" if fast else "OpenCV's resize, Pillow's decode" if (

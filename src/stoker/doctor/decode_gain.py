@@ -71,8 +71,9 @@ def _read(item: Any) -> bytes | None:
 
 def decoder() -> str:
     """Which decoder ``decode_crop_into`` uses here (the fastimage extra or Pillow)."""
-    have = [m for m in ("simplejpeg", "cv2") if _module(m) is not None]
-    if len(have) == 2:
+    from stoker.image.decode import fast_parts
+
+    if all(fast_parts()):
         return "decoder: simplejpeg + OpenCV"
     return ("decoder: Pillow's fallback; pip install 'stoker[fastimage]' (simplejpeg + "
             "OpenCV) for the fast one")

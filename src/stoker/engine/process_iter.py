@@ -38,7 +38,6 @@ from stoker._core.dataset_hooks import (
     SupportsFetchForStream,
     provided,
 )
-from stoker._core.forked_copies import finalize_here
 from stoker._core.plan import Plan
 from stoker._core.specs import WorkerSpec
 from stoker.engine.base_iter import BaseIterator
@@ -119,7 +118,7 @@ class ProcessIterator(BaseIterator):
         ctx = safe_context(plan.multiprocessing_context, default_context(), plan)
         self._group = WorkerGroup(self._num_workers)
         self._group.reader.pins = self._host_pins()  # NOTE [ Slabs pinned in place ]
-        self._finalizer = finalize_here(self, self._group.stop)
+        self._finalizer = weakref.finalize(self, self._group.stop)  # stop() checks its process
         self._deaths = DeathWatch(self._group, self._finalizer)
         # A worker that adopts the batched form read from the source vouches for it: the next
         # epoch's workers use it without probe batches, as the inline iterator does.

@@ -45,6 +45,12 @@ _simplejpeg: Any = _optional("simplejpeg")  # libjpeg-turbo decode at every eigh
 _cv2: Any = _optional("cv2")  # the fastest bilinear resize on CPU
 
 
+def fast_parts() -> tuple[bool, bool]:
+    """Whether this process's image path has simplejpeg (the scaled decode) and OpenCV (the
+    resize): what the demo and the doctor report as the decoder used."""
+    return _simplejpeg is not None, _cv2 is not None
+
+
 def decode_crop_into(
     jpeg: bytes,
     out: torch.Tensor,
