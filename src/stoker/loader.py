@@ -105,7 +105,7 @@ def _constant_sampler_keys(state: dict[str, Any], index_sampler: Any) -> None:
     one. A stateful sampler's state is recorded only once a batch was delivered, so before that
     it stands in with its current ``state_dict()``, marked as not to be applied: loading it
     resumes exactly as the state without it did."""
-    from stoker.engine.base_iter import stateful_sampler_of
+    from stoker.engine.cursor import stateful_sampler_of
 
     stateful = stateful_sampler_of(index_sampler)
     if state["sampler_state"] is not None or stateful is None:
@@ -443,7 +443,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         """What the next ``iter()`` does, decided from the arguments as they are now, and why
         (NOTE [ One plan ]). ``print(loader.plan())`` lists every decision."""
         from stoker._core.plan import Plan, plan_decisions
-        from stoker.engine.base_iter import fetch_spec_of, keeps_main_rngs
+        from stoker.engine.base_iter import fetch_spec_of
+        from stoker.engine.cursor import keeps_main_rngs
 
         beyond_now = self._stoker_beyond
         fetch = fetch_spec_of(self.dataset, self.collate_fn, self._auto_collation,
@@ -634,7 +635,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def _fresh_state(self, finished: Any) -> dict[str, Any]:
         """The state of an epoch not begun yet: generators as they are now."""
         from stoker.distributed import next_epoch
-        from stoker.engine.base_iter import keeps_main_rngs
+        from stoker.engine.cursor import fresh_state, keeps_main_rngs
         from stoker.sampling.rng_state import RngSnapshot
 
         main_rngs = keeps_main_rngs(self.num_workers, self.worker_type, self._stoker_seeding)
@@ -644,29 +645,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             finished is not None and self._iterator is not None
             and not self._iterator.stopped  # type: ignore[attr-defined]
         )
-        return {
-            "format": "stoker.DataLoader/1",
-            "iterations": self._stoker_iterations,
-            "epoch": finished.epoch + 1 if persistent_alive else 0,
-            "batches": 0,
-            "extra_batches": [],
-            "finished": False,
-            "base_seed": finished.base_seed if persistent_alive else 0,
-            "drew_base_seed": not persistent_alive,
-            "rng": rng.encoded_unsaved(),
-            "sampler_state": None,
-            # The epoch the next pass will run (the autopilot's next step after a finished one).
-            "sampler_epoch": (
-                next_epoch(self.sampler, self.batch_sampler,
-                           autopilot="epoch_autopilot" in self._stoker_beyond)
-                if finished is not None
-                else getattr(self.sampler, "epoch", None)
-            ),
-            "sampler_started": False,
-            "dataset_kind": "iterable" if self._dataset_kind else "map",
-            "num_workers": self.num_workers,
-            "worker_batches": None,  # NOTE [ Constant state keys ]: mid-epoch states have it
-        }
+        # The epoch the next pass will run (the autopilot's next step after a finished one).
+        sampler_epoch = (
+            next_epoch(self.sampler, self.batch_sampler,
+                       autopilot="epoch_autopilot" in self._stoker_beyond)
+            if finished is not None else getattr(self.sampler, "epoch", None)
+        )
+        return fresh_state(rng, finished, persistent_alive, self._stoker_iterations,
+                           sampler_epoch, "iterable" if self._dataset_kind else "map",
+                           self.num_workers)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from ``state_dict`` at the next ``iter()``: with the same ``num_workers``, and
@@ -674,7 +661,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
         Refuses a state that does not fit this loader (NOTE [ A state must fit its loader ]),
         and, before applying any of it, one that is not this rank's."""
-        from stoker.engine.progress import check_state
+        from stoker.engine.cursor import check_state
         from stoker.engine.state_fit import check_fields, check_fit, check_rank, length_or_none
         from stoker.engine.worker_streams import check_worker_streams
         from stoker.sampling.rng_state import check_main_rngs

@@ -29,7 +29,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 import stoker
 from stoker.distributed import shard_iterable
-from stoker.engine import base_iter
+from stoker.engine import cursor
 from stoker.mix import Mix
 from stoker.testing import assert_resumes_exactly
 
@@ -140,7 +140,7 @@ def test_iterable_mix_resumes(
     num_workers: int, stop: str, steps: int | None, seeding: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(base_iter, "_warned_fast_forward", set())  # see test_resume_contract
+    monkeypatch.setattr(cursor, "_warned_fast_forward", set())  # see test_resume_contract
     if num_workers == 0:
         # In-process, the mix's own iterator state is restored (torchdata's semantics for an
         # iterator with state_dict/load_state_dict): nothing is read again, nothing to warn.
@@ -159,7 +159,7 @@ def test_iterable_mix_resumes(
 def test_iterable_mix_cycle_with_num_samples_resumes(
     seeding: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(base_iter, "_warned_fast_forward", set())
+    monkeypatch.setattr(cursor, "_warned_fast_forward", set())
     with pytest.warns(UserWarning, match=_FAST_FORWARD):
         check = assert_resumes_exactly(
             lambda: loader(iterable_mix("cycle", num_samples=40), 2, batch_size=4,

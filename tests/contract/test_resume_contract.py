@@ -73,7 +73,7 @@ from torch.utils.data import (
 import stoker
 from stoker._core import beyond_torch
 from stoker.distributed import shard_iterable
-from stoker.engine import base_iter
+from stoker.engine import cursor
 from stoker.testing import (
     ResumeCheck,
     assert_resumes_exactly,
@@ -436,7 +436,7 @@ def test_preempted_again_before_the_first_batch(
     # exactly too. An iterable at num_workers=0 under torch's seeding is read up to the save
     # point from the epoch start's global RNGs; the state taken meanwhile keeps the loaded
     # save point.
-    monkeypatch.setattr(base_iter, "_warned_fast_forward", set())
+    monkeypatch.setattr(cursor, "_warned_fast_forward", set())
 
     def make() -> Any:
         dataset = AugmentedStream() if iterable else None
@@ -508,7 +508,7 @@ def test_iterable_dataset(
 ) -> None:
     # The warning is given once per dataset object, remembered by id(); a fresh registry keeps
     # an id reused from an earlier test's dataset from hiding it.
-    monkeypatch.setattr(base_iter, "_warned_fast_forward", set())
+    monkeypatch.setattr(cursor, "_warned_fast_forward", set())
     with pytest.warns(UserWarning, match=_FAST_FORWARD):
         assert_resumes_exactly(
             lambda: build(num_workers, dataset=AugmentedStream(), batch_size=3, seeding=seeding),
@@ -517,7 +517,7 @@ def test_iterable_dataset(
 
 
 def test_iterable_fast_forward_warns_once_per_dataset(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(base_iter, "_warned_fast_forward", set())
+    monkeypatch.setattr(cursor, "_warned_fast_forward", set())
     dataset = AugmentedStream()
     loader = build(dataset=dataset, batch_size=3)
     next(iter(loader))
@@ -558,7 +558,7 @@ def test_sharded(
 def test_sharded_iterable(seeding: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
-    monkeypatch.setattr(base_iter, "_warned_fast_forward", set())
+    monkeypatch.setattr(cursor, "_warned_fast_forward", set())
     with pytest.warns(UserWarning, match=_FAST_FORWARD):
         check = assert_resumes_exactly(
             lambda: build(dataset=AugmentedStream(20), batch_size=2, shard=True, seeding=seeding)

@@ -25,7 +25,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 import stoker
 from stoker.distributed import shard_iterable
-from stoker.engine import base_iter
+from stoker.engine import cursor
 from stoker.testing import assert_resumes_exactly, same_batches
 
 N = 13
@@ -155,7 +155,7 @@ def test_persistent_workers_after_an_abandoned_epoch(save_after: int) -> None:
 def test_iterable_resumes_each_workers_streams(
     persistent: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(base_iter, "_warned_fast_forward", set())
+    monkeypatch.setattr(cursor, "_warned_fast_forward", set())
     with pytest.warns(UserWarning, match="by reading its first"):
         assert_resumes_exactly(
             loaders(dataset=AugmentedStream(), batch_size=3, persistent_workers=persistent),

@@ -1,33 +1,22 @@
-"""What every loader iterator shares: opening an epoch (sampler, seeds, resume), delivery, warnings.
-
-Opening an epoch mirrors torch call for call, because a shared ``generator`` makes the order
-of draws observable: ``iter(sampler)``, then the base seed draw (once per iterator), then (for
-worker iterators) ``iter(sampler)`` again. See NOTE [ Resume state ] in ``progress``.
-"""
+"""What every loader iterator shares: its epoch cursor (``engine.cursor``: position, seeds,
+resume), handing out batches (pinning, the device feed, the stats), warnings."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import itertools
 import time
 import warnings
-import weakref
 from typing import Any
 
 from torch.utils.data import IterableDataset
 
 from stoker._core.plan import Plan
 from stoker._core.specs import FetchSpec
+from stoker.engine.cursor import Delivery, EpochCursor
 from stoker.engine.loader_state import EngineState
-from stoker.engine.progress import EpochProgress
 from stoker.engine.skips import SkipLedger
 from stoker.profile.ranges import PIN, WAIT, profiling, stage_range
-from stoker.sampling.datapipes import draw_shared_seed, is_iter_datapipe, seed_group
 from stoker.sampling.dataset_rngs import find_dataset_rngs, warn_shared_rngs
-from stoker.sampling.fast_batches import fast_iter
-from stoker.sampling.rng_state import RngSnapshot
-from stoker.sampling.seeds import batch_seed, draw_base_seed
 
 
 def resolve_collate(collate_fn: Any) -> Any:
@@ -76,21 +65,6 @@ def fetch_spec_of(
     )
 
 
-def stateful_sampler_of(index_sampler: Any) -> Any:
-    """The sampler whose own ``state_dict`` captures the epoch position, if any."""
-    for obj in (index_sampler, getattr(index_sampler, "sampler", None)):
-        if obj is not None and callable(getattr(obj, "state_dict", None)) and callable(
-            getattr(obj, "load_state_dict", None)
-        ):
-            return obj
-    return None
-
-
-def is_delivery_tracked(sampler: Any) -> bool:
-    """A sampler told of every delivered step (``advance``): its live state is the position."""
-    return sampler is not None and callable(getattr(sampler, "advance", None))
-
-
 def _epoch_samples(index_sampler: Any) -> int | None:
     """Samples in an epoch (for a fractional skip budget); None when unknown."""
     inner = getattr(index_sampler, "sampler", index_sampler)
@@ -99,42 +73,6 @@ def _epoch_samples(index_sampler: Any) -> int | None:
     except TypeError:
         return None
 
-
-_warned_fast_forward: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def warn_fast_forward(dataset: Any, batches: int, saved_workers: int, workers: int) -> None:
-    """Once per dataset: resuming an IterableDataset re-reads what was already delivered."""
-    try:
-        if dataset in _warned_fast_forward:
-            return
-        _warned_fast_forward.add(dataset)
-    except TypeError:  # not weak-referenceable: warn every time rather than never
-        pass
-    message = (
-        f"Resuming {type(dataset).__name__} (an IterableDataset) by reading its first "
-        f"{batches} batches again and dropping them: an iterable cannot seek."
-    )
-    if saved_workers != workers:
-        message += (
-            f" The state was saved with num_workers={saved_workers} and is loaded with "
-            f"num_workers={workers}; each worker iterates its own copy, so the rest of the "
-            "epoch is only exact with the same num_workers."
-        )
-    warnings.warn(message, stacklevel=5)
-
-
-def keeps_main_rngs(num_workers: int, worker_type: str, seeding: str) -> bool:
-    """Whether the loader's state keeps the main process's global RNGs (NOTE [ Main streams
-    resume ] in ``sampling.rng_state``): samples drawn from them in the calling thread, under
-    torch's per-worker seeding, with ``num_workers=0``."""
-    return num_workers == 0 and worker_type != "thread" and seeding != "per_batch"
-
-
-# A batch handed out: its position, the sampler's state after it, the worker that loaded it
-# (None without workers), and that worker's RNG states after it (NOTE [ Worker streams
-# resume ]; None when not tracked).
-Delivery = tuple[int, Any, "int | None", Any]
 
 class BaseIterator:
     # Worker iterators call iter(sampler) a second time after the seed draw, as torch does.
@@ -153,19 +91,11 @@ class BaseIterator:
         self._seeding = plan.seeding
         self._pin_type = pin_target(plan.pin_memory, plan.pin_memory_device)
         self._pin = self._pin_type is not None
-        # NOTE [ Batches on the device ]: delivery records held back while batches are ahead.
         self._feed: Any = None
-        self._held: list[Delivery] | None = None
         self._pins: Any = None  # NOTE [ Slabs pinned in place ]; set by iterators with slabs
         self._feed_spec = plan.feed
-        # NOTE [ Main streams resume ]: the feed (device=) reads it too: nothing pulled ahead
-        self._main_rngs = plan.main_rngs
-        self._rng = RngSnapshot(plan.generator, self._index_sampler, self._main_rngs)
-        self._stateful = stateful_sampler_of(self._index_sampler)
-        self._tracked = self._stateful if is_delivery_tracked(self._stateful) else None
-        self._step_slots = plan.batch_size or 1  # nominal slots per step, for ``advance``
+        self._cursor = EpochCursor(plan)  # NOTE [ Resume state ]: position, seeds, state
         self._pad_steps = plan.pad_steps
-        self._generator = plan.generator
         self._engine = engine  # NOTE [ Engine state ]
         self._stats = self._engine.stats
         self._stats.beyond = self._fetch_spec.beyond
@@ -173,12 +103,6 @@ class BaseIterator:
         self._dataset_rngs = find_dataset_rngs(self._dataset) if per_batch else []
         if not per_batch and self._num_workers > 1:
             warn_shared_rngs(self._dataset, find_dataset_rngs(self._dataset), self._num_workers)
-        self._base_seed = 0
-        self._epoch = -1
-        # An IterDataPipe's shufflers take a seed drawn per epoch (stoker.sampling.datapipes).
-        self._iter_datapipe = is_iter_datapipe(self._dataset)
-        self._seed_group = seed_group() if self._iter_datapipe else None
-        self._datapipe_seed: int | None = None
         self._open_epoch(plan, resume, first=True)
         self._feed = make_feed(plan, engine.stats, self)
 
@@ -203,69 +127,18 @@ class BaseIterator:
         [ One plan ])."""
         if self._feed is not None:
             self._feed.reset()
-        self._held = None
         self._num_yielded = 0
         self._len_reported = plan.len_reported
-        self._drop_below = 0  # iterable resume: positions fetched and dropped, not delivered
-        self._drop_set: set[int] = set()
-        # iterable resume in workers: batches of each worker's stream to read and drop
-        self._drop_worker: list[int] | None = None
-        self._epoch = resume["epoch"] if resume else self._epoch + 1
-        drew = first and not (resume and not resume["drew_base_seed"])
-        if resume:
-            ctx: Any = self._rng.restored(resume["rng"])
-        else:
-            self._rng.capture()
-            ctx = contextlib.nullcontext()
-        datapipe = self._iter_datapipe
-        self._sampler_started = False  # drawn from before a resumed epoch's save point
-        with ctx:
-            if resume and self._stateful is not None and resume["sampler_state"] is not None:
-                self._stateful.load_state_dict(resume["sampler_state"])
-            if datapipe and first:
-                self._datapipe_seed = draw_shared_seed(self._generator, self._seed_group)
-            self._sampler_iter = self._iter_sampler()
-            if drew:
-                self._base_seed = draw_base_seed(self._generator)
-            elif resume:
-                self._base_seed = resume["base_seed"]
-            if first and self._reiter_after_seed:
-                self._check_before_reiter(plan)
-                self._sampler_iter = self._iter_sampler()
-            if datapipe and (self._reiter_after_seed or not first):
-                # torch's worker iterators draw one more at their first reset (their workers
-                # keep the first); a later epoch's seed goes to the workers.
-                seed = draw_shared_seed(self._generator, self._seed_group)
-                if not first:
-                    self._datapipe_seed = seed
-            self._position = 0
-            self._skip: set[int] = set()
-            self._sampler_snaps: dict[int, Any] = {}
-            if resume:
-                self._skip_delivered(resume)
+        progress = self._cursor.open(
+            plan, resume, first, self._reiter_after_seed,
+            functools.partial(self._check_before_reiter, plan), self._fresh_worker_batches())
         self._steps_target = self._pad_steps() if self._pad_steps is not None else None
         self._skips = SkipLedger(
             plan.skip_budget, functools.partial(_epoch_samples, self._index_sampler),
             self._engine.skip_logged,
             self._stats,
         )
-        self._progress = EpochProgress(
-            rng=self._rng, base_seed=self._base_seed, drew_base_seed=drew, epoch=self._epoch,
-            iterations=plan.iterations, kind=self._fetch_spec.kind,
-            num_workers=self._num_workers,
-            # Positions read again and dropped on resume were delivered before the save.
-            prefix=max(self._position, self._drop_below),
-            extras={p for p in (*self._skip, *self._drop_set)
-                    if p >= max(self._position, self._drop_below)},
-            # Batches each worker's stream delivered: on a resume, those it drops again.
-            worker_batches=(list(self._drop_worker) if self._drop_worker is not None
-                            else self._fresh_worker_batches()),
-            sampler_state=resume["sampler_state"] if resume else None,
-            sampler_epoch=getattr(plan.sampler, "epoch", None),
-            live_sampler=self._tracked,
-            sampler_started=self._sampler_started,
-        )
-        self._engine.progress = self._progress
+        self._engine.progress = progress
 
     def _fresh_worker_batches(self) -> list[int] | None:
         """Per-worker delivered counts, for an IterableDataset read by workers."""
@@ -275,114 +148,20 @@ class BaseIterator:
         """torch's worker iterator checks its arguments between the seed draw and its second
         ``iter(sampler)``: a failing check has called the sampler (``len(dataset)``) once."""
 
-    def _iter_sampler(self) -> Any:
-        return fast_iter(self._index_sampler) or iter(self._index_sampler)
-
-    def _skip_delivered(self, resume: dict[str, Any]) -> None:
-        """Move past what was delivered before the save, without fetching (map-style)."""
-        prefix = resume["batches"]
-        self._skip = set(resume["extra_batches"])
-        if self._fetch_spec.kind == "iterable":
-            # Read again, or moved by its iterator's state, from the epoch start's global RNGs;
-            # the save point's come back before the next batch (NOTE [ Main streams resume ];
-            # ``InlineIterator._next_data``).
-            self._rng.hold_save_point()
-            covered = resume.get("dataset_state_covers_position") or (
-                resume.get("dataset_iter_state") is not None
-            )
-            if covered and self._num_workers == 0:
-                # Its own load_state_dict (dataset's or iterator's) moved it past them; the
-                # positions (and so the per-batch seeds) continue where they were.
-                self._position = prefix
-                return
-            # An iterable cannot seek: read the delivered batches again and drop them.
-            counts = resume.get("worker_batches")
-            if (self._num_workers > 0 and isinstance(counts, list)
-                    and len(counts) == self._num_workers):
-                # Per worker: a worker's stream does not depend on timing, its positions do.
-                self._drop_worker = list(counts)
-                self._skip = set()
-                if any(counts):
-                    warn_fast_forward(self._dataset, sum(counts), resume["num_workers"],
-                                      self._num_workers)
-                return
-            self._drop_below, self._drop_set, self._skip = prefix, self._skip, set()
-            if prefix or self._drop_set:
-                warn_fast_forward(self._dataset, prefix, resume["num_workers"], self._num_workers)
-            return
-        if self._tracked is not None:
-            self._position = prefix
-            return  # its own state already starts after what was delivered
-        if not (self._stateful is not None and resume["sampler_state"] is not None):
-            for _ in itertools.islice(self._sampler_iter, prefix):
-                pass
-        self._position = prefix
-        if not (prefix or self._skip or resume.get("sampler_started", True)):
-            # Saved between iter() and the first next() of an iterator that draws from its
-            # sampler only then (not workers: they send tasks at iter()): a RandomSampler
-            # without a generator draws its seed from torch's global RNG at its first next(),
-            # after the save point, so it does so here too (NOTE [ Main streams resume ]).
-            return
-        # Draw the next batch now, while a borrowed global RNG is still in place.
-        self._sampler_started = True
-        first = next(self._sampler_iter, None)
-        rest = () if first is None else itertools.chain([first], self._sampler_iter)
-        self._sampler_iter = iter(rest)
-
-    # -- drawing indices ---------------------------------------------------------------------
-
-    def _next_index(self) -> tuple[int, Any]:
-        """The next (position, indices) to fetch, skipping positions delivered before a resume."""
-        self._progress.sampler_started = True
-        while True:
-            index = next(self._sampler_iter)  # StopIteration ends the epoch
-            position = self._position
-            self._position += 1
-            if position not in self._skip:
-                if self._stateful is not None and self._tracked is None:
-                    self._sampler_snaps[position] = self._stateful.state_dict()
-                return position, index
-
-    def _dropped(self, position: int, worker: int | None = None) -> bool:
-        if self._drop_worker is not None and worker is not None:
-            if self._drop_worker[worker] > 0:
-                self._drop_worker[worker] -= 1
-                # Its position was delivered before the save (already in worker_batches).
-                self._progress.delivered(position)
-                return True
-            return False
-        return position < self._drop_below or position in self._drop_set
-
-    def _delivered(self, position: int, worker: int | None = None, rngs: Any = None) -> None:
-        record = (position, self._sampler_snaps.pop(position, None), worker, rngs)
-        if self._held is not None:  # copied ahead: counts once handed out
-            self._held.append(record)
-            return
-        self._apply_delivery(record)
-
-    def _apply_delivery(self, record: Delivery) -> None:
-        self._progress.delivered(*record)
-        if self._tracked is not None:
-            self._tracked.advance(self._step_slots)
-
     # -- the device feed's view of this iterator (NOTE [ Batches on the device ]) -----------
 
     def hold_deliveries(self) -> None:
-        self._held = []
+        self._cursor.hold_deliveries()
 
     def release_deliveries(self) -> list[Delivery]:
-        held, self._held = self._held or [], None
-        return held
+        return self._cursor.release_deliveries()
 
     def apply_deliveries(self, deliveries: list[Delivery]) -> None:
-        for record in deliveries:
-            self._apply_delivery(record)
+        self._cursor.apply_deliveries(deliveries)
 
     def seed_of(self, deliveries: list[Delivery]) -> int | None:
         """The per-batch seed of the batch these deliveries end with (its position)."""
-        if not deliveries:
-            return None
-        return batch_seed(self._base_seed, self._epoch, deliveries[-1][0])
+        return self._cursor.seed_of(deliveries)
 
     def _host_pins(self) -> Any:
         """Registers the slabs this iterator maps, or None (NOTE [ Slabs pinned in place ])."""
@@ -398,7 +177,7 @@ class BaseIterator:
         return spec.device if spec is not None else None
 
     def _finish_epoch(self) -> None:
-        self._progress.finished = True
+        self._cursor.finish()
 
     # -- delivery ----------------------------------------------------------------------------
 
@@ -455,9 +234,8 @@ class BaseIterator:
 
         step = self._num_yielded
         self._num_yielded += 1
-        if self._tracked is not None:
-            self._tracked.advance(self._step_slots)
-        rank = getattr(self._tracked, "rank", 0)
+        self._cursor.padding_step()
+        rank = getattr(self._cursor.tracked, "rank", 0)
         return EndOfData(rank=rank, step=step, num_batches=self._steps_target or 0)
 
     def _warn_length(self) -> None:

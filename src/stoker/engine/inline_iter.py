@@ -38,12 +38,12 @@ class InlineIterator(BaseIterator):
                 "num_workers>0."
             )
         super().__init__(plan, engine, resume)
-        if self._datapipe_seed is not None:
-            seed_shufflers(self._dataset, self._datapipe_seed)
+        if self._cursor.datapipe_seed is not None:
+            seed_shufflers(self._dataset, self._cursor.datapipe_seed)
         if is_datapipe(self._dataset):
             shard(self._dataset, 1, 0, *distributed_settings())
         self._fetcher = make_fetcher(self._fetch_spec)
-        self._fetcher.sample_context = (self._base_seed, self._epoch)
+        self._fetcher.sample_context = (self._cursor.base_seed, self._cursor.epoch)
         # Only the form read from the source: calling __getitem__ with a whole batch runs the
         # user's code, and here nothing has measured whether that is cheap.
         # An earlier epoch of this loader that adopted the batched form vouches for it (each
@@ -61,15 +61,15 @@ class InlineIterator(BaseIterator):
     def reset(self, plan: Plan) -> None:
         """The next epoch of a persistent iterator (torch's ``_reset``)."""
         self._open_epoch(plan, None, first=False)
-        if self._datapipe_seed is not None:
-            seed_shufflers(self._dataset, self._datapipe_seed)
+        if self._cursor.datapipe_seed is not None:
+            seed_shufflers(self._dataset, self._cursor.datapipe_seed)
             self._fetcher = make_fetcher(self._fetch_spec)
-        self._fetcher.sample_context = (self._base_seed, self._epoch)
+        self._fetcher.sample_context = (self._cursor.base_seed, self._cursor.epoch)
 
     def iterator_state(self, progress: Any) -> tuple[Any, bool]:
         """An IterableDataset's iterator state after the last batch delivered, when this
         iterator still delivers ``progress``'s epoch (else None: nothing live to describe)."""
-        if self._progress is not progress or not isinstance(self._fetcher, IterableFetcher):
+        if self._cursor.progress is not progress or not isinstance(self._fetcher, IterableFetcher):
             return None, False
         return self._fetcher.iterator_state()
 
@@ -93,7 +93,7 @@ class InlineIterator(BaseIterator):
         if self._seeding != "per_batch":
             return self._timed_fetch(index)
         # The caller's own RNG streams (dropout, their augmentations) are left as they were.
-        seed = batch_seed(self._base_seed, self._epoch, position)
+        seed = batch_seed(self._cursor.base_seed, self._cursor.epoch, position)
         saved = save_states(self._dataset_rngs)
         try:
             with GlobalRngGuard(raw=self._fetch_spec.fast_paths):
@@ -146,17 +146,16 @@ class InlineIterator(BaseIterator):
 
     def _next_data(self) -> Any:
         while True:
-            position, index = self._next_index()
-            if self._rng.held and position >= self._drop_below and (
-                    position not in self._drop_set):
+            position, index = self._cursor.next_index()
+            if self._cursor.rng.held and not self._cursor.read_again(position):
                 # NOTE [ Main streams resume ]: what was delivered is read again (or the
                 # iterator's state loaded); the rest of the epoch draws from the global RNGs
                 # as they were at the save point.
-                self._rng.release_save_point()
+                self._cursor.rng.release_save_point()
             try:
                 data = self._fetch(position, index)
             except StopIteration:
-                self._rng.release_save_point()  # (an iterable that ended while read again)
+                self._cursor.rng.release_save_point()  # (an iterable that ended while read again)
                 raise
             except MixedDeviceError as exc:
                 raise exc.with_indices(index) if isinstance(index, list) else exc from None
@@ -166,9 +165,9 @@ class InlineIterator(BaseIterator):
                 raise
             if self._fetcher.skipped:
                 self._skips.record(self._fetcher.skipped)
-            if self._dropped(position):
+            if self._cursor.dropped(position):
                 continue
-            self._delivered(position)
+            self._cursor.delivered(position)
             if data is EMPTY:
                 self._skips.empty_step(position, self._index_sampler)
                 continue

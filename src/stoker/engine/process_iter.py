@@ -172,17 +172,17 @@ class ProcessIterator(BaseIterator):
             worker_id=wid,
             num_workers=self._num_workers,
             fetch=self._fetch_spec,
-            base_seed=self._base_seed,
+            base_seed=self._cursor.base_seed,
             worker_init_fn=plan.worker_init_fn,
             max_idle_slabs=self._prefetch + 2,  # idle slabs kept: memory vs allocations
             parent_pid=os.getpid(),
-            first_epoch=self._epoch,
+            first_epoch=self._cursor.epoch,
             seed_per_batch=self._seeding == "per_batch",
             dist=plan.dist,
             concurrency=plan.worker_concurrency,
             shared_lists=shared_lists,
             vector_trusted=self._vector_trusted,
-            datapipe_seed=self._datapipe_seed,
+            datapipe_seed=self._cursor.datapipe_seed,
             datapipe_ranks=distributed_settings() if is_datapipe(self._dataset) else None,
             persistent=self._persistent,
             resume=self._resume_entries,
@@ -195,13 +195,13 @@ class ProcessIterator(BaseIterator):
         self._lightning_init_fn = is_lightning_init_fn(plan.worker_init_fn)
         self._stream_log = StreamLog(n, kind)
         self._resume_entries = tuple(resume_entries(resume, n)) if resume else ()
-        self._progress.streams = WorkerStreams.resumed(kind, n, resume)
+        streams = self._cursor.progress.streams = WorkerStreams.resumed(kind, n, resume)
         # weakly: the loader keeps the last epoch's progress, and must not keep this iterator
-        self._progress.streams.await_starts = weakref.WeakMethod(self._await_worker_starts)
+        streams.await_starts = weakref.WeakMethod(self._await_worker_starts)
 
     def _await_worker_starts(self) -> None:
         """Read replies until every worker start a state needs has arrived."""
-        progress = self._progress
+        progress = self._cursor.progress
         while progress.streams.missing(progress.finished) and not self._group.stopped:
             self._receive()
 
@@ -236,13 +236,14 @@ class ProcessIterator(BaseIterator):
         for wid, reply in self._book.ready.values():
             if isinstance(reply, msg.Done):
                 self._group.reader.release_now(wid, reply.segment_id)
-        ended = self._progress
+        ended = self._cursor.progress
         self._open_epoch(plan, None, first=False)
-        self._progress.streams = ended.streams.next_epoch(ended.finished)
+        self._cursor.progress.streams = ended.streams.next_epoch(ended.finished)
         self._group.collect_released()
+        cursor = self._cursor
         for w in self._group.workers:
             release = self._group.take_release(w.worker_id)
-            self._send(w.worker_id, msg.Reset(self._epoch, release, self._datapipe_seed,
+            self._send(w.worker_id, msg.Reset(cursor.epoch, release, cursor.datapipe_seed,
                                               _dataset_epoch(self._dataset)))
         self._init_dispatch()
         self._fill()
@@ -277,7 +278,7 @@ class ProcessIterator(BaseIterator):
         if wid is None:
             return
         try:
-            position, index = self._next_index()
+            position, index = self._cursor.next_index()
         except StopIteration:
             self._book.sampler_done = True
             self._let_idle_workers_go()
@@ -296,7 +297,8 @@ class ProcessIterator(BaseIterator):
         except Exception:  # the worker reads the batch as always, and reports there
             pass
         self._group.collect_released()
-        self._send(wid, msg.Task(self._epoch, position, index, self._group.take_release(wid)))
+        release = self._group.take_release(wid)
+        self._send(wid, msg.Task(self._cursor.epoch, position, index, release))
         if self._book.sent(wid, position):
             self._moves.watch.started(wid, time.monotonic())
 
@@ -320,7 +322,7 @@ class ProcessIterator(BaseIterator):
             if victim is None:
                 break
             position = self._book.take_queued(victim)
-            self._send(victim, msg.Cancel(self._epoch, position))
+            self._send(victim, msg.Cancel(self._cursor.epoch, position))
             self._book.moved[position] = {victim, thief}
             self._send_task(thief, position, self._book.indices[position])
             self._stats.tasks_moved += 1
@@ -341,7 +343,7 @@ class ProcessIterator(BaseIterator):
             if item is not None:
                 self._try_put_index()
                 wid, reply = item
-                if self._dropped(reply.task_id, wid):  # re-read after an iterable resume
+                if self._cursor.dropped(reply.task_id, wid):  # re-read after an iterable resume
                     if isinstance(reply, msg.Done):
                         self._group.reader.release_now(wid, reply.segment_id)
                     continue
@@ -394,13 +396,14 @@ class ProcessIterator(BaseIterator):
             self._file_reply(w, reply)
 
     def _file_reply(self, w: Any, message: msg.Reply | msg.Started) -> None:
-        reply = self._stream_log.file(w.worker_id, message, self._epoch, self._progress.streams)
+        cursor = self._cursor
+        reply = self._stream_log.file(w.worker_id, message, cursor.epoch, cursor.progress.streams)
         if reply is None:
             return  # a Started, filed (NOTE [ Worker streams resume ])
         done = reply if isinstance(reply, msg.Done) else None
         if done is not None:
             self._group.reader.retire(w.worker_id, done.retired)
-        if reply.epoch != self._epoch:  # a reply to an abandoned epoch: recycle its slab
+        if reply.epoch != self._cursor.epoch:  # a reply to an abandoned epoch: recycle its slab
             if done is not None:
                 self._group.reader.release_now(w.worker_id, done.segment_id)
             return
@@ -431,7 +434,7 @@ class ProcessIterator(BaseIterator):
         if done is not None:
             self._gives_back[wid] = done.report.concurrency == 1 and done.report.gives_back
             if done.report.init_fn_seeded:
-                self._progress.streams.init_fn_seeded = True
+                self._cursor.progress.streams.init_fn_seeded = True
                 self._engine.warn_init_fn_seeds_once(self._lightning_init_fn)
         if book.sampler_done:
             self._let_idle_workers_go()
@@ -458,7 +461,7 @@ class ProcessIterator(BaseIterator):
     def _deliver(self, wid: int, reply: msg.Done | msg.Failed) -> Any:
         position = reply.task_id
         self._book.indices.pop(position, None)
-        self._delivered(position, wid, reply.rngs)
+        self._cursor.delivered(position, wid, reply.rngs)
         if isinstance(reply, msg.Failed):
             raise rebuild(reply.error)
         self._stats.worker_batch(wid, reply.report)

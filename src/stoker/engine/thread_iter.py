@@ -34,7 +34,7 @@ class ThreadIterator(BaseIterator):
     ) -> None:
         super().__init__(plan, engine, resume)
         self._fetcher: Any = make_fetcher(self._fetch_spec)  # map-style: checked by the loader
-        self._fetcher.sample_context = (self._base_seed, self._epoch)
+        self._fetcher.sample_context = (self._cursor.base_seed, self._cursor.epoch)
         # worker_type="thread" is the user's promise of thread-safety (NOTE [ Automatic
         # concurrency ]).
         self._tuner = ConcurrencyTuner(
@@ -42,7 +42,7 @@ class ThreadIterator(BaseIterator):
             can_split=self._fetcher.splittable, threads_promised=True,
         )
         self._events: queue.SimpleQueue = queue.SimpleQueue()
-        self._pipeline = SamplePipeline(self._fetcher, self._events, self._base_seed)  # type: ignore[arg-type]
+        self._pipeline = SamplePipeline(self._fetcher, self._events, self._cursor.base_seed)  # type: ignore[arg-type]
         self._finalizer = finalize_here(self, self._pipeline.close)
         self._prefetch = plan.prefetch_factor or 2
         self._in_order = plan.in_order
@@ -58,7 +58,7 @@ class ThreadIterator(BaseIterator):
         self._stats.tuner.extend(TunerEvent(0, e.at_s, e.concurrency, e.reason) for e in events)
 
     def _set_context(self, index: Any) -> None:
-        set_sample_context(self._base_seed, self._epoch, index)
+        set_sample_context(self._cursor.base_seed, self._cursor.epoch, index)
 
     # -- one batch at a time -----------------------------------------------------------------
 
@@ -78,12 +78,13 @@ class ThreadIterator(BaseIterator):
             self._skips.empty_step(job.task_id, self._index_sampler)
 
     def _next_alone(self) -> Job | None:
-        position, index = self._next_index()  # StopIteration ends the epoch
-        job = Job(self._epoch, position, list(index) if self._fetcher.splittable else [index])
+        position, index = self._cursor.next_index()  # StopIteration ends the epoch
+        indices = list(index) if self._fetcher.splittable else [index]
+        job = Job(self._cursor.epoch, position, indices)
         saved = save_states(self._dataset_rngs)
         with GlobalRngGuard(raw=self._fetch_spec.fast_paths):
             if self._seeding == "per_batch":
-                seed = batch_seed(self._base_seed, self._epoch, position)
+                seed = batch_seed(self._cursor.base_seed, self._cursor.epoch, position)
                 seed_global_rngs(seed)
                 reseed(self._dataset_rngs, seed)
             try:
@@ -112,11 +113,11 @@ class ThreadIterator(BaseIterator):
         depth = max(self._prefetch, -(-self._tuner.concurrency // self._step_samples) + 1)
         while len(self._order) < depth:
             try:
-                position, index = self._next_index()
+                position, index = self._cursor.next_index()
             except StopIteration:
                 return
             self._order.append(position)
-            self._pipeline.add(Job(self._epoch, position, list(index)))
+            self._pipeline.add(Job(self._cursor.epoch, position, list(index)))
 
     def _next_pipelined(self) -> Job:
         self._fill()
@@ -145,7 +146,7 @@ class ThreadIterator(BaseIterator):
     # -- delivery ----------------------------------------------------------------------------
 
     def _finish(self, job: Job) -> Any:
-        self._delivered(job.task_id)
+        self._cursor.delivered(job.task_id)
         self._stats.fetch_wall_s += job.wall_s
         self._stats.fetch_cpu_s += job.cpu_s
         if job.whole:
