@@ -11,7 +11,6 @@ from torch.utils.data import default_collate
 
 from stoker._core.specs import FetchSpec, WorkerSpec
 from stoker.engine.base_iter import resolve_collate
-from stoker.transport import segments
 from stoker.workers import protocol as msg
 from stoker.workers.launch import start_worker
 
@@ -43,11 +42,11 @@ class PlayedMain:
             message = msg.recv_from_worker(conn)
             if isinstance(message, msg.Hello):
                 if message.has_log:
-                    self.fds.append(segments.recv_fd(conn))
+                    self.fds.append(msg.recv_fd(conn))
             elif isinstance(message, msg.Slab):
                 self.slabs_made += 1
                 if message.ref.name is None:
-                    self.fds.append(segments.recv_fd(conn))
+                    self.fds.append(msg.recv_fd(conn))
             else:
                 return message
 

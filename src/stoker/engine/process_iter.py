@@ -268,7 +268,7 @@ class ProcessIterator(BaseIterator):
             wid = w.worker_id
             if not w.stop_sent and (
                 not book.active[wid] or (book.sampler_done and book.load[wid] == 0)
-            ) and not (book.active[wid] and self._moves.queued_elsewhere()):
+            ) and not (book.active[wid] and self._may_move and self._moves.queued_elsewhere()):
                 self._group.stop_early(w)
 
     def _try_put_index(self, wid: int | None = None) -> None:
@@ -299,7 +299,7 @@ class ProcessIterator(BaseIterator):
         self._group.collect_released()
         release = self._group.take_release(wid)
         self._send(wid, msg.Task(self._cursor.epoch, position, index, release))
-        if self._book.sent(wid, position):
+        if self._book.sent(wid, position) and self._may_move:  # timed only to move tasks
             self._moves.watch.started(wid, time.monotonic())
 
     # -- moving queued tasks to idle workers (NOTE [ Idle workers take queued tasks ]) --------
@@ -368,7 +368,8 @@ class ProcessIterator(BaseIterator):
         self._send_large_releases()  # before waiting: the worker may need the slab first
         poller, by_fd = self._group.poller()
         wait_s = self._stall.wait_s(_LIVENESS_POLL_S)
-        due = self._moves.due(self._idle_workers())  # wake up to move a queued task
+        # wake up to move a queued task
+        due = self._moves.due(self._idle_workers()) if self._may_move else None
         until_due = wait_s if due is None else max(0.0, due - time.monotonic())
         move_wakeup = until_due < wait_s
         wait_s = min(wait_s, until_due)
@@ -382,7 +383,7 @@ class ProcessIterator(BaseIterator):
                 except (EOFError, OSError):
                     self._deaths.lost(self._book, w, self._file_reply)
                 got_reply = True
-        if got_reply or move_wakeup:
+        if self._may_move and (got_reply or move_wakeup):
             self._move_queued_tasks()
         if not got_reply:
             self._deaths.check(self._book, self._file_reply)
@@ -401,7 +402,7 @@ class ProcessIterator(BaseIterator):
         if reply is None:
             return  # a Started, filed (NOTE [ Worker streams resume ])
         done = reply if isinstance(reply, msg.Done) else None
-        if done is not None:
+        if done is not None and done.retired:
             self._group.reader.retire(w.worker_id, done.retired)
         if reply.epoch != self._cursor.epoch:  # a reply to an abandoned epoch: recycle its slab
             if done is not None:
@@ -419,7 +420,7 @@ class ProcessIterator(BaseIterator):
                 batch = Unpickled(None, exc)
             reply = done = done._replace(payload=batch)
         now = time.monotonic()
-        if book.answered(wid, position):
+        if book.answered(wid, position) and self._may_move:
             self._moves.watch.finished(wid, now)
         self._stall.replied(now)
         if position in book.moved and self._settle_moved(wid, reply):
@@ -465,8 +466,8 @@ class ProcessIterator(BaseIterator):
         if isinstance(reply, msg.Failed):
             raise rebuild(reply.error)
         self._stats.worker_batch(wid, reply.report)
-        # NOTE [ One switch for the fast paths ]
-        tell_not_per_sample(self._dataset, reply.report.batched)
+        if reply.report.batched:  # NOTE [ One switch for the fast paths ]
+            tell_not_per_sample(self._dataset, reply.report.batched)
         if reply.report.batched == "source" and not self._vector_trusted:
             self._vector_trusted = True
             self._engine.vector_trusted = self._dataset

@@ -84,7 +84,10 @@ class WorkerGroup:
 
     def collect_released(self) -> None:
         """Sort the slabs the user let go of since the last call by worker."""
-        for wid, ids in self.reader.take_released().items():
+        reader = self.reader
+        if not reader.released and reader.pins is None:
+            return  # nothing let go (always, without slab_transport)
+        for wid, ids in reader.take_released().items():
             if wid < len(self.workers):
                 self._to_release[wid].extend(ids)
 
@@ -134,7 +137,7 @@ class WorkerGroup:
             receive_slab(self.reader, w, message.ref)
         elif isinstance(message, msg.Hello):
             if message.has_log:
-                fd = segments.recv_fd(w.conn)
+                fd = msg.recv_fd(w.conn)
                 segments.open_received_log(fd)
                 self.stack_logs[w.worker_id] = fd
         else:
@@ -155,5 +158,5 @@ class WorkerGroup:
 
 
 def receive_slab(reader: SlabReader, w: WorkerHandle, ref: Any) -> None:
-    fd = segments.recv_fd(w.conn) if ref.name is None else None
+    fd = msg.recv_fd(w.conn) if ref.name is None else None
     reader.adopt(w.worker_id, ref, fd)

@@ -110,15 +110,16 @@ class VectorProbe:
         self._left = _PROBES
         self.adopted = trusted and self.kind == "source"
         self._owned_rngs: list[tuple[str, Any]] | None = None  # found at the first probe
+        self._decided()
 
     @property
     def kind(self) -> str | None:
         """Which candidate is being probed or was adopted: "source", "call", or None."""
         return self._candidates[0][0] if self._candidates else None
 
-    @property
-    def probing(self) -> bool:
-        return not self.adopted and bool(self._candidates)
+    def _decided(self) -> None:
+        # A plain attribute, read before every batch: no call once the probes are over.
+        self.probing = not self.adopted and bool(self._candidates)
 
     @property
     def collates_objects(self) -> bool:
@@ -136,6 +137,7 @@ class VectorProbe:
     def _drop(self) -> None:
         self._candidates.pop(0)
         self._left = _PROBES
+        self._decided()
 
     def check(self, indices: list[int], collated: Any) -> None:
         """After fetching a batch the plain way: does the candidate give the same?
@@ -166,6 +168,7 @@ class VectorProbe:
         self._left -= 1
         if self._left == 0:
             self.adopted = True
+            self._decided()
 
     def fetch(self, indices: list[int]) -> Any:
         """The adopted candidate's batch; ``Decline``: fetch this one sample by sample."""

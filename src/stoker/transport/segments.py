@@ -3,7 +3,8 @@
 A segment is an anonymous in-memory file. On Linux it is a ``memfd``: it has no name in
 ``/dev/shm``, is not limited by the size of ``/dev/shm`` (Docker's 64 MiB default), and the
 kernel frees it when the last fd and mapping are gone, so a killed process cannot leak one.
-Its fd crosses to the main process over the worker's Unix socket (SCM_RIGHTS).
+Its fd crosses to the main process over the worker's Unix socket (SCM_RIGHTS, ``workers.protocol``'s
+``send_fds``).
 
 Elsewhere it is a POSIX ``shm_open`` segment whose name travels instead; the receiver opens it
 and unlinks the name at once, so ``/dev/shm`` only holds it for that instant. Python's
@@ -19,18 +20,14 @@ whole life, so a freshly forked worker closes every fd this module opened in its
 
 from __future__ import annotations
 
-import array
 import ctypes
-import errno
 import functools
 import mmap
 import os
 import secrets
-import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 
 from stoker._core.forked_copies import finalize_here
 
@@ -185,66 +182,6 @@ def map_lease(fd: int, nbytes: int) -> ctypes.Array:
     nbytes = round_up(nbytes)
     address = map_address(fd, nbytes)
     return lease_at(address, nbytes, functools.partial(unmap_address, address, nbytes))
-
-
-_FDS_PER_MESSAGE = 250  # the kernel passes at most 253 (SCM_MAX_FD) in one message
-
-
-def send_fd(conn: Connection, fd: int) -> None:
-    """Pass ``fd`` over the Unix socket behind ``conn`` (SCM_RIGHTS). Unlike
-    ``multiprocessing.reduction.send_handle``, no fd is duplicated to do it, so a process at
-    its open-files limit can still hand over a segment it created."""
-    send_fds(conn, [fd])
-
-
-def send_fds(conn: Connection, fds: list[int]) -> None:
-    """Pass ``fds`` (in order) as ``send_fd`` does, up to 250 in one message."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=conn.fileno())
-    try:
-        for i in range(0, len(fds), _FDS_PER_MESSAGE):
-            chunk = array.array("i", fds[i : i + _FDS_PER_MESSAGE])
-            sock.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, chunk)])
-    finally:
-        sock.detach()  # the socket is conn's: do not close it
-
-
-def recv_fd(conn: Connection) -> int:
-    """The fd ``send_fd`` passed; OSError(EMFILE) if this process had no slot left for it."""
-    return recv_fds(conn, 1)[0]
-
-
-def recv_fds(conn: Connection, count: int) -> list[int]:
-    """The ``count`` fds ``send_fds`` passed; OSError(EMFILE) if this process had no slot
-    left for them (the ones it did get are closed)."""
-    got: list[int] = []
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=conn.fileno())
-    try:
-        while len(got) < count:
-            want = min(_FDS_PER_MESSAGE, count - len(got))
-            space = socket.CMSG_SPACE(want * array.array("i").itemsize)
-            msg, ancdata, _flags, _addr = sock.recvmsg(1, space)
-            if not msg:
-                raise EOFError("the worker closed its connection while passing a segment")
-            fds = array.array("i")
-            for level, kind, data in ancdata:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-            got.extend(fds)
-            if len(fds) < want:  # the kernel drops fds (MSG_CTRUNC) when no slot is free
-                raise OSError(
-                    errno.EMFILE, "Too many open files: the main process had no file "
-                    "descriptor left to receive a worker's shared memory (as under torch, "
-                    "each tensor of a batch you hold keeps one open); raise the limit "
-                    "(`ulimit -n`), keep fewer batches, call torch.multiprocessing."
-                    "set_sharing_strategy('file_system') as torch's docs advise, or pass "
-                    "beyond_torch={'slab_transport'} (no descriptor per batch)")
-    except BaseException:
-        for fd in got:
-            os.close(fd)
-        raise
-    finally:
-        sock.detach()
-    return got
 
 
 def close(fd: int) -> None:

@@ -23,7 +23,7 @@ from stoker._core.specs import WorkerSpec
 from stoker.collate import allocating_into
 from stoker.errors import MixedDeviceError
 from stoker.fetch.fetchers import EMPTY
-from stoker.transport import segments, torch_way
+from stoker.transport import torch_way
 from stoker.transport.segments import SegmentRef
 from stoker.transport.slab_writer import SlabPool, SlabWriter, batch_nbytes, write_batch
 from stoker.workers import protocol as msg
@@ -66,11 +66,12 @@ class BatchBuilder:
     def _announce(self, fd: int, ref: SegmentRef) -> None:
         msg.send(self.conn, msg.Slab(ref))
         if ref.name is None:
-            segments.send_fd(self.conn, fd)
+            msg.send_fd(self.conn, fd)
 
     def free(self, released: list[int]) -> None:
         """Slabs the main process gave back."""
-        self.retired += self.pool.release(released)
+        if released:  # none ever without slab_transport
+            self.retired += self.pool.release(released)
 
     def slab_for(self, data: Any, read_waiting: Callable[[], object] | None
                  ) -> SlabWriter | None:
@@ -120,7 +121,7 @@ class BatchBuilder:
                 skipped, report, rngs, len(packed.fds),
             ))
             if packed.fds:
-                segments.send_fds(self.conn, packed.fds)
+                msg.send_fds(self.conn, packed.fds)
         finally:
             torch_way.close(packed.fds)
         self.retired = []

@@ -121,7 +121,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         log_fd = diagnostics.install_in_worker()
         msg.send(conn, msg.Hello(has_log=log_fd is not None))
         if log_fd is not None:
-            segments.send_fd(conn, log_fd)
+            msg.send_fd(conn, log_fd)
         worker.start()
         worker.serve()
     except (BrokenPipeError, ConnectionResetError, KeyboardInterrupt):

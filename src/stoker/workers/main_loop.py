@@ -189,8 +189,8 @@ class Worker:
             reseed(self.dataset_rngs, seed)
         # A call with a whole batch only pays for cheap CPU-bound samples: probe it once the
         # tuner has settled at one fetch at a time (an I/O-bound dataset is never called so).
-        settled_at_one = not self.tuner.exploring and self.tuner.concurrency == 1
-        if self.vector.wants_probe(settled_at_one):
+        if self.vector.probing and self.vector.wants_probe(
+                not self.tuner.exploring and self.tuner.concurrency == 1):  # settled at one
             self._run_probe(task_id, list(indices))
             return
         if self.fetcher.splittable and (self.tuner.concurrency > 1 or self.tuner.exploring):

@@ -16,11 +16,15 @@ with persistent workers) are recognised and their slabs recycled instead of bein
 
 from __future__ import annotations
 
+import array
 import contextlib
 import enum
+import errno
+import os
+import socket
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from stoker.transport import segments, torch_way
+from stoker.transport import torch_way
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -323,11 +327,73 @@ def recv_from_worker(
     message = decode(conn.recv())
     if isinstance(message, Done) and message.fds:
         assert isinstance(message.payload, bytes)
-        fds = segments.recv_fds(conn, message.fds)
+        fds = recv_fds(conn, message.fds)
         with unpacking() if unpacking is not None else contextlib.nullcontext():
             batch = torch_way.received(message.payload, fds)
         message = message._replace(payload=batch, fds=0)
     return message  # type: ignore[return-value]
+
+
+# -- fds beside the messages (a segment crosses as its fd: transport.segments) ----------------
+
+_FDS_PER_MESSAGE = 250  # the kernel passes at most 253 (SCM_MAX_FD) in one message
+
+
+def send_fd(conn: Connection, fd: int) -> None:
+    """Pass ``fd`` over the Unix socket behind ``conn`` (SCM_RIGHTS). Unlike
+    ``multiprocessing.reduction.send_handle``, no fd is duplicated to do it, so a process at
+    its open-files limit can still hand over a segment it created."""
+    send_fds(conn, [fd])
+
+
+def send_fds(conn: Connection, fds: list[int]) -> None:
+    """Pass ``fds`` (in order) as ``send_fd`` does, up to 250 in one message."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=conn.fileno())
+    try:
+        for i in range(0, len(fds), _FDS_PER_MESSAGE):
+            chunk = array.array("i", fds[i : i + _FDS_PER_MESSAGE])
+            sock.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, chunk)])
+    finally:
+        sock.detach()  # the socket is conn's: do not close it
+
+
+def recv_fd(conn: Connection) -> int:
+    """The fd ``send_fd`` passed; OSError(EMFILE) if this process had no slot left for it."""
+    return recv_fds(conn, 1)[0]
+
+
+def recv_fds(conn: Connection, count: int) -> list[int]:
+    """The ``count`` fds ``send_fds`` passed; OSError(EMFILE) if this process had no slot
+    left for them (the ones it did get are closed)."""
+    got: list[int] = []
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=conn.fileno())
+    try:
+        while len(got) < count:
+            want = min(_FDS_PER_MESSAGE, count - len(got))
+            space = socket.CMSG_SPACE(want * array.array("i").itemsize)
+            msg, ancdata, _flags, _addr = sock.recvmsg(1, space)
+            if not msg:
+                raise EOFError("the worker closed its connection while passing a segment")
+            fds = array.array("i")
+            for level, kind, data in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+            got.extend(fds)
+            if len(fds) < want:  # the kernel drops fds (MSG_CTRUNC) when no slot is free
+                raise OSError(
+                    errno.EMFILE, "Too many open files: the main process had no file "
+                    "descriptor left to receive a worker's shared memory (as under torch, "
+                    "each tensor of a batch you hold keeps one open); raise the limit "
+                    "(`ulimit -n`), keep fewer batches, call torch.multiprocessing."
+                    "set_sharing_strategy('file_system') as torch's docs advise, or pass "
+                    "beyond_torch={'slab_transport'} (no descriptor per batch)")
+    except BaseException:
+        for fd in got:
+            os.close(fd)
+        raise
+    finally:
+        sock.detach()
+    return got
 
 
 ToWorker = Task | Reset | Cancel | Release | Stop
