@@ -70,7 +70,9 @@ def _in_worker(out_dir: str) -> Any:
     return init
 
 
-def main() -> None:
+def trace() -> tuple[Counter[str], Counter[str], int]:
+    """Calls per stoker module: in the main process over batches FIRST-LAST, in the workers
+    over their tasks FIRST-LAST (summed), and the number of batches each side counts."""
     dataset = torch.utils.data.TensorDataset(torch.randn(64 * 100, 8), torch.arange(64 * 100))
     with tempfile.TemporaryDirectory() as out:
         loader = stoker.DataLoader(dataset, batch_size=64, num_workers=2,
@@ -83,22 +85,26 @@ def main() -> None:
             elif k == LAST:
                 sys.setprofile(None)
             next(it)
+        it._shutdown_workers()  # type: ignore[attr-defined]
         del it
         workers = [Counter(json.loads(p.read_text())) for p in sorted(Path(out).iterdir())]
-    worker_side = sum(workers, Counter())
-    batches = LAST - FIRST
+    return main_side.calls, sum(workers, Counter()), LAST - FIRST
+
+
+def main() -> None:
+    main_calls, worker_side, batches = trace()
     print(f"main process, per next() (batches {FIRST}-{LAST}): "
-          f"{len(main_side.calls)} modules, {sum(main_side.calls.values()) / batches:.0f} calls")
-    for name, calls in sorted(main_side.calls.items()):
+          f"{len(main_calls)} modules, {sum(main_calls.values()) / batches:.0f} calls")
+    for name, calls in sorted(main_calls.items()):
         print(f"  {name:45s} {calls / batches:6.1f}")
-    tasks = batches * len(workers)  # each worker served LAST - FIRST tasks
+    tasks = batches * 2  # each worker served LAST - FIRST tasks
     print(f"worker, per task: {len(worker_side)} modules, "
           f"{sum(worker_side.values()) / max(tasks, 1):.0f} calls")
     for name, calls in sorted(worker_side.items()):
         print(f"  {name:45s} {calls / max(tasks, 1):6.1f}")
-    both = set(main_side.calls) | set(worker_side)
+    both = set(main_calls) | set(worker_side)
     print(f"together: {len(both)} stoker modules")
-    print(json.dumps({"main": sorted(main_side.calls), "worker": sorted(worker_side),
+    print(json.dumps({"main": sorted(main_calls), "worker": sorted(worker_side),
                       "together": len(both), "pid": os.getpid()}))
 
 
