@@ -23,7 +23,7 @@ def _batch_path() -> object:
 
 def _walk_modules() -> set[str]:
     text = (ROOT / "src" / "stoker" / "README.md").read_text()
-    start = text.index("against the trace). In the main process:")
+    start = text.index("this list against the trace). In the main process:")
     end = text.index("With `slab_transport` (beyond torch), the batch goes through slabs")
     names = re.findall(r"`([a-z_]+/[a-z_]+)\.py`", text[start:end])
     return {"stoker." + name.replace("/", ".") for name in names}

@@ -15,7 +15,7 @@ from stoker._core.specs import FetchSpec
 from stoker.engine.cursor import Delivery, EpochCursor
 from stoker.engine.loader_state import EngineState
 from stoker.engine.skips import SkipLedger
-from stoker.profile.ranges import PIN, WAIT, profiling, stage_range
+from stoker.engine.stats import PIN, WAIT, profiling, stage_range
 from stoker.sampling.dataset_rngs import find_dataset_rngs, warn_shared_rngs
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from stoker._core.plan import Plan
 from stoker.engine.base_iter import BaseIterator
 from stoker.engine.loader_state import EngineState
+from stoker.engine.stats import COLLATE, FETCH, stage_range
 from stoker.errors import MixedDeviceError
 from stoker.fastpaths.batched_getitem import Decline
 from stoker.fastpaths.index_tensor import VectorProbe
@@ -19,7 +20,6 @@ from stoker.fetch.fetchers import (
     source_form,
     vectorisable,
 )
-from stoker.profile.ranges import COLLATE, FETCH, stage_range
 from stoker.sampling.datapipes import distributed_settings, is_datapipe, seed_shufflers, shard
 from stoker.sampling.dataset_rngs import reseed, restore_states, save_states
 from stoker.sampling.sample_rng import clear_sample_context

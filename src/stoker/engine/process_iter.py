@@ -45,6 +45,7 @@ from stoker.engine.cuda_safety import refuse_device_tensors, safe_context
 from stoker.engine.loader_state import EngineState
 from stoker.engine.prefetch_depth import depth_for
 from stoker.engine.stall import StallClock
+from stoker.engine.stats import UNPACK, stage_range
 from stoker.engine.stragglers import MovePolicy, StragglerWatch
 from stoker.engine.task_book import TaskBook
 from stoker.engine.worker_death import DeathWatch
@@ -59,7 +60,6 @@ from stoker.engine.worker_streams import (
 from stoker.fastpaths.batched_getitem import compile_batched
 from stoker.fastpaths.switch import tell_not_per_sample
 from stoker.fetch.fetchers import EmptyBatch, source_form
-from stoker.profile.ranges import UNPACK, stage_range
 from stoker.sampling.datapipes import distributed_settings, is_datapipe
 from stoker.transport.torch_way import Unpickled
 from stoker.workers import protocol as msg

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from stoker.sampling import global_rngs
-from stoker.sampling.raw_rng_states import MT_WORDS
+from stoker.sampling.global_rngs import MT_WORDS
 
 _VERSION = b"SRNG1"
 _MT = struct.Struct(f"<{MT_WORDS}I")

@@ -22,7 +22,7 @@ import numpy.random  # noqa: F401
 
 from stoker._core.specs import WorkerSpec
 from stoker.fastpaths.torch_collate_patch import collate_into_slabs_in_this_worker
-from stoker.sampling import raw_rng_states
+from stoker.sampling import global_rngs
 from stoker.sharing.auto_share import apply_in_worker
 from stoker.transport import segments
 from stoker.workers import diagnostics
@@ -34,7 +34,7 @@ from stoker.workers.thread_caps import cap_worker_threads
 # Likewise the raw RNG copies' offsets (NOTE [ Raw RNG snapshots ]) and what every worker's
 # apply_in_worker imports: found and loaded once here, in the main process before it forks, not
 # by every worker at each start (~6 ms of calibration, and the modules' imports).
-raw_rng_states.calibrate()
+global_rngs.calibrate()
 import stoker.sharing.inherited_list  # noqa: E402,F401
 import stoker.sharing.stand_in  # noqa: E402,F401
 
