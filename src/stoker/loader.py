@@ -8,7 +8,6 @@ Iteration is stoker's (``engine``), and so are ``state_dict``/``load_state_dict`
 
 from __future__ import annotations
 
-import collections.abc
 import functools
 import os
 import weakref
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
     from stoker._core.stats import LoaderStats, StatsHook
     from stoker.distributed.context import DistContext
     from stoker.engine.base_iter import BaseIterator
-    from stoker.engine.worker_streams import StreamsOwner
+    from stoker.engine.loader_resume import ResumeFacts
     from stoker.profile.events import EventRecorder
     from stoker.sampling.sharded import ShardedSampler
 
@@ -97,22 +96,6 @@ def _check_snapshot_steps(steps: Any) -> None:
             "as torchdata's StatefulDataLoader takes; stoker's state is exact after every step "
             "whatever the value."
         )
-
-
-def _constant_sampler_keys(state: dict[str, Any], index_sampler: Any) -> None:
-    """NOTE [ Constant state keys ]: checkpointers that match keys (DCP's ``dcp.load``
-    descends into nested dicts) need a fresh loader's state to have the keys of a mid-epoch
-    one. A stateful sampler's state is recorded only once a batch was delivered, so before that
-    it stands in with its current ``state_dict()``, marked as not to be applied: loading it
-    resumes exactly as the state without it did."""
-    from stoker.engine.cursor import stateful_sampler_of
-
-    stateful = stateful_sampler_of(index_sampler)
-    if state["sampler_state"] is not None or stateful is None:
-        state["sampler_state_applies"] = state["sampler_state"] is not None
-        return
-    state["sampler_state"] = stateful.state_dict()
-    state["sampler_state_applies"] = False
 
 
 def _is_sharded(sampler: Any) -> TypeGuard[ShardedSampler]:
@@ -570,90 +553,32 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         Before the first batch it is the initial state; after a finished epoch it is the start
         of the next one. ``load_state_dict`` applies it to the next ``iter()``.
         """
+        from stoker.engine.loader_resume import loader_state
         from stoker.engine.state_fit import stamp
-        from stoker.engine.worker_streams import state_fields
 
         _check_generator(self.generator)  # not a torch.Generator: the TypeError iter() raises
-        progress = self._engine.progress
         if self._stoker_resume is not None:
             return stamp(self._stoker_resume)  # now this rank's
-        if progress is None or progress.finished:
-            state = self._fresh_state(progress)
-        else:
-            state = progress.state_dict()
-        _constant_sampler_keys(state, self._index_sampler)
-        if self._dataset_kind and "dataset_iter_state" not in state:
-            state["dataset_iter_state"], state["dataset_iter_ended"] = self._live_iterator_state()
-        state["loader"] = self._fit_description()  # NOTE [ A state must fit its loader ]
-        if callable(getattr(self.dataset, "state_dict", None)) and not (
-            self._dataset_kind and isinstance(self.dataset, collections.abc.Iterator)
-        ):
-            # An IterableDataset that is its own iterator (``__iter__`` returns self): its
-            # state_dict() is its iterator's, often unset until ``__iter__`` ran, and at
-            # num_workers > 0 this copy never runs it. As in torchdata (dataset_state None for
-            # such a dataset), only the iterator state is kept: dataset_iter_state at
-            # num_workers=0, the fast-forward in workers.
-            state["dataset_state"] = self.dataset.state_dict()  # type: ignore[attr-defined]
-            # In-process, an iterable's own state is its position; in workers the main
-            # process's copy never moves, so the loader must fast-forward instead.
-            state["dataset_state_covers_position"] = bool(
-                self._dataset_kind and self.num_workers == 0
-            )
-
-        state.update(state_fields(self._streams_owner(), progress))
-        return stamp(state)  # rank, world size, digest: NOTE [ A state must fit its loader ]
-
-    def _live_iterator_state(self) -> tuple[Any, bool]:
-        """The state of ``iter(dataset)`` after the last batch delivered, when that iterator
-        has ``state_dict`` (torchdata's ``dataset_iter_state``). Only with num_workers=0: in
-        workers the iterators are the workers' own (docs/from_torchdata.md)."""
         ref = self._stoker_inline_iter
-        inline = ref() if ref is not None else None
-        progress = self._engine.progress
-        if inline is None or progress is None or progress.finished:
-            return None, False
-        return inline.iterator_state(progress)  # type: ignore[no-any-return]
+        return loader_state(self._resume_facts(), self._engine.progress,
+                            ref() if ref is not None else None)
 
-    def _fit_description(self) -> dict[str, Any]:
-        """What this loader's state positions depend on (NOTE [ A state must fit its loader ])."""
-        from stoker.engine.state_fit import describe
-
-        return describe(self.dataset, self.batch_size, self.drop_last, self.sampler,
-                            self.batch_sampler)
-
-    def _streams_owner(self) -> StreamsOwner:
-        """What the state's worker fields depend on, now (NOTE [ Worker streams resume ])."""
-        from stoker.engine.worker_streams import StreamsOwner
+    def _resume_facts(self) -> ResumeFacts:
+        """What this loader's state depends on, now (``engine.loader_resume``)."""
+        from stoker.engine.loader_resume import ResumeFacts
 
         it = self._iterator
-        return StreamsOwner(
-            dataset=self.dataset, num_workers=self.num_workers, seeding=self._stoker_seeding,
+        return ResumeFacts(
+            dataset=self.dataset, kind="iterable" if self._dataset_kind else "map",
+            generator=self.generator, index_sampler=self._index_sampler, sampler=self.sampler,
+            batch_sampler=self.batch_sampler, batch_size=self.batch_size,
+            drop_last=self.drop_last, num_workers=self.num_workers,
+            worker_type=self.worker_type, seeding=self._stoker_seeding,
             worker_init_fn=self.worker_init_fn, persistent_workers=self.persistent_workers,
             workers_alive=it is not None and not it.stopped,  # type: ignore[attr-defined]
+            iterations=self._stoker_iterations,
+            autopilot="epoch_autopilot" in self._stoker_beyond,
         )
-
-    def _fresh_state(self, finished: Any) -> dict[str, Any]:
-        """The state of an epoch not begun yet: generators as they are now."""
-        from stoker.distributed import next_epoch
-        from stoker.engine.cursor import fresh_state, keeps_main_rngs
-        from stoker.sampling.rng_state import RngSnapshot
-
-        main_rngs = keeps_main_rngs(self.num_workers, self.worker_type, self._stoker_seeding)
-        rng = RngSnapshot(self.generator, self._index_sampler, main_rngs=main_rngs)
-        rng.capture()
-        persistent_alive = (
-            finished is not None and self._iterator is not None
-            and not self._iterator.stopped  # type: ignore[attr-defined]
-        )
-        # The epoch the next pass will run (the autopilot's next step after a finished one).
-        sampler_epoch = (
-            next_epoch(self.sampler, self.batch_sampler,
-                       autopilot="epoch_autopilot" in self._stoker_beyond)
-            if finished is not None else getattr(self.sampler, "epoch", None)
-        )
-        return fresh_state(rng, finished, persistent_alive, self._stoker_iterations,
-                           sampler_epoch, "iterable" if self._dataset_kind else "map",
-                           self.num_workers)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from ``state_dict`` at the next ``iter()``: with the same ``num_workers``, and
@@ -661,22 +586,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
         Refuses a state that does not fit this loader (NOTE [ A state must fit its loader ]),
         and, before applying any of it, one that is not this rank's."""
-        from stoker.engine.cursor import check_state
-        from stoker.engine.state_fit import check_fields, check_fit, check_rank, length_or_none
-        from stoker.engine.worker_streams import check_worker_streams
-        from stoker.sampling.rng_state import check_main_rngs
+        from stoker.engine.loader_resume import checked_state
+        from stoker.engine.state_fit import length_or_none
 
-        state = check_state(state_dict)
-        check_fields(state)  # NOTE [ A state must fit its loader ]
-        check_rank(state)  # before any of it is applied
-
-        check_worker_streams(state, self.num_workers)  # NOTE [ Worker streams resume ]
-        check_main_rngs(state.get("rng"))  # NOTE [ Main streams resume ]
-        if "dataset_state" in state and callable(getattr(self.dataset, "load_state_dict", None)):
-            self.dataset.load_state_dict(state["dataset_state"])  # type: ignore[attr-defined]
-        # with the dataset's own state loaded (its length may follow it)
-        check_fit(state, "iterable" if self._dataset_kind else "map", self._fit_description,
-                  functools.partial(length_or_none, self))
+        state = checked_state(state_dict, self._resume_facts(),
+                              functools.partial(length_or_none, self))
         self._stoker_iterations = state["iterations"]
         epoch = state.get("sampler_epoch")
         if epoch is not None and callable(getattr(self.sampler, "set_epoch", None)):
