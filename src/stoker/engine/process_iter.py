@@ -25,7 +25,6 @@ worker's ``set_epoch`` with every new epoch (``Reset``). Others are left as torc
 from __future__ import annotations
 
 import functools
-import os
 import time
 import weakref
 from typing import Any
@@ -39,7 +38,6 @@ from stoker._core.dataset_hooks import (
     provided,
 )
 from stoker._core.plan import Plan
-from stoker._core.specs import WorkerSpec
 from stoker.engine.base_iter import BaseIterator
 from stoker.engine.cuda_safety import refuse_device_tensors, safe_context
 from stoker.engine.loader_state import EngineState
@@ -50,17 +48,15 @@ from stoker.engine.stragglers import MovePolicy, StragglerWatch
 from stoker.engine.task_book import TaskBook
 from stoker.engine.worker_death import DeathWatch
 from stoker.engine.worker_group import WorkerGroup
-from stoker.engine.worker_start import forked_spec, start_workers
+from stoker.engine.worker_start import start_workers, worker_specs
 from stoker.engine.worker_streams import (
     StreamLog,
     WorkerStreams,
     is_lightning_init_fn,
     resume_entries,
 )
-from stoker.fastpaths.batched_getitem import compile_batched
 from stoker.fastpaths.switch import tell_not_per_sample
-from stoker.fetch.fetchers import EmptyBatch, source_form
-from stoker.sampling.datapipes import distributed_settings, is_datapipe
+from stoker.fetch.fetchers import EmptyBatch
 from stoker.transport.torch_way import Unpickled
 from stoker.workers import protocol as msg
 from stoker.workers.launch import WorkerProcess, default_context
@@ -140,7 +136,11 @@ class ProcessIterator(BaseIterator):
         self._init_dispatch()
         if resume and not self._is_iterable:  # continue torch's round-robin where it stopped
             self._book.start_turn_at(resume["batches"])
-        start_workers(self._group, ctx, self._specs(plan, ctx), self._prime)
+        cursor = self._cursor
+        specs = worker_specs(plan, ctx, self._group, self._engine, base_seed=cursor.base_seed,
+                             first_epoch=cursor.epoch, datapipe_seed=cursor.datapipe_seed,
+                             vector_trusted=self._vector_trusted, resume=self._resume_entries)
+        start_workers(self._group, ctx, specs, self._prime)
         self._worker_pids = tuple(p for p in self._group.pids if p is not None)  # all started
         self._memory_watch = self._engine.memory_watch
         # Its first reads cost ~10 ms each: keep them out of the time to the first batch.
@@ -151,42 +151,6 @@ class ProcessIterator(BaseIterator):
         if not plan.prefetch_factor > 0:  # type: ignore[operator]  # torch's check and message, where torch makes it
             raise AssertionError(
                 "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
-
-    def _specs(self, plan: Plan, ctx: Any) -> list[WorkerSpec]:
-        # Under fork, large plain lists go to the workers as shared containers (NOTE
-        # [ Automatic list sharing ]); spawned workers get the pickled dataset anyway.
-        fork = ctx.get_start_method() == "fork"
-        shared = self._engine.list_sharing.plan(
-            self._dataset, asked="shared_lists" in self._fetch_spec.beyond) if fork else ()
-        if fork and source_form(self._fetch_spec):
-            compile_batched(self._dataset)  # cached: forked workers inherit it
-        specs = [self._spec(plan, wid, shared) for wid in range(self._num_workers)]
-        if fork:  # NOTE [ Slabs outlive workers ]; keep_slabs: NOTE [ Same as torch unless asked ]
-            if "keep_slabs" in self._fetch_spec.beyond:  # else freed as torch frees them
-                self._group.bank = self._engine.slab_bank
-            specs = [forked_spec(self._group, s) for s in specs]
-        return specs
-
-    def _spec(self, plan: Plan, wid: int, shared_lists: tuple = ()) -> WorkerSpec:
-        return WorkerSpec(
-            worker_id=wid,
-            num_workers=self._num_workers,
-            fetch=self._fetch_spec,
-            base_seed=self._cursor.base_seed,
-            worker_init_fn=plan.worker_init_fn,
-            max_idle_slabs=self._prefetch + 2,  # idle slabs kept: memory vs allocations
-            parent_pid=os.getpid(),
-            first_epoch=self._cursor.epoch,
-            seed_per_batch=self._seeding == "per_batch",
-            dist=plan.dist,
-            concurrency=plan.worker_concurrency,
-            shared_lists=shared_lists,
-            vector_trusted=self._vector_trusted,
-            datapipe_seed=self._cursor.datapipe_seed,
-            datapipe_ranks=distributed_settings() if is_datapipe(self._dataset) else None,
-            persistent=self._persistent,
-            resume=self._resume_entries,
-        )
 
     # -- each worker's own streams (NOTE [ Worker streams resume ]) ----------------------------
 

@@ -17,15 +17,66 @@ fork.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.context import BaseContext
+from typing import Any
 
+from stoker._core.plan import Plan
 from stoker._core.specs import WorkerSpec
+from stoker.engine.loader_state import EngineState
 from stoker.engine.worker_group import WorkerGroup
+from stoker.fastpaths.batched_getitem import compile_batched
+from stoker.fetch.fetchers import source_form
+from stoker.sampling.datapipes import distributed_settings, is_datapipe
 from stoker.workers.launch import gc_frozen_for_fork, start_worker
 from stoker.workers.spec_once import PickledSpec
 from stoker.workers.thread_caps import pools_quiet_for_fork
+
+
+def worker_specs(
+    plan: Plan, ctx: BaseContext, group: WorkerGroup, engine: EngineState, *, base_seed: int,
+    first_epoch: int, datapipe_seed: int | None, vector_trusted: bool, resume: tuple[Any, ...],
+) -> list[WorkerSpec]:
+    """One ``WorkerSpec`` per worker of ``plan``'s pass. Under fork, large plain lists go to the
+    workers as shared containers (NOTE [ Automatic list sharing ]), and each worker takes the
+    slabs its predecessor left (NOTE [ Slabs outlive workers ]); spawned workers get the
+    pickled dataset anyway."""
+    fetch, dataset = plan.fetch, plan.dataset
+    fork = ctx.get_start_method() == "fork"
+    shared = engine.list_sharing.plan(
+        dataset, asked="shared_lists" in fetch.beyond) if fork else ()
+    if fork and source_form(fetch):
+        compile_batched(dataset)  # cached: forked workers inherit it
+    specs = [
+        WorkerSpec(
+            worker_id=wid,
+            num_workers=plan.num_workers,
+            fetch=fetch,
+            base_seed=base_seed,
+            worker_init_fn=plan.worker_init_fn,
+            # idle slabs kept: memory vs allocations (an int with workers: torch's default 2)
+            max_idle_slabs=plan.prefetch_factor + 2,  # type: ignore[operator]
+            parent_pid=os.getpid(),
+            first_epoch=first_epoch,
+            seed_per_batch=plan.seeding == "per_batch",
+            dist=plan.dist,
+            concurrency=plan.worker_concurrency,
+            shared_lists=shared,
+            vector_trusted=vector_trusted,
+            datapipe_seed=datapipe_seed,
+            datapipe_ranks=distributed_settings() if is_datapipe(dataset) else None,
+            persistent=plan.persistent_workers,
+            resume=resume,
+        )
+        for wid in range(plan.num_workers)
+    ]
+    if fork:  # NOTE [ Slabs outlive workers ]; keep_slabs: NOTE [ Same as torch unless asked ]
+        if "keep_slabs" in fetch.beyond:  # else freed as torch frees them
+            group.bank = engine.slab_bank
+        specs = [forked_spec(group, s) for s in specs]
+    return specs
 
 
 def start_workers(group: WorkerGroup, ctx: BaseContext, specs: list[WorkerSpec],
