@@ -42,12 +42,11 @@ from stoker.engine.base_iter import BaseIterator
 from stoker.engine.cuda_safety import refuse_device_tensors, safe_context
 from stoker.engine.loader_state import EngineState
 from stoker.engine.prefetch_depth import depth_for
-from stoker.engine.stall import StallClock
 from stoker.engine.stats import UNPACK, stage_range
 from stoker.engine.stragglers import MovePolicy, StragglerWatch
 from stoker.engine.task_book import TaskBook
 from stoker.engine.worker_death import DeathWatch
-from stoker.engine.worker_group import WorkerGroup
+from stoker.engine.worker_group import StallClock, WorkerGroup
 from stoker.engine.worker_start import start_workers, worker_specs
 from stoker.engine.worker_streams import (
     StreamLog,
@@ -79,7 +78,7 @@ _unpacking = functools.partial(stage_range, UNPACK)  # NOTE [ Batches cross as t
 class ProcessIterator(BaseIterator):
     """Conducts one loader's workers: ``TaskBook`` says which task is where, ``WorkerGroup``
     owns the processes and sockets, ``MovePolicy`` moves tasks off stragglers,
-    ``DeathWatch`` and ``engine.stall`` report dead and stuck workers."""
+    ``DeathWatch`` and ``StallClock`` report dead and stuck workers."""
 
     _reiter_after_seed = True
 
