@@ -3,8 +3,8 @@ skips or reads again, the seeds, what was delivered, and the state dict made of 
 
 Every iterator (inline, threads, processes) holds one ``EpochCursor`` and asks it for the next
 ``(position, indices)``, tells it each batch delivered, and hands it the resume state to start
-from; nothing else keeps a position. The loader's ``state_dict()`` is the cursor's
-``EpochProgress`` (mid-epoch) or ``fresh_state`` (an epoch not begun).
+from; nothing else keeps a position. The loader's ``state_dict()`` is built on the cursor's
+``EpochProgress`` (mid-epoch) or a fresh state (an epoch not begun) by ``engine.loader_resume``.
 
 NOTE [ Resume state ]
 The state is always that of the last batch handed to the user, never of what is prefetched.
@@ -165,47 +165,6 @@ class EpochProgress:
                 list(self.worker_batches) if self.worker_batches is not None else None
             ),
         }
-
-
-def fresh_state(
-    rng: RngSnapshot, finished: EpochProgress | None, persistent_alive: bool, iterations: int,
-    sampler_epoch: int | None, kind: str, num_workers: int,
-) -> dict[str, Any]:
-    """The state of an epoch not begun yet: ``rng`` captured now; ``finished``, the last
-    epoch's progress, if any; ``persistent_alive``: its iterator goes on (same base seed)."""
-    return {
-        "format": STATE_FORMAT,
-        "iterations": iterations,
-        "epoch": finished.epoch + 1 if persistent_alive and finished is not None else 0,
-        "batches": 0,
-        "extra_batches": [],
-        "finished": False,
-        "base_seed": finished.base_seed if persistent_alive and finished is not None else 0,
-        "drew_base_seed": not persistent_alive,
-        "rng": rng.encoded_unsaved(),
-        "sampler_state": None,
-        "sampler_epoch": sampler_epoch,
-        "sampler_started": False,
-        "dataset_kind": kind,
-        "num_workers": num_workers,
-        "worker_batches": None,  # NOTE [ Constant state keys ]: mid-epoch states have it
-    }
-
-
-def check_state(sd: Any) -> dict[str, Any]:
-    """Validate a state dict before it is applied; errors say what is wrong and what to do."""
-    if not isinstance(sd, dict):
-        raise TypeError(
-            f"load_state_dict expects the dict returned by DataLoader.state_dict(), "
-            f"got {type(sd).__name__}."
-        )
-    if sd.get("format") != STATE_FORMAT:
-        raise ValueError(
-            f"load_state_dict got a state of format {sd.get('format')!r}, expected "
-            f"{STATE_FORMAT!r}: pass the dict returned by stoker's DataLoader.state_dict() "
-            "(a torchdata StatefulDataLoader state cannot be loaded)."
-        )
-    return sd
 
 
 # -- the cursor --------------------------------------------------------------------------------

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker.engine.cursor import (
+    STATE_FORMAT,
     EpochProgress,
-    check_state,
-    fresh_state,
     keeps_main_rngs,
     stateful_sampler_of,
 )
@@ -61,6 +60,47 @@ class ResumeFacts:
             worker_init_fn=self.worker_init_fn, persistent_workers=self.persistent_workers,
             workers_alive=self.workers_alive,
         )
+
+
+def fresh_state(
+    rng: RngSnapshot, finished: EpochProgress | None, persistent_alive: bool, iterations: int,
+    sampler_epoch: int | None, kind: str, num_workers: int,
+) -> dict[str, Any]:
+    """The state of an epoch not begun yet: ``rng`` captured now; ``finished``, the last
+    epoch's progress, if any; ``persistent_alive``: its iterator goes on (same base seed)."""
+    return {
+        "format": STATE_FORMAT,
+        "iterations": iterations,
+        "epoch": finished.epoch + 1 if persistent_alive and finished is not None else 0,
+        "batches": 0,
+        "extra_batches": [],
+        "finished": False,
+        "base_seed": finished.base_seed if persistent_alive and finished is not None else 0,
+        "drew_base_seed": not persistent_alive,
+        "rng": rng.encoded_unsaved(),
+        "sampler_state": None,
+        "sampler_epoch": sampler_epoch,
+        "sampler_started": False,
+        "dataset_kind": kind,
+        "num_workers": num_workers,
+        "worker_batches": None,  # NOTE [ Constant state keys ]: mid-epoch states have it
+    }
+
+
+def check_state(sd: Any) -> dict[str, Any]:
+    """Validate a state dict before it is applied; errors say what is wrong and what to do."""
+    if not isinstance(sd, dict):
+        raise TypeError(
+            f"load_state_dict expects the dict returned by DataLoader.state_dict(), "
+            f"got {type(sd).__name__}."
+        )
+    if sd.get("format") != STATE_FORMAT:
+        raise ValueError(
+            f"load_state_dict got a state of format {sd.get('format')!r}, expected "
+            f"{STATE_FORMAT!r}: pass the dict returned by stoker's DataLoader.state_dict() "
+            "(a torchdata StatefulDataLoader state cannot be loaded)."
+        )
+    return sd
 
 
 def _constant_sampler_keys(state: dict[str, Any], index_sampler: Any) -> None:
