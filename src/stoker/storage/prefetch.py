@@ -455,8 +455,9 @@ class Prefetcher:
             if executor is not None:
                 executor.shutdown(wait=True, cancel_futures=True)
         with self._lock:  # claims whose download never started: let others download them
-            claims, self._claims = list(self._claims.values()), {}
-            self._claims_held = 0
+            claims = list(self._claims.values())
+            self._claims.clear()  # in place: the finalizer holds this dict, and must not
+            self._claims_held = 0  # release these again (their fds may be reused by then)
         for claim in claims:
             release_claim(claim)
         self._unpin_all()
