@@ -234,7 +234,7 @@ class BaseIterator:
 
         step = self._num_yielded
         self._num_yielded += 1
-        self._cursor.padding_step()
+        self._cursor.step_taken()
         rank = getattr(self._cursor.tracked, "rank", 0)
         return EndOfData(rank=rank, step=step, num_batches=self._steps_target or 0)
 

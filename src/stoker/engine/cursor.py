@@ -209,8 +209,8 @@ class EpochCursor:
         draw (``reiter_after_seed``), with torch's argument check between the two."""
         self._held = None
         # iterable resume: positions fetched and dropped, not delivered
-        self.drop_below = 0
-        self.drop_set: set[int] = set()
+        self._drop_below = 0
+        self._drop_set: set[int] = set()
         # iterable resume in workers: batches of each worker's stream to read and drop
         self._drop_worker: list[int] | None = None
         self.epoch = resume["epoch"] if resume else self.epoch + 1
@@ -250,9 +250,9 @@ class EpochCursor:
             rng=self.rng, base_seed=self.base_seed, drew_base_seed=drew, epoch=self.epoch,
             iterations=plan.iterations, kind=self._kind, num_workers=self._num_workers,
             # Positions read again and dropped on resume were delivered before the save.
-            prefix=max(self._position, self.drop_below),
-            extras={p for p in (*self._skip, *self.drop_set)
-                    if p >= max(self._position, self.drop_below)},
+            prefix=max(self._position, self._drop_below),
+            extras={p for p in (*self._skip, *self._drop_set)
+                    if p >= max(self._position, self._drop_below)},
             # Batches each worker's stream delivered: on a resume, those it drops again.
             worker_batches=(list(self._drop_worker) if self._drop_worker is not None
                             else worker_batches),
@@ -294,8 +294,8 @@ class EpochCursor:
                     warn_fast_forward(self._dataset, sum(counts), resume["num_workers"],
                                       self._num_workers)
                 return
-            self.drop_below, self.drop_set, self._skip = prefix, self._skip, set()
-            if prefix or self.drop_set:
+            self._drop_below, self._drop_set, self._skip = prefix, self._skip, set()
+            if prefix or self._drop_set:
                 warn_fast_forward(self._dataset, prefix, resume["num_workers"], self._num_workers)
             return
         if self.tracked is not None:
@@ -333,7 +333,7 @@ class EpochCursor:
 
     def read_again(self, position: int) -> bool:
         """Whether ``position`` is a batch an iterable's resume reads again and drops."""
-        return position < self.drop_below or position in self.drop_set
+        return position < self._drop_below or position in self._drop_set
 
     def dropped(self, position: int, worker: int | None = None) -> bool:
         """A loaded batch a resume reads again and drops (it was delivered before the save)."""
@@ -344,7 +344,7 @@ class EpochCursor:
                 self.progress.delivered(position)
                 return True
             return False
-        return position < self.drop_below or position in self.drop_set
+        return self.read_again(position)
 
     # -- delivery ----------------------------------------------------------------------------
 
@@ -357,11 +357,11 @@ class EpochCursor:
 
     def _apply(self, record: Delivery) -> None:
         self.progress.delivered(*record)
-        if self.tracked is not None:
-            self.tracked.advance(self._step_slots)
+        self.step_taken()
 
-    def padding_step(self) -> None:
-        """A step without data (``shard_even="exact"``): a tracked sampler still advances."""
+    def step_taken(self) -> None:
+        """A step handed out (with data, or without on a rank whose share ran out,
+        ``shard_even="exact"``): a delivery-tracked sampler advances by one step."""
         if self.tracked is not None:
             self.tracked.advance(self._step_slots)
 

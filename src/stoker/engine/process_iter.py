@@ -231,7 +231,7 @@ class ProcessIterator(BaseIterator):
             wid = w.worker_id
             if not w.stop_sent and (
                 not book.active[wid] or (book.sampler_done and book.load[wid] == 0)
-            ) and not (book.active[wid] and self._may_move and self._moves.queued_elsewhere()):
+            ) and not (book.active[wid] and self._moves.queued_elsewhere()):
                 self._group.stop_early(w)
 
     def _try_put_index(self, wid: int | None = None) -> None:
@@ -367,7 +367,7 @@ class ProcessIterator(BaseIterator):
         done = reply if isinstance(reply, msg.Done) else None
         if done is not None and done.retired:
             self._group.reader.retire(w.worker_id, done.retired)
-        if reply.epoch != self._cursor.epoch:  # a reply to an abandoned epoch: recycle its slab
+        if reply.epoch != cursor.epoch:  # a reply to an abandoned epoch: recycle its slab
             if done is not None:
                 self._group.reader.release_now(w.worker_id, done.segment_id)
             return
