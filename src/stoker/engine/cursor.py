@@ -130,8 +130,8 @@ class EpochProgress:
                   rngs: Any = None) -> None:
         if worker is not None and self.worker_batches is not None:
             self.worker_batches[worker] += 1
-        if rngs is not None and worker is not None:
-            self.streams.delivered(worker, rngs)
+        if rngs is not None and worker is not None:  # map-style: the states after it
+            self.streams.after[worker] = rngs
         if position == self.prefix:
             self.prefix += 1
             while self.prefix in self.extras:

@@ -46,14 +46,9 @@ from stoker.engine.stats import UNPACK, stage_range
 from stoker.engine.stragglers import MovePolicy, StragglerWatch
 from stoker.engine.task_book import TaskBook
 from stoker.engine.worker_death import DeathWatch
-from stoker.engine.worker_group import StallClock, WorkerGroup
+from stoker.engine.worker_group import StallClock, StreamLog, WorkerGroup
 from stoker.engine.worker_start import start_workers, worker_specs
-from stoker.engine.worker_streams import (
-    StreamLog,
-    WorkerStreams,
-    is_lightning_init_fn,
-    resume_entries,
-)
+from stoker.engine.worker_streams import WorkerStreams, is_lightning_init_fn, resume_entries
 from stoker.fastpaths.switch import tell_not_per_sample
 from stoker.fetch.fetchers import EmptyBatch
 from stoker.transport.torch_way import Unpickled

@@ -1,5 +1,7 @@
 """An iterator's workers: their sockets and liveness, slabs released back to them, shutdown;
-the stall clock that says which worker is stuck on what, with its stack (``StallClock``).
+the stall clock that says which worker is stuck on what, with its stack (``StallClock``); the
+RNG states riding on their replies, resolved in the order the replies are read (``StreamLog``,
+NOTE [ Worker streams resume ] in ``engine.worker_streams``).
 
 NOTE [ Loader shutdown ]
 Everything an iterator starts (worker processes, their sockets, the slab fds) belongs to one
@@ -43,6 +45,7 @@ from stoker.workers.remote_errors import add_note, describe_indices
 
 if TYPE_CHECKING:
     from stoker.engine.task_book import TaskBook
+    from stoker.engine.worker_streams import WorkerStreams
 
 # NOTE [ Slabs come back before the next task ]
 # A slab the user let go of travels back to its worker with that worker's next task. A worker
@@ -239,3 +242,37 @@ class StallClock:
         if where:
             add_note(err, f"stoker: {where}")
         raise err
+
+
+class StreamLog:
+    """The iterator's side of the replies: a worker's None (states unchanged since its last
+    reply) resolved in the order its replies are read, ``Started``/``Exhausted`` filed."""
+
+    def __init__(self, num_workers: int, kind: str) -> None:
+        self._latest: list[Any] = [None] * num_workers
+        self._map_style = kind == "map"
+
+    def _resolve(self, wid: int, rngs: Any) -> Any:
+        if rngs is None:
+            return self._latest[wid]
+        self._latest[wid] = rngs
+        return rngs
+
+    def file(self, wid: int, reply: msg.Reply | msg.Started, epoch: int,
+             streams: WorkerStreams) -> msg.Reply | None:
+        """The reply with its states resolved; None for a ``Started`` (filed here)."""
+        if isinstance(reply, msg.Started):
+            rngs = self._resolve(wid, reply.rngs)
+            if reply.epoch == epoch:
+                streams.started(wid, rngs, reply.dataset_state)
+            return None
+        if isinstance(reply, msg.Exhausted):
+            rngs = self._resolve(wid, reply.rngs)
+            if reply.epoch == epoch:
+                streams.ended(wid, rngs, reply.dataset_state)
+        elif self._map_style and isinstance(reply, (msg.Done, msg.Failed)):
+            if reply.rngs is not None:
+                self._latest[wid] = reply.rngs
+            elif self._latest[wid] is not None:
+                return reply._replace(rngs=self._latest[wid])
+        return reply

@@ -53,14 +53,11 @@ from __future__ import annotations
 import functools
 import pickle
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import IterableDataset
 
 from stoker.sampling import worker_rngs
-
-if TYPE_CHECKING:  # NOTE [ Import only what the loader needs ]: loads with the workers
-    from stoker.workers import protocol as msg
 
 UNKNOWN: Any = object()  # a worker's start not reported yet (its Started is on the way)
 WORKER_SEEDINGS = ("per_batch", "per_worker", "worker_init_fn", "lightning_worker_init_fn")
@@ -123,9 +120,6 @@ class WorkerStreams:
                              await_starts=self.await_starts)
 
     # -- what the workers report -------------------------------------------------------------
-
-    def delivered(self, worker: int, rngs: Any) -> None:
-        self.after[worker] = rngs
 
     def ended(self, worker: int, rngs: Any, dataset_state: tuple | None) -> None:
         self.ends[worker] = Start(rngs, dataset_state, pickled=True)
@@ -247,42 +241,6 @@ def resume_entries(resume: dict[str, Any] | None, num_workers: int
     if not isinstance(states, list) or len(states) != num_workers:
         return [(r, None) for r in rngs]
     return [(r, (s,)) for r, s in zip(rngs, states, strict=True)]
-
-
-class StreamLog:
-    """The iterator's side of the replies: a worker's None (states unchanged since its last
-    reply) resolved in the order its replies are read, ``Started``/``Exhausted`` filed."""
-
-    def __init__(self, num_workers: int, kind: str) -> None:
-        self._latest: list[Any] = [None] * num_workers
-        self._map_style = kind == "map"
-
-    def _resolve(self, wid: int, rngs: Any) -> Any:
-        if rngs is None:
-            return self._latest[wid]
-        self._latest[wid] = rngs
-        return rngs
-
-    def file(self, wid: int, reply: msg.Reply | msg.Started, epoch: int,
-             streams: WorkerStreams) -> msg.Reply | None:
-        """The reply with its states resolved; None for a ``Started`` (filed here)."""
-        from stoker.workers import protocol as msg
-
-        if isinstance(reply, msg.Started):
-            rngs = self._resolve(wid, reply.rngs)
-            if reply.epoch == epoch:
-                streams.started(wid, rngs, reply.dataset_state)
-            return None
-        if isinstance(reply, msg.Exhausted):
-            rngs = self._resolve(wid, reply.rngs)
-            if reply.epoch == epoch:
-                streams.ended(wid, rngs, reply.dataset_state)
-        elif self._map_style and isinstance(reply, (msg.Done, msg.Failed)):
-            if reply.rngs is not None:
-                self._latest[wid] = reply.rngs
-            elif self._latest[wid] is not None:
-                return reply._replace(rngs=self._latest[wid])
-        return reply
 
 
 # -- loading a state -------------------------------------------------------------------------

@@ -14,7 +14,8 @@ nanoseconds runnable on a run queue. So every split here is measured, not guesse
 
 - the calling thread (the training loop) in ``next()``: read from its own schedstat around
   sampled ``next()`` calls (about one call every ``SAMPLE_EVERY_S``: a read costs ~10 us),
-  scaled to all of ``wait_s``; with ``num_workers=0`` this is where batches are loaded.
+  scaled to all of ``wait_s`` (``CallingThreadClock`` in ``engine/stats.py``, on every batch's
+  path); with ``num_workers=0`` this is where batches are loaded.
 - each worker process: its fetches' wall and CPU time, its collate and pack time, and its
   main thread's queued time (``BatchReport``), per worker id; the queue is metered over all
   the worker does (waking up for a task too), so a worker's time is taken as CPU (fetch,
@@ -32,13 +33,9 @@ too busy to tell rather than calling it I/O.
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import dataclass
 
 from stoker._core.stats import LoaderStats
-
-SAMPLE_EVERY_S = 0.005  # at most ~200 sampled next() calls a second: < 0.5% of a core
 
 
 @dataclass(frozen=True)
@@ -76,108 +73,6 @@ class TimeSplit:
     @property
     def blocked_share(self) -> float:
         return self.share(self.blocked_s)
-
-
-def read_schedstat(path: str = "/proc/thread-self/schedstat") -> tuple[float, float] | None:
-    """(seconds on a CPU, seconds runnable but queued) of a thread; None where unreadable."""
-    try:
-        with open(path, "rb") as f:
-            fields = f.read().split()
-        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def process_queued_s() -> float | None:
-    """Seconds all live threads of this process have spent queued for a CPU."""
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return None
-    total = 0.0
-    for tid in tasks:
-        got = read_schedstat(f"/proc/self/task/{tid}/schedstat")
-        if got is not None:
-            total += got[1]
-    return total
-
-
-class CallingThreadClock:
-    """The calling thread's CPU and queued time inside ``next()``, from sampled calls.
-
-    Every ``stride``-th call is read, the stride set from the calls' past rate so that reads
-    come about every ``SAMPLE_EVERY_S``. Chosen by count, not by "the first call after a
-    pause": a pause is often the thread's own preemption, and the call right after it starts
-    a fresh time slice, so sampling those would see too little queueing."""
-
-    def __init__(self) -> None:
-        self.sampled_s = 0.0
-        self.sampled_cpu_s = 0.0
-        self.sampled_queued_s = 0.0
-        self.measured = True  # False once schedstat turned out unreadable
-        self._calls = 0  # since the last sampled call
-        self._stride = 1
-        self._last_sample_at = 0.0
-        self._start: tuple[float, float, float] | None = None  # wall, CPU, queued
-        self.tid = 0
-        self.total_at_start: tuple[float, float] | None = None
-        self.process_queued_at_start: float | None = None
-
-    def enter(self, now: float) -> None:
-        if not self.tid:  # the first call: where the thread-mode figures start
-            import threading
-
-            self.tid = threading.get_native_id()
-            self.total_at_start = read_schedstat()
-            self.process_queued_at_start = process_queued_s()
-        self._start = None
-        self._calls += 1
-        if self.measured and self._calls >= self._stride:
-            at = time.perf_counter()
-            got = read_schedstat()
-            if got is None:
-                self.measured = False
-            else:  # CPU from the thread clock: schedstat's lags by up to a scheduler tick
-                self._start = (at, time.thread_time(), got[1])
-
-    def leave(self, entered_at: float, now: float) -> None:
-        start, self._start = self._start, None
-        if start is None:
-            return
-        # NOTE: a pending preemption often lands on the return from a read's system call; the
-        # queue it causes is counted when the thread runs again. So the wall starts before the
-        # first read (that queue is in both) and ends before the last (in neither).
-        ended = time.perf_counter()
-        cpu = time.thread_time()
-        got = read_schedstat()
-        if got is None:
-            return
-        self.sampled_s += ended - start[0]
-        self.sampled_cpu_s += max(0.0, cpu - start[1])
-        self.sampled_queued_s += max(0.0, got[1] - start[2])
-        if self._last_sample_at:
-            period = (now - self._last_sample_at) / self._calls
-            self._stride = max(1, min(10_000, round(SAMPLE_EVERY_S / max(period, 1e-7))))
-        self._last_sample_at = now
-        self._calls = 0
-
-    def scaled(self, wait_s: float) -> tuple[float, float]:
-        """(CPU, queued) seconds over all of ``wait_s``, from the sampled calls' shares."""
-        if self.sampled_s <= 0:
-            return 0.0, 0.0
-        k = wait_s / self.sampled_s
-        return min(wait_s, self.sampled_cpu_s * k), min(wait_s, self.sampled_queued_s * k)
-
-    def other_threads_queued_s(self) -> float:
-        """Queued time of this process's other live threads since the first ``next()``
-        (``worker_type="thread"``: the fetch threads)."""
-        now = process_queued_s()
-        mine = read_schedstat(f"/proc/self/task/{self.tid}/schedstat") if self.tid else None
-        if None in (now, self.process_queued_at_start, mine, self.total_at_start):
-            return 0.0
-        assert now is not None and self.process_queued_at_start is not None
-        assert mine is not None and self.total_at_start is not None
-        return max(0.0, (now - self.process_queued_at_start) - (mine[1] - self.total_at_start[1]))
 
 
 def worker_split(who: str, fetch_wall_s: float, fetch_cpu_s: float, queued_s: float,

@@ -10,6 +10,7 @@ seeds and later epochs are bit-identical to torch's. Used only for exactly these
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,6 +44,16 @@ def _batches(
 ) -> Iterator[list[int]]:
     # Chunks stay arrays (or ranges) and only each batch becomes a list: a whole epoch as
     # Python ints would be ~36 bytes per sample in the main process (72 MiB for 2M samples).
+    # Within a chunk the batches come from C iterators (slices mapped to lists): no Python
+    # frame runs per batch, only once per chunk (usually once an epoch), where a batch that
+    # spans two chunks is joined. Chunks are drawn at the same moments as before: the next
+    # one when the last batch of this one has been taken.
+    return itertools.chain.from_iterable(_per_chunk(chunks, size, drop_last))
+
+
+def _per_chunk(
+    chunks: Iterator[np.ndarray] | Iterator[range], size: int, drop_last: bool
+) -> Iterator[Iterator[list[int]]]:
     carry: list[int] = []
     for chunk in chunks:
         if carry:
@@ -51,14 +62,15 @@ def _batches(
             chunk = chunk[need:]
             if len(carry) < size:
                 continue
-            yield carry
+            yield iter((carry,))
             carry = []
         full = len(chunk) - len(chunk) % size
-        for start in range(0, full, size):
-            yield _as_list(chunk[start : start + size])
+        to_list: Any = list if type(chunk) is range else np.ndarray.tolist
+        yield map(to_list, map(chunk.__getitem__,
+                               map(slice, range(0, full, size), range(size, full + 1, size))))
         carry = _as_list(chunk[full:])
     if carry and not drop_last:
-        yield carry
+        yield iter((carry,))
 
 
 def fast_iter(index_sampler: Any) -> Iterator[list[int]] | None:
