@@ -4,6 +4,12 @@ a uint8 CHW tensor. One thread, no loader: the per-image cost is what the goal i
 
     .venv/bin/python benchmarks/image_decode.py [--images 64] [--rounds 7]
 
+With PyTurboJPEG importable (``pip install "PyTurboJPEG<2"`` and Debian's ``libturbojpeg0``,
+whose 2.1.5 has no cropped decode), two more variants show why stoker decodes with simplejpeg:
+PyTurboJPEG's scaled decode in place of simplejpeg's (same crop and resize), and its lossless
+MCU-aligned crop (``tjTransform``) followed by the scaled decode of the crop, the one way to
+"decode only the crop" that TurboJPEG 2 offers.
+
 Prints a JSON record per variant and the speedup of each over Pillow (median of interleaved
 rounds; the spread of the per-round ratios says how noisy the machine was).
 """
@@ -73,6 +79,48 @@ def stoker_pillow_only(jpeg: bytes, out: torch.Tensor, rng: np.random.Generator)
 
 
 VARIANTS = {"pillow": pillow_plain, "stoker": stoker_fast, "stoker_pillow_only": stoker_pillow_only}
+
+
+def _turbojpeg_variants() -> dict[str, object]:
+    """PyTurboJPEG's two ways, when it and its library load (else none)."""
+    try:
+        import cv2
+        import turbojpeg
+        tj = turbojpeg.TurboJPEG()
+    except (ImportError, OSError, RuntimeError):
+        return {}
+    flags = turbojpeg.TJFLAG_FASTDCT | turbojpeg.TJFLAG_FASTUPSAMPLE  # as stoker's decode
+    factors = sorted((f for f in tj.scaling_factors if f[0] <= f[1]), key=lambda f: f[0] / f[1])
+
+    def decode_resize(jpeg: bytes, box: tuple, origin: tuple, out: torch.Tensor,
+                      flip: bool) -> None:
+        top, left, h, w = box
+        need = max(224 / h, 224 / w)
+        num, den = next((f for f in factors if f[0] / f[1] >= need), (1, 1))
+        img = tj.decode(jpeg, pixel_format=turbojpeg.TJPF_RGB, scaling_factor=(num, den),
+                        flags=flags)
+        s = num / den
+        y0, x0 = (top - origin[0]) * s, (left - origin[1]) * s
+        crop = img[round(y0):round(y0 + h * s), round(x0):round(x0 + w * s)]
+        r = cv2.resize(crop, (224, 224), interpolation=cv2.INTER_LINEAR)
+        out.numpy()[...] = (r[:, ::-1] if flip else r).transpose(2, 0, 1)
+
+    def scaled(jpeg: bytes, out: torch.Tensor, rng: np.random.Generator) -> None:
+        width, height = fast._jpeg_size(jpeg)
+        box = random_resized_crop_box(rng, height, width)
+        decode_resize(jpeg, box, (0, 0), out, bool(rng.random() < 0.5))
+
+    def lossless_crop(jpeg: bytes, out: torch.Tensor, rng: np.random.Generator) -> None:
+        width, height = fast._jpeg_size(jpeg)
+        top, left, h, w = box = random_resized_crop_box(rng, height, width)
+        y, x = top - top % 16, left - left % 16  # the MCU grid of 4:2:0
+        cropped = tj.crop(jpeg, x, y, w + left - x, h + top - y)
+        decode_resize(cropped, box, (y, x), out, bool(rng.random() < 0.5))
+
+    return {"pyturbojpeg_scaled": scaled, "pyturbojpeg_lossless_crop": lossless_crop}
+
+
+VARIANTS.update(_turbojpeg_variants())  # type: ignore[arg-type]
 
 
 def run_once(fn, jpegs: list[bytes]) -> float:
