@@ -10,7 +10,7 @@ from _worker_harness import PlayedMain, tag_and_task
 
 import stoker
 from stoker.workers import protocol as msg
-from stoker.workers.inbox import Inbox
+from stoker.workers.main_loop import Inbox
 
 
 @pytest.fixture(autouse=True)

@@ -34,7 +34,7 @@ def test_encoded_states_restore_the_same_draws(gauss_cached: bool) -> None:
     if gauss_cached:  # both random and numpy keep the second value of a Gaussian pair
         random.gauss(0, 1)
         np.random.standard_normal()
-    text = worker_rngs.encode(worker_rngs.take())
+    text = worker_rngs.encode(global_rngs.take())
     expected = _draws()
     assert json.loads(json.dumps(text)) == text
     random.seed(9)
@@ -48,19 +48,19 @@ def test_raw_and_public_copies_encode_alike(monkeypatch: pytest.MonkeyPatch) -> 
     random.seed(4)
     np.random.seed(5)
     np.random.standard_normal()
-    raw = worker_rngs.take()
+    raw = global_rngs.take()
     monkeypatch.setattr(global_rngs, "_RANDOM_OFFSET", None)  # the public path
     monkeypatch.setattr(global_rngs, "_NUMPY_GAUSS_OFFSET", None)
-    public = worker_rngs.take()
+    public = global_rngs.take()
     assert public[0] == "canon"
     assert worker_rngs.encode(public) == worker_rngs.encode(raw)
 
 
 def test_unchanged_states_compare_equal() -> None:
-    first = worker_rngs.take()
-    assert worker_rngs.take() == first
+    first = global_rngs.take()
+    assert global_rngs.take() == first
     random.random()
-    assert worker_rngs.take() != first
+    assert global_rngs.take() != first
 
 
 def test_something_else_is_refused() -> None:

@@ -81,7 +81,7 @@ class EngineState:
         self.stats.hooks = tuple(h for h in self.stats.hooks if h is not hook)
 
     def warn_init_fn_seeds_once(self, lightning: bool = False) -> None:
-        """NOTE [ Seeds set in worker_init_fn stay ] in ``workers.main_loop``: said once per
+        """NOTE [ Seeds set in worker_init_fn stay ] in ``workers.lifecycle``: said once per
         loader, when a worker reports that its worker_init_fn seeded the global RNGs. When it
         is the one Lightning installs, the warning names Lightning and its switch."""
         if self.init_fn_seeds_told:

@@ -61,29 +61,6 @@ def _read_schedstat() -> float | None:
         return None
 
 
-class RunQueueMeter:
-    """Time this thread spent runnable but not running (more threads than CPUs), for
-    ``loader.stats()``. Read from ``/proc/thread-self/schedstat`` at most every ``every_s`` (a
-    read costs ~10 us), so it also counts the queueing of collate and pack, and what accrues
-    after a worker's last report is not counted; ``take()`` returns what accrued since its last
-    read. Create it on the thread it measures."""
-
-    def __init__(self, every_s: float = 0.1) -> None:
-        self._every = every_s
-        self._last = _read_schedstat()
-        self._at = time.perf_counter()
-
-    def take(self) -> float:
-        now = time.perf_counter()
-        if self._last is None or now - self._at < self._every:
-            return 0.0
-        value = _read_schedstat()
-        if value is None:
-            return 0.0
-        delta, self._last, self._at = value - self._last, value, now
-        return max(0.0, delta)
-
-
 class SampleClock:
     """Wall, CPU and run-queue time of one fetch on this thread.
 
@@ -109,7 +86,13 @@ class SampleClock:
 
 
 class ConcurrencyTuner:
-    """Per worker: explore sample by sample at one, then climb by windows of batches."""
+    """Per worker: explore sample by sample at one, then climb by windows of batches.
+
+    ``settled`` and ``exploring`` are plain attributes that ``_decide`` keeps up to date, not
+    properties: the worker's loop reads them for every batch and calls nothing of a settled
+    tuner, whose ``observe`` would only count what nothing reads again (``_cap`` is reached
+    only while climbing or exploring, and a tuner never unsettles).
+    """
 
     def __init__(
         self, setting: int | str, thread_safe: bool, can_split: bool, threads_promised: bool
@@ -125,14 +108,17 @@ class ConcurrencyTuner:
         self.unused_gain: float | None = None
         fixed = setting if isinstance(setting, int) else None
         self.concurrency = fixed if fixed is not None else 1
-        self._settled = fixed is not None or not can_split
+        self.settled = fixed is not None or not can_split
+        # Still at one sample at a time and undecided: fetch sample by sample and measure.
+        self.exploring = not self.settled and self.concurrency == 1
         self._probes: list[tuple[float, float, float]] = []  # (wall, cpu, queued) per sample
         self._best = (1, 0.0)
         self._reset_window()
         if fixed is not None:
-            self._decide(fixed, "set by worker_concurrency")
+            self._decide(fixed, "set by worker_concurrency", settle=True)
         elif not can_split:
-            self._decide(1, "batches are fetched whole (an iterable or __getitems__ dataset)")
+            self._decide(1, "batches are fetched whole (an iterable or __getitems__ dataset)",
+                         settle=True)
 
     def _reset_window(self) -> None:
         self._w_start = time.perf_counter()
@@ -140,14 +126,11 @@ class ConcurrencyTuner:
         self._w_samples = 0
         self._w_bytes = 0
 
-    def _decide(self, concurrency: int, reason: str) -> None:
+    def _decide(self, concurrency: int, reason: str, settle: bool = False) -> None:
+        self.settled = self.settled or settle
         self.concurrency = concurrency
+        self.exploring = not self.settled and concurrency == 1
         self.decisions.append(Decision(time.perf_counter() - self._start, concurrency, reason))
-
-    @property
-    def exploring(self) -> bool:
-        """Still at one sample at a time and undecided: fetch sample by sample and measure."""
-        return not self._settled and self.concurrency == 1
 
     @property
     def probing(self) -> bool:
@@ -161,13 +144,13 @@ class ConcurrencyTuner:
         if not self.exploring:
             return
         if touched_rng:
-            self._settled = True
             self._decide(
                 1,
                 "__getitem__ draws from a global RNG (random/numpy/torch); concurrent fetches "
                 "would make augmentations depend on thread timing. Declare "
                 "stoker_thread_safe = True on the dataset (drawing from stoker.sample_rng()) "
                 "to allow them",
+                settle=True,
             )
             return
         self._probes.append((wall_s, cpu_s, queued_s))
@@ -182,20 +165,19 @@ class ConcurrencyTuner:
         )
         cpu = statistics.median(c for _, c, _ in self._probes)
         if wait < _WAIT_FRACTION or per_sample < _MIN_SAMPLE_S:
-            self._settled = True
             self._decide(1, f"fetches keep a CPU busy (wait {wait:.0%}, "
-                            f"{per_sample * 1e6:.0f} us per sample)")
+                            f"{per_sample * 1e6:.0f} us per sample)", settle=True)
             return
         # A fetch taking w wall seconds per c CPU seconds can overlap about w/c times before
         # the CPU is the limit: start there (within the caps); the climb checks it pays.
         # Fetches that almost only wait start at the cap: an epoch is often too short to climb.
         overlap = per_sample / max(cpu, 1e-9)
         if not self._threads:
-            self._settled = True
             self.unused_gain = min(float(_MAX_CONCURRENCY), per_sample / max(
                 statistics.median(c + q for _, c, q in self._probes), 1e-9))
             self._decide(1, f"fetches wait {wait:.0%} of their time ({per_sample * 1e3:.1f} ms "
-                            "each), one at a time as in torch: " + opt_in_hint(self.unused_gain))
+                            "each), one at a time as in torch: " + opt_in_hint(self.unused_gain),
+                         settle=True)
             return
         start = self._cap() if wait >= _MOSTLY_WAITING else max(2, min(self._cap(), int(overlap)))
         self._best = (1, 1.0 / per_sample)
@@ -205,14 +187,14 @@ class ConcurrencyTuner:
 
     def observe(self, samples: int, nbytes: int, starved: bool = False) -> None:
         """One finished batch (while climbing); ``starved``: slots stood idle for lack of work."""
-        if starved and not self._settled and self.concurrency > 1:
+        if starved and not self.settled and self.concurrency > 1:
             self._reset_window()  # demand-limited: says nothing about this level
             return
         self._w_batches += 1
         self._w_samples += samples
         self._w_bytes += nbytes
         elapsed = time.perf_counter() - self._w_start
-        if self._settled or self.concurrency == 1:
+        if self.settled or self.concurrency == 1:
             return
         if elapsed < _WINDOW_S or self._w_batches < _WINDOW_BATCHES:
             return
@@ -233,10 +215,9 @@ class ConcurrencyTuner:
             return
         if rate >= best_rate:
             self._best = (c, rate)
-        self._settled = True
         final = self._best[0]
         self._decide(final, f"{rate:.0f} samples/s at {c} vs {best_rate:.0f} at {best_c}: "
-                            f"settled at {final}")
+                            f"settled at {final}", settle=True)
 
 
 def declared_thread_safe(dataset: Any) -> bool:

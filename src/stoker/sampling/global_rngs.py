@@ -18,6 +18,10 @@ searching each object's memory for a state just set through the public API, and 
 bytes copied out and back must reproduce the public state and the same draws. If anything does
 not check out (another Python or numpy, a subclass), that RNG uses the public API as before.
 torch's state is 5 KiB behind ``get_rng_state``/``set_rng_state`` (~5 us): used as is.
+
+A worker's replies carry these states in their *wire* form (``take``; the forms are described
+in ``sampling.worker_rngs``), taken here, beside the copies, so that a batch's path through a
+worker does not pass through the forms' module as well (issue 35's ``batch_path.py``).
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ import numpy as np
 import torch
 
 from stoker._core.fast_paths_env import env_allows
+from stoker.sampling.worker_rngs import CANON, MT_WORDS, RAW, canonical_public
 
-MT_WORDS = 624
 _MT_WORDS = MT_WORDS
 # Module globals, so a test can take the public path: None there. Found at the first snapshot.
 _ASK: Any = "found at first use"
@@ -242,6 +246,35 @@ def snapshot(raw: bool = True) -> tuple[Any, Any, torch.Tensor]:
     """The states of ``random``, numpy's global RNG and torch's default CPU generator;
     ``raw=False``: through the public APIs only (NOTE [ One switch for the fast paths ])."""
     return _random_state(raw), _numpy_state(raw), torch.get_rng_state()
+
+
+def take() -> tuple:
+    """The wire form of the states now (``sampling.worker_rngs``): the raw copies and torch's
+    state as bytes, else (no raw copies here) the canonical form."""
+    py, nps, ts = snapshot()
+    torch_bytes = ts.numpy().tobytes()
+    if isinstance(py[0], bytes) and isinstance(nps[0], bytes):
+        return (RAW, py[0], py[1], nps[0], nps[1], torch_bytes)
+    return (CANON, canonical_public(random.getstate(), np.random.get_state(legacy=True),
+                                    torch_bytes))
+
+
+class Changes:
+    """The wire form, given only when it differs from the last one given: a worker's replies
+    carry its states only when they changed (NOTE [ Worker streams resume ]); the main
+    process reads every reply in order, so it knows them."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple | None = None
+
+    def take(self) -> tuple | None:
+        now = take()
+        if now == self._last:
+            return None
+        self._last = now
+        return now
 
 
 def restore(state: tuple[Any, Any, torch.Tensor]) -> None:

@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from stoker.sampling import worker_rngs
+from stoker.sampling import global_rngs, worker_rngs
 
 _MAIN = "globals"  # NOTE [ Main streams resume ]
 _MAIN_AT_SAVE = "globals_at_save"
@@ -105,7 +105,7 @@ class RngSnapshot:
             raw["global_torch"] = torch.get_rng_state()
         self._raw, self._encoded = raw, None
         if self._main_rngs:
-            self._main = worker_rngs.take()
+            self._main = global_rngs.take()
 
     def encoded(self) -> dict[str, str]:
         if self._encoded is None:
@@ -131,7 +131,7 @@ class RngSnapshot:
     def _main_now(self) -> str:
         """The global RNGs now, encoded; a state asked for at every step without a draw in
         between (a dataset that draws nothing) encodes them once."""
-        now = worker_rngs.take()
+        now = global_rngs.take()
         if self._at_save is None or self._at_save[0] != now:
             self._at_save = (now, worker_rngs.encode(now))
         return self._at_save[1]
@@ -164,7 +164,7 @@ class RngSnapshot:
                 worker_rngs.restore(worker_rngs.decode(main))
             # A state saved without them (by a loader that did not keep them): the epoch
             # starts from the global RNGs as they are.
-            self._main = main or worker_rngs.take()
+            self._main = main or global_rngs.take()
             self._encoded[_MAIN] = worker_rngs.encode(self._main)
         for key, generator in self._named.items():
             if key in self._raw:

@@ -1,13 +1,14 @@
-"""A worker's global RNG states as they travel and as a state dict keeps them (NOTE [ Worker
-streams resume ] in ``stoker.engine.worker_streams``); the main process's, in the same forms,
-with ``num_workers=0`` (NOTE [ Main streams resume ] in ``stoker.sampling.rng_state``).
+"""A worker's global RNG states as a state dict keeps them, and restored (NOTE [ Worker streams
+resume ] in ``stoker.engine.worker_streams``); the main process's, in the same forms, with
+``num_workers=0`` (NOTE [ Main streams resume ] in ``stoker.sampling.rng_state``).
 
 Three forms:
 
-* the *wire* form, taken in the worker after every batch (``take``): the raw byte copies of
-  NOTE [ Raw RNG snapshots ] plus torch's state as bytes, ~10 KB, a few microseconds, and
-  comparable with ``==`` so an unchanged state is not sent again. Without the raw copies
-  (``STOKER_FAST_PATHS=0``, another interpreter) it is the canonical form at once (slower).
+* the *wire* form, taken in the worker after every batch by ``global_rngs.take`` (there, so
+  that a batch's path stays short): the raw byte copies of NOTE [ Raw RNG snapshots ] plus
+  torch's state as bytes, ~10 KB, a few microseconds, and comparable with ``==`` so an
+  unchanged state is not sent again. Without the raw copies (``STOKER_FAST_PATHS=0``, another
+  interpreter) it is the canonical form at once (``canonical_public``, slower).
 * the *canonical* form: one ``bytes`` in a fixed little-endian layout, independent of the
   interpreter's object layout, so a state saved on one machine loads on another;
 * the *encoded* form kept in ``state_dict()``: that ``bytes`` in base64 (one JSON string per
@@ -28,26 +29,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from stoker.sampling import global_rngs
-from stoker.sampling.global_rngs import MT_WORDS
-
+MT_WORDS = 624  # MT19937's state words (``random``'s and numpy's)
 _VERSION = b"SRNG1"
 _MT = struct.Struct(f"<{MT_WORDS}I")
 _INT = struct.Struct("<i")
 _GAUSS = struct.Struct("<?d")  # has a cached Gaussian, its value
 _LEN = struct.Struct("<I")
-_RAW = "raw"
-_CANON = "canon"
-
-
-def take() -> tuple:
-    """The wire form of the global RNG states now (after a batch, in a worker)."""
-    py, nps, ts = global_rngs.snapshot()
-    torch_bytes = ts.numpy().tobytes()
-    if isinstance(py[0], bytes) and isinstance(nps[0], bytes):
-        return (_RAW, py[0], py[1], nps[0], nps[1], torch_bytes)
-    return (_CANON, _canonical_public(random.getstate(), np.random.get_state(legacy=True),
-                                      torch_bytes))
+RAW = "raw"  # the wire form's tags
+CANON = "canon"
 
 
 # -- to the canonical form -----------------------------------------------------------------
@@ -65,7 +54,9 @@ def _pack(random_words: Any, random_index: int, random_gauss: float | None,
     ))
 
 
-def _canonical_public(py: Any, nps: Any, torch_bytes: bytes) -> bytes:
+def canonical_public(py: Any, nps: Any, torch_bytes: bytes) -> bytes:
+    """The canonical form of ``random.getstate()``, ``np.random.get_state(legacy=True)`` and
+    torch's state as bytes."""
     _, internal, gauss_next = py
     _, key, pos, has_gauss, cached = nps
     return _pack(internal[:MT_WORDS], internal[MT_WORDS], gauss_next,
@@ -97,7 +88,7 @@ def encode(state: Any) -> str:
     """The encoded form of a wire or encoded state."""
     if isinstance(state, str):
         return state
-    canonical = state[1] if state[0] == _CANON else _canonical_raw(state)
+    canonical = state[1] if state[0] == CANON else _canonical_raw(state)
     return base64.b64encode(canonical).decode("ascii")
 
 

@@ -9,7 +9,7 @@ only descriptors are pickled (NOTE [ Slab lifecycle ] in ``transport.slab_reader
 
 The worker's main loop (``workers.main_loop``) fetches; this part owns the slab pool and
 the replies that carry a batch (``Done``) or its error (``Failed``), with the slab ids the
-worker retired since its last reply.
+worker retired since its last reply, and the run-queue meter of the batch's report.
 """
 
 from __future__ import annotations
@@ -53,6 +53,40 @@ class Packed(NamedTuple):
     # torch's do ] in transport.torch_way); closed once sent
 
 
+def _queued_s() -> float | None:
+    """This thread's time runnable but not running (``/proc/thread-self/schedstat``, field 2),
+    read as ``fetch.concurrency``'s ``SampleClock`` reads it; here, not called from there,
+    so that a batch's path through a worker does not pass through the tuner's module."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class RunQueueMeter:
+    """Time this thread spent runnable but not running (more threads than CPUs), for the
+    ``BatchReport`` (``loader.stats()``). Read at most every ``every_s`` (a read costs ~10 us),
+    so it also counts the queueing of collate and pack, and what accrues after a worker's last
+    report is not counted; ``take()`` returns what accrued since its last read. Create it on
+    the thread it measures."""
+
+    def __init__(self, every_s: float = 0.1) -> None:
+        self._every = every_s
+        self._last = _queued_s()
+        self._at = time.perf_counter()
+
+    def take(self) -> float:
+        now = time.perf_counter()
+        if self._last is None or now - self._at < self._every:
+            return 0.0
+        value = _queued_s()
+        if value is None:
+            return 0.0
+        delta, self._last, self._at = value - self._last, value, now
+        return max(0.0, delta)
+
+
 class BatchBuilder:
     """The slab pool and the replies of one worker; the only sender of ``Done``/``Failed``."""
 
@@ -62,6 +96,8 @@ class BatchBuilder:
         self.pool = SlabPool(self._announce, spec.max_idle_slabs, spec.slabs)
         self.retired: list[int] = []  # slab ids closed since the last reply
         self.slabs = "slab_transport" in spec.fetch.beyond
+        # Made on the worker's main thread, which fetches its batches one by one.
+        self.run_queue = RunQueueMeter()
 
     def _announce(self, fd: int, ref: SegmentRef) -> None:
         msg.send(self.conn, msg.Slab(ref))

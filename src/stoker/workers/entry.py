@@ -127,10 +127,11 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     except (BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         pass
     finally:
-        if os.environ.get("STOKER_DEBUG_TUNER") and worker.tuner is not None:
-            for d in worker.tuner.decisions:
+        st = worker.state
+        if os.environ.get("STOKER_DEBUG_TUNER") and st.tuner is not None:
+            for d in st.tuner.decisions:
                 print(f"worker {spec.worker_id}: {d}", flush=True)
-        if worker.pipeline is not None:
-            worker.pipeline.close()
-        worker.builder.pool.close()
+        if st.pipeline is not None:
+            st.pipeline.close()
+        st.builder.pool.close()
         conn.close()

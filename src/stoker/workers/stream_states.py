@@ -1,5 +1,9 @@
 """A worker's side of NOTE [ Worker streams resume ] (``stoker.engine.worker_streams``): the
-states that ride back with its replies, and the states a resumed worker starts from."""
+states that ride back with its replies, and the states a resumed worker starts from.
+
+A map-style batch's reply carries the global RNG states after it: the worker's loop
+(``workers.main_loop``) takes them from ``after_batches`` itself, straight from
+``sampling.global_rngs``, so that a batch's path does not pass through here."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import pickle
 from typing import Any
 
 from stoker._core.specs import WorkerSpec
-from stoker.sampling import worker_rngs
+from stoker.sampling import global_rngs, worker_rngs
 
 
 def keeps_state(dataset: Any) -> bool:
@@ -25,8 +29,9 @@ class StreamStates:
     """What one worker reports of its own streams.
 
     ``rngs()`` is the wire form of the global RNG states, or None when they did not change
-    since the last ones sent (the main process reads every reply in order, so it knows them)
-    or when this worker does not draw from per-worker streams (per-batch seeding).
+    since the last ones sent (``global_rngs.Changes``) or when this worker does not draw from
+    per-worker streams (per-batch seeding). ``after_batches``: those same changes, for a
+    map-style batch's ``Done``/``Failed``; None when its replies carry no states.
     """
 
     def __init__(self, spec: WorkerSpec) -> None:
@@ -34,12 +39,14 @@ class StreamStates:
         self._map_style = spec.fetch.kind == "map"
         self._stateful = (not self._map_style and spec.persistent
                           and keeps_state(spec.fetch.dataset))
-        self._tracking = False
-        self._sent: Any = None
+        self._changes: global_rngs.Changes | None = None  # None: not tracked
+        self.after_batches: global_rngs.Changes | None = None
 
     def begin(self, per_worker_streams: bool) -> None:
         """After worker_init_fn: restore a resumed worker's states, then track them."""
-        self._tracking = per_worker_streams
+        if per_worker_streams:
+            self._changes = global_rngs.Changes()
+            self.after_batches = self._changes if self._map_style else None
         spec = self._spec
         if not spec.resume:
             return
@@ -50,17 +57,7 @@ class StreamStates:
             worker_rngs.restore(worker_rngs.decode(rngs))
 
     def rngs(self) -> Any:
-        if not self._tracking:
-            return None
-        now = worker_rngs.take()
-        if now == self._sent:
-            return None
-        self._sent = now
-        return now
-
-    def after_batch(self) -> Any:
-        """A map-style batch's ``Done``/``Failed``: the states after it."""
-        return self.rngs() if self._map_style else None
+        return None if self._changes is None else self._changes.take()
 
     def dataset_state(self) -> tuple | None:
         """``(pickled dataset.state_dict(),)``: plain pickle, so a tensor in it is copied, not
