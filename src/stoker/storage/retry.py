@@ -7,8 +7,8 @@ a short body (a connection cut mid-transfer) is an error to retry, never bytes t
 
 What is retried: errors that say nothing about the object itself (5xx replies, connection
 resets and refusals, timeouts, truncated bodies). What is not: a missing object, a refused
-permission, missing credentials, a bad argument, a server that ignores byte ranges; retrying
-those only delays the answer.
+permission, missing credentials, a bad argument, a server that ignores byte ranges, a request
+that cannot start because its process is exiting; retrying those only delays the answer.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ _PERMANENT: tuple[type[BaseException], ...] = (
 
 # botocore's: no credentials anywhere in the chain; asking again finds none either.
 _NO_CREDENTIALS = ("NoCredentialsError", "PartialCredentialsError")
+# concurrent.futures' refusal once the interpreter shuts down (asyncio's default executor).
+_SHUT_DOWN = "cannot schedule new futures after interpreter shutdown"
 _CREDENTIALS_HINT = (
     "credentials come from the store's standard chain (for S3: the AWS_* environment "
     "variables, ~/.aws config files, the instance's role) or from storage_options (key, "
@@ -84,9 +86,24 @@ class RetryPolicy:
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying the read may succeed (not when the local disk it writes to is
     full: the cache reads by range instead, NOTE [ A full disk under the cache ])."""
-    if disk_full(exc) or _refused(exc) or _no_credentials(exc):
+    if disk_full(exc) or _refused(exc) or _no_credentials(exc) or _exiting(exc):
         return False
     return isinstance(exc, Exception) and not isinstance(exc, _PERMANENT)
+
+
+def _exiting(exc: BaseException) -> bool:
+    """The process is exiting: its thread pools take no new work, so no request can start
+    (aiohttp looks a host up on one, for each new connection). Seen when a worker was stopped
+    while its prefetch threads opened connections: every try failed alike, and the worker
+    lived on through the backoff, ~5 s, before it could exit."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the error a client wrapped it in, and that one's cause
+        if seen is None:
+            return False
+        if _SHUT_DOWN in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _no_credentials(exc: BaseException) -> bool:
