@@ -65,6 +65,7 @@ def _per_chunk(
             yield iter((carry,))
             carry = []
         full = len(chunk) - len(chunk) % size
+        # _as_list's choice, made once per chunk: calling it per batch is the frame avoided
         to_list: Any = list if type(chunk) is range else np.ndarray.tolist
         yield map(to_list, map(chunk.__getitem__,
                                map(slice, range(0, full, size), range(size, full + 1, size))))
