@@ -117,3 +117,6 @@ __version__ = "0.1.0"
 
 # NOTE [ Accelerate keeps stoker ]: the integration loads only if Accelerate does.
 _when_imported("accelerate.data_loader", "stoker.integrations.accelerate:install")
+# NOTE [ The obstore client ]: whoever imports obstore, stoker's forked workers must know whether
+# its runtime ran in the process they were forked from (the fork hook of obstore_files).
+_when_imported("obstore", "stoker.storage.obstore_files:watch_forks")

@@ -109,7 +109,7 @@ def test_storage_options_are_mapped_and_what_has_no_counterpart_is_named() -> No
         obstore_config("s3", {"profile": "x", "client_kwargs": {"verify": False}})
     with pytest.raises(ValueError, match="reads s3:// here, not gs://"):
         open_source("gs://b/x", client="obstore")
-    with pytest.raises(ValueError, match="client='s3fs': expected 'fsspec' or 'obstore'"):
+    with pytest.raises(ValueError, match="client='s3fs': expected 'auto', 'fsspec' or 'obstore'"):
         open_source("s3://b/x", client="s3fs")
 
 

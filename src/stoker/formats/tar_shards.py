@@ -228,7 +228,7 @@ class TarShards(Dataset[Any]):
         without it (torch's DataLoader does not call it)."""
         if self._remote:
             try:
-                self._warm(self._shard_ids(indices))
+                self._warm(indices, self._shard_ids(indices))
             except Exception:  # the sample that needs it reads it again and reports
                 pass
 
@@ -241,7 +241,7 @@ class TarShards(Dataset[Any]):
         if self._remote and fetch is not None:
             shard_ids = self._shard_ids(indices)
             self._watch_the_cache(shard_ids, len(indices))
-            fetch([self.shards[s].path for s in shard_ids])
+            fetch(self._cached_names(indices, shard_ids))
 
     def _watch_the_cache(self, shard_ids: list[int], samples: int) -> None:
         """NOTE [ A cache the order thrashes ] in ``formats/cache_thrash.py``."""
@@ -261,6 +261,22 @@ class TarShards(Dataset[Any]):
         """The shards holding these samples, each once, in order."""
         return sorted({self._position(i)[0] for i in indices})
 
+    def _cached_names(self, indices: list[int], shard_ids: list[int]) -> list[str]:
+        """What the source caches these samples' bytes in, each once: their shards, or the
+        pieces of large ones (NOTE [ Pieces of large objects ] in ``storage/remote.py``). A
+        shard whose index is not read here yet is left to the reader of its sample."""
+        pieces_of = extra(self.source, ByteSourceExtras.pieces_of)
+        if pieces_of is None:
+            return [self.shards[s].path for s in shard_ids]
+        names: dict[str, None] = {}
+        for i in indices:
+            s, j = self._position(i)
+            table = self._tables.get(s)
+            if table is not None:
+                offset, length = table.span(j)
+                names.update(dict.fromkeys(pieces_of(self.shards[s].path, offset, length)))
+        return list(names)
+
     # NOTE [ A batch's shards at once ]
     # Remote indexes are read on first use, and in "shard" mode a sample's shard is fetched
     # whole before its bytes are returned. Sample by sample, the first shuffled batch of a
@@ -272,13 +288,15 @@ class TarShards(Dataset[Any]):
     # batch needs are handed to the source's download threads before its first sample is
     # read, which then waits only for its own shard.
 
-    def _warm(self, shard_ids: list[int]) -> None:
+    def _warm(self, indices: list[int], shard_ids: list[int]) -> None:
         missing = [s for s in shard_ids if s not in self._tables]
         if len(missing) > 1:
             self._load_tables(missing)
         prefetch = extra(self.source, ByteSourceExtras.prefetch)
-        if prefetch is not None and len(shard_ids) > 1:  # it skips the ones it holds open
-            prefetch([self.shards[s].path for s in shard_ids])
+        if prefetch is not None:
+            names = self._cached_names(indices, shard_ids)
+            if len(names) > 1:  # it skips the ones it holds open
+                prefetch(names)
 
     def read(self, index: int) -> dict[str, Any]:
         """Sample ``index`` as raw bytes per field, before ``transform``."""

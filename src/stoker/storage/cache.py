@@ -91,6 +91,10 @@ _EVICTIONS = ".evictions"  # one byte per file evicted, ever: see ``evictions``
 _PARTIAL = ".partial"
 
 
+# Between an object's URL and a piece's number in the name a piece is cached under (NOTE
+# [ Pieces of large objects ] in ``remote.py``): a NUL, which no object key holds.
+PIECE_MARK = "\0piece:"
+
 class ShardCache:
     """Whole objects on local disk under ``directory``, at most ``budget_bytes`` of them."""
 
@@ -110,7 +114,9 @@ class ShardCache:
         return f"ShardCache({self.directory!r}, budget_bytes={self.budget_bytes})"
 
     def path_for(self, url: str) -> str:
-        return os.path.join(self.directory, _file_name(url, self._versions.get(url, "")))
+        # A piece is tagged with its object's content (NOTE [ Pieces of large objects ]).
+        version = self._versions.get(url.partition(PIECE_MARK)[0], "")
+        return os.path.join(self.directory, _file_name(url, version))
 
     def expect_versions(self, versions: dict[str, str]) -> list[str]:
         """Tags of the objects' content (a digest of a shard's index): an object with a tag is

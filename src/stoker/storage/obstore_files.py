@@ -7,38 +7,129 @@ Why: an s3fs GET costs the calling process ~4-6 ms of Python CPU (botocore's sig
 parsing, asyncio), holding the GIL; obstore does the request in Rust with the GIL released
 (~0.8 ms of CPU a GET measured on the same server). Importing s3fs and making its first client
 took ~0.35 s of a fresh process's first batch; obstore imports in ~15 ms.
-Why not the default: obstore's runtime does not survive ``fork`` (tokio's threads are gone in
-the child; a request there hangs, even from a store made after the fork), and a DataLoader
-forks its workers after the main process has read the manifest. So a source uses obstore only
-in the process that started obstore's runtime, and in processes that never inherited it
-(spawned ones); a process forked from one that started it uses s3fs, from the same
-``storage_options``. Anything else that uses obstore in forked workers of that process hangs
-likewise: seen in ``benchmarks/remote_shards.py``, where litdata's workers (litdata downloads
-with obstore) hung once stoker's obstore loaders had run in the same process. The other way
-round too: stoker knows only of its own use, so in a child forked after the user's code (or a
-library) started obstore in the parent, stoker's requests would hang. That is an assumption
-about the user's code: hence an opt-in.
+Fork: obstore's runtime (tokio's "tokio-rt-worker" threads, started by a process's first
+request) does not survive ``fork``: in a child forked after it started, every request hangs,
+even from a store made after the fork. A DataLoader forks its workers after the main process
+has read the manifest, and the user's code (or a library: litdata downloads with obstore) may
+have started it too. So a process uses obstore only when no process it was forked from had the
+runtime running at the fork: each fork looks for the runtime's threads in the forking process
+(``_before_fork``, one listing of ``/proc/self/task``) and the child remembers what it saw,
+as do its own children. Where obstore cannot be used, the same ``storage_options`` go to s3fs.
+
+NOTE [ The client by default ]
+``client="auto"`` (the default) picks obstore only where it reads exactly what s3fs would:
+``s3://`` with obstore and s3fs installed (s3fs for processes forked from one running obstore's
+runtime), ``storage_options`` that all have an obstore counterpart, and credentials, region and
+endpoint that both take from the same place. botocore also reads profiles, ``~/.aws`` files,
+proxies, CA bundles, endpoint variables and follows a bucket's region redirects; obstore's chain
+does not (and reads ``AWS_*`` variables botocore ignores). So auto picks s3fs when credentials
+are neither in ``storage_options`` (key and secret, or anon) nor in ``AWS_ACCESS_KEY_ID`` and
+``AWS_SECRET_ACCESS_KEY``; when any other ``AWS_*`` variable than those, ``AWS_SESSION_TOKEN``
+and the region's is set, or a proxy variable; when the region is given nowhere (botocore would
+find the bucket's; obstore would sign for us-east-1), unless an endpoint is given and there is
+no ``~/.aws/config`` (both then sign for us-east-1). The batches are the same with either
+client: only the requests' CPU and the first batch's time differ (``docs/benchmarks.md``).
 ``storage_options`` keep fsspec's (s3fs's) names, mapped here; credentials not given come from
-obstore's chain (the ``AWS_*`` environment variables, web identity, the instance's metadata),
-which, unlike botocore's, does not read ``~/.aws`` profiles. Retries are stoker's
-(``stoker.storage.retry``): obstore's own are turned off.
+obstore's chain (the ``AWS_*`` environment variables, web identity, the instance's metadata)
+under ``client="obstore"``. Retries are stoker's (``stoker.storage.retry``): obstore's own are
+turned off.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Any
 
 # Set to this process's pid when it starts obstore's runtime: a forked child sees another pid.
 _STARTED_IN: list[int] = []
+# Whether a process this one was forked from (or its own parent, ...) ran a tokio runtime at
+# the fork (NOTE [ The obstore client ]); _SEEN_AT_FORK carries the parent's look to the child.
+_INHERITED_RUNTIME = False
+_SEEN_AT_FORK = False
+_RUNTIME_THREAD = "tokio-rt"  # tokio's threads: "tokio-rt-worker" (comm: 15 characters)
+# AWS_* variables botocore and obstore read alike (the region's are checked to agree).
+_SAME_IN_BOTH = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_DEFAULT_REGION", "AWS_REGION"}
+_PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 _DEBUG_DUMP = "\n\nDebug source:"  # what follows it in obstore's messages: Rust's {:#?}
 _METADATA_SERVICE = "169.254.169.254"  # the last link of obstore's credential chain
 
 
+def runtime_threads_running() -> bool:
+    """Whether a tokio runtime's threads run in this process (obstore's, once it made a
+    request); without ``/proc`` (not Linux), whether obstore is imported at all."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return "obstore" in sys.modules
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                if f.read().startswith(_RUNTIME_THREAD):
+                    return True
+        except OSError:  # the thread ended meanwhile
+            continue
+    return False
+
+
+def _before_fork() -> None:
+    global _SEEN_AT_FORK
+    _SEEN_AT_FORK = not _INHERITED_RUNTIME and runtime_threads_running()
+
+
+def _after_fork_in_child() -> None:
+    global _INHERITED_RUNTIME
+    _INHERITED_RUNTIME = _INHERITED_RUNTIME or _SEEN_AT_FORK
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+def watch_forks(obstore: object) -> None:
+    """Run when anything imports obstore after ``import stoker``: importing this module
+    registered the fork hook above (NOTE [ The obstore client ])."""
+
+
 def usable_here() -> bool:
     """Whether obstore can make requests in this process (NOTE [ The obstore client ])."""
+    if _INHERITED_RUNTIME:
+        return False
     return not _STARTED_IN or _STARTED_IN[0] == os.getpid()
+
+
+def auto_client(protocol: str, options: dict[str, Any]) -> str:
+    """``"obstore"`` or ``"fsspec"``: what ``client="auto"`` reads with (NOTE [ The client by
+    default ]): obstore only where it gets the same objects with the same credentials."""
+    if protocol not in ("s3", "s3a"):
+        return "fsspec"
+    import importlib.util
+
+    if importlib.util.find_spec("obstore") is None or importlib.util.find_spec("s3fs") is None:
+        return "fsspec"
+    try:
+        config = obstore_config(protocol, options)
+    except ValueError:  # an option only s3fs takes
+        return "fsspec"
+    env = os.environ
+    if any(k.startswith("AWS_") and k not in _SAME_IN_BOTH for k in env) or any(
+            env.get(k) or env.get(k.lower()) for k in _PROXIES):
+        return "fsspec"
+    if not config.get("skip_signature"):
+        if "access_key_id" in config:
+            if "session_token" not in config and env.get("AWS_SESSION_TOKEN"):
+                return "fsspec"  # botocore drops the variable's token; obstore would add it
+        elif not (env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY")):
+            return "fsspec"  # credentials from a profile, a file, SSO, the instance...
+    regions = {env[k] for k in ("AWS_DEFAULT_REGION", "AWS_REGION") if env.get(k)}
+    if "region" not in config:
+        if len(regions) > 1:
+            return "fsspec"
+        if not regions and ("endpoint" not in config
+                            or os.path.exists(os.path.expanduser("~/.aws/config"))):
+            return "fsspec"
+    return "obstore"
 
 
 def require_obstore() -> Any:

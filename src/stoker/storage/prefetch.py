@@ -270,6 +270,16 @@ class Prefetcher:
         with self._lock:
             self._known_cached.difference_update(paths)
 
+    def pinned_pieces(self, paths: list[str]) -> list[str]:
+        """The pieces of these objects this process holds pinned (NOTE [ Pieces of large
+        objects ] in ``remote.py``)."""
+        from stoker.storage.cache import PIECE_MARK
+
+        wanted = set(paths)
+        with self._lock:
+            return [name for name in self._pins
+                    if PIECE_MARK in name and name.partition(PIECE_MARK)[0] in wanted]
+
     def _unpin(self, path: str) -> int | None:
         """Take this process's pin of ``path`` off its books and return its fd for the caller
         to close (None when it holds none), forgetting that it saw the object cached."""

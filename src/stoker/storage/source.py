@@ -107,6 +107,12 @@ class ByteSourceExtras(Protocol):
         """Fetch these whole objects in the background, in this order."""
         ...
 
+    def pieces_of(self, path: str, offset: int, length: int) -> list[str]:
+        """The names of what holds these bytes of ``path`` in the cache: pieces of a large
+        object, else ``[path]`` (NOTE [ Pieces of large objects ] in ``remote.py``); a
+        reader hands them to ``fetch_for_workers`` and ``prefetch`` instead of the object."""
+        ...
+
     def fetch_for_workers(self, paths: list[str]) -> None:
         """In the loader's main process: download these objects for the workers that will
         read them (NOTE [ The main process fetches for its workers ] in ``prefetch.py``)."""

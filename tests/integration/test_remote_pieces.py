@@ -1,0 +1,162 @@
+"""NOTE [ Pieces of large objects ] (``storage/remote.py``) against the real S3 server of
+``test_remote_storage``: shards larger than twice ``piece_bytes`` are cached by pieces, so a
+shuffled batch waits for the pieces holding its samples instead of whole shards. The epoch
+equals the local one (samples crossing a piece boundary included, CRCs checked), every piece
+is downloaded exactly once, by the main process when it fetches for its workers, through
+injected faults; resume is exact; small objects stay whole."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+pytest.importorskip("moto.server", reason="the S3 server tests need moto[server] (test extra)")
+pytest.importorskip("s3fs", reason="reading s3:// needs s3fs (test extra)")
+
+from _remote_datasets import FAST_RETRY, LabelAndClient, epoch_samples  # noqa: E402
+from _s3_server import S3Server  # noqa: E402
+
+import stoker  # noqa: E402
+from stoker.formats import TarShards, pack  # noqa: E402
+from stoker.storage import open_source  # noqa: E402
+from stoker.testing import assert_resumes_exactly  # noqa: E402
+
+PIECE = 4096  # shards of ~20 KB: 5-6 pieces each, samples of ~2.5 KB crossing their edges
+SAMPLES, PER_SHARD = 40, 8
+
+
+class Blobs(Dataset):
+    """Sample ``i``: its label and 700 bytes that depend on it."""
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"cls": i, "bin": bytes((i * 7 + k) % 251 for k in range(700))}
+
+
+def label_and_check(sample: dict[str, Any]) -> int:
+    i = int(sample["cls"])
+    assert sample["bin"] == Blobs()[i]["bin"]
+    return i
+
+
+@pytest.fixture
+def packed(tmp_path: Path):
+    out = tmp_path / "packed"
+    pack(Blobs(), str(out), samples_per_shard=PER_SHARD, workers=1, progress=False)
+    with S3Server() as s3:
+        s3.client().create_bucket(Bucket="bucket")
+        s3.upload_dir(str(out), "bucket", "p")
+        yield s3, out
+
+
+def _source(s3: S3Server, tmp_path: Path, **options: Any) -> Any:
+    return open_source("s3://bucket/p/index.json", storage_options=s3.storage_options,
+                       retry=FAST_RETRY, cache_dir=str(tmp_path / "cache"),
+                       cache_bytes=10**7, fetch="shard", **options)
+
+
+def _epoch(dataset: Any, workers: int) -> list[Any]:
+    return epoch_samples(stoker.DataLoader(
+        dataset, batch_size=5, shuffle=True, num_workers=workers,
+        timeout=60 if workers else 0, generator=torch.Generator().manual_seed(3)))
+
+
+def _shard_gets(s3: S3Server, out: Path) -> dict[str, int]:
+    shards = {f"/bucket/p/{p.name}" for p in out.glob("*.tar")}
+    return {p: s3.faults.gets_by_path.get(p, 0) for p in shards}
+
+
+def _pieces(out: Path) -> dict[str, int]:
+    """Per shard, the pieces its samples lie in: all up to its last sample's (a tar's
+    end-of-archive blocks, after it, are never read)."""
+    local = TarShards(str(out / "index.json"))
+    ends = {}
+    for s, shard in enumerate(local.shards):
+        table = local.table(s)
+        ends[f"/bucket/p/{Path(shard.path).name}"] = math.ceil(
+            sum(table.span(len(table) - 1)) / PIECE)
+    return ends
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shuffled_epoch_by_pieces_is_the_local_one_with_each_piece_fetched_once(
+        packed, tmp_path, workers) -> None:
+    s3, out = packed
+    assert all(p.stat().st_size > 2 * PIECE for p in out.glob("*.tar"))
+    source = _source(s3, tmp_path, piece_bytes=PIECE)
+    try:
+        got = _epoch(TarShards("s3://bucket/p/index.json", source=source,
+                               transform=LabelAndClient(source)), workers)
+    finally:
+        source.close()
+    want = _epoch(TarShards(str(out / "index.json"), transform=label_and_check), 0)
+    assert [int(x) for x, _ in got] == want and sorted(want) == list(range(SAMPLES))
+    # Each piece once: one ranged GET per piece of each shard, not a whole shard's GET.
+    assert _shard_gets(s3, out) == _pieces(out)
+    if workers:  # the main process fetched them all: no worker opened a client
+        assert not any(connected for _, connected in got)
+    cached = list((tmp_path / "cache").glob("*piece*"))
+    assert len(cached) == sum(_pieces(out).values())
+
+
+def test_pieces_are_retried_through_faults_and_resume_is_exact(packed, tmp_path) -> None:
+    s3, out = packed
+    source = _source(s3, tmp_path, piece_bytes=PIECE, main_downloads=False)
+    dataset = TarShards("s3://bucket/p/index.json", source=source, transform=label_and_check)
+    s3.faults.fail("status", "shard-000001.tar", times=2)
+    s3.faults.fail("reset", "shard-000003.tar", times=1)
+
+    def make_loader() -> stoker.DataLoader:
+        return stoker.DataLoader(dataset, batch_size=5, shuffle=True, num_workers=2,
+                                 generator=torch.Generator().manual_seed(9), timeout=60)
+
+    try:
+        first = [x for batch in make_loader() for x in batch.tolist()]
+        check = assert_resumes_exactly(make_loader, epochs=1, steps=[1, 4])
+    finally:
+        source.close()
+    assert sorted(first) == list(range(SAMPLES))
+    assert s3.faults.injected == 3
+    assert check is not None
+
+
+def test_objects_up_to_twice_the_piece_size_stay_whole(packed, tmp_path) -> None:
+    s3, out = packed
+    source = _source(s3, tmp_path)  # the default: 1 MiB pieces, shards of ~20 KB
+    try:
+        got = _epoch(TarShards("s3://bucket/p/index.json", source=source,
+                               transform=label_and_check), 2)
+    finally:
+        source.close()
+    assert sorted(got) == list(range(SAMPLES))
+    assert set(_shard_gets(s3, out).values()) == {1}
+    assert not list((tmp_path / "cache").glob("*piece*"))
+
+
+def test_a_sample_across_two_pieces_is_read_whole_and_a_range_past_the_end_is_named(
+        packed, tmp_path) -> None:
+    s3, out = packed
+    source = _source(s3, tmp_path, piece_bytes=PIECE)
+    shard = "s3://bucket/p/shard-000000.tar"
+    local = (out / "shard-000000.tar").read_bytes()
+    try:
+        TarShards("s3://bucket/p/index.json", source=source)  # the manifest: shard sizes
+        assert source.pieces_of(shard, PIECE - 10, 20) == [
+            f"{shard}\0piece:0", f"{shard}\0piece:1"]
+        assert zlib.crc32(source.read_range(shard, PIECE - 10, 20)) == zlib.crc32(
+            local[PIECE - 10: PIECE + 10])
+        assert source.read_range(shard, 0, len(local)) == local  # every piece of it
+        with pytest.raises(OSError, match="shorter than its index says"):
+            source.read_range(shard, len(local) - 5, 10)
+    finally:
+        source.close()
+    with pytest.raises(ValueError, match="piece_bytes=0: expected a positive int"):
+        _source(s3, tmp_path, piece_bytes=0)
