@@ -21,6 +21,7 @@ pytest.importorskip("s3fs", reason="reading s3:// needs s3fs (test extra)")
 
 from _remote_datasets import FAST_RETRY, LabelAndClient, epoch_samples  # noqa: E402
 from _s3_server import S3Server  # noqa: E402
+from test_tar_stream import label  # noqa: E402
 
 import stoker  # noqa: E402
 from stoker.formats import TarShards, pack  # noqa: E402
@@ -160,3 +161,52 @@ def test_a_sample_across_two_pieces_is_read_whole_and_a_range_past_the_end_is_na
         source.close()
     with pytest.raises(ValueError, match="piece_bytes=0: expected a positive int"):
         _source(s3, tmp_path, piece_bytes=0)
+
+
+def _stream_epoch(dataset: Any, workers: int) -> list[Any]:
+    return epoch_samples(stoker.DataLoader(dataset, batch_size=5, num_workers=workers,
+                                           timeout=60 if workers else 0))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_over_a_pack_reads_pieces_as_they_come_in_the_local_order(
+        packed, tmp_path, workers) -> None:
+    """NOTE [ A stream of pieces ]: the same samples in the same order as the local pack,
+    each piece fetched once, by the main process for its workers (none opens a client)."""
+    from stoker.formats import TarShardStream
+
+    s3, out = packed
+    source = _source(s3, tmp_path, piece_bytes=PIECE)
+    options = {"shuffle_buffer": 12, "shuffle_initial": 3, "seed": 5}
+    try:
+        got = _stream_epoch(TarShardStream("s3://bucket/p/index.json", source=source,
+                                           transform=LabelAndClient(source), **options),
+                            workers)
+    finally:
+        source.close()
+    want = _stream_epoch(TarShardStream(str(out / "index.json"), transform=label_and_check,
+                                        **options), workers)
+    assert [int(x) for x, _ in got] == want and sorted(want) == list(range(SAMPLES))
+    assert _shard_gets(s3, out) == _pieces(out)
+    if workers:
+        assert not any(connected for _, connected in got)
+
+
+def test_a_stream_of_pieces_raises_at_the_first_sample_not_as_its_index_says(
+        packed, tmp_path) -> None:
+    from stoker.errors import ShardError
+    from stoker.formats import TarShardStream
+
+    s3, out = packed
+    shard = out / "shard-000002.tar"
+    data = bytearray(shard.read_bytes())
+    data[PIECE + 100] ^= 0xFF  # the second sample's "bin", in the second piece
+    s3.client().put_object(Bucket="bucket", Key="p/shard-000002.tar", Body=bytes(data))
+    source = _source(s3, tmp_path, piece_bytes=PIECE)
+    stream = TarShardStream("s3://bucket/p/index.json", source=source, transform=label,
+                            shuffle_buffer=0)
+    try:
+        with pytest.raises(ShardError, match="shard-000002.tar"):
+            list(stoker.DataLoader(stream, batch_size=5))
+    finally:
+        source.close()

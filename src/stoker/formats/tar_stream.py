@@ -11,7 +11,8 @@ Shuffle quality (what the order is, exactly):
 
 * the shard order is a permutation drawn from (seed, epoch), the same on every rank;
 * shards go round-robin to the ``world_size x num_workers`` readers (``shard_list``); each
-  reader reads its shards whole, in that order, one after the other;
+  reader reads its shards whole, in that order, one after the other (a pack's shard that the
+  source caches by pieces front to back as its pieces arrive: NOTE [ A stream of pieces ]);
 * each reader passes its samples through a buffer of ``shuffle_buffer`` samples and yields a
   uniformly random one of the buffer each time a new sample comes in. A sample therefore comes
   out no earlier than ``shuffle_buffer`` positions before where it went in, and samples of one
@@ -74,6 +75,14 @@ from stoker.formats.tar_manifest import (
 from stoker.formats.tar_members import duplicate_field
 from stoker.storage import ByteSource
 from stoker.storage.source import ByteSourceExtras, extra, extra_value
+
+_READ_AHEAD_PIECES = 4  # NOTE [ A stream of pieces ]
+_FETCH_AHEAD_PIECES = 8  # more than the reader's own, so its reads ahead are claimed already
+
+
+def _data_end(table: ShardTable) -> int:
+    """Where a shard's last member ends (the tar's end-of-archive blocks follow)."""
+    return int(table.offsets[-1] + table.sizes[-1])
 
 
 class TarShardStream(IterableDataset[Any]):
@@ -142,9 +151,24 @@ class TarShardStream(IterableDataset[Any]):
             expect_contents(self.source, self._tables)
         return paths
 
+    def _pieces(self, path: str) -> list[str] | None:
+        """The pieces a shard of the pack is cached in, when the source caches it by pieces
+        (NOTE [ A stream of pieces ]); None: it is read whole."""
+        table = self._tables.get(path)
+        pieces_of = extra(self.source, ByteSourceExtras.pieces_of)
+        if table is None or pieces_of is None or not len(table.offsets):
+            return None
+        pieces = pieces_of(path, 0, _data_end(table))
+        return pieces if len(pieces) > 1 else None
+
     def _samples(self, path: str) -> Iterator[dict[str, Any]]:
         """The shard's samples, once the whole of it is checked against its index (a shard
-        that is not what its index says raises before any of its samples is yielded)."""
+        that is not what its index says raises before any of its samples is yielded), or,
+        cached by pieces, each sample checked as it is read (NOTE [ A stream of pieces ])."""
+        pieces = self._pieces(path)
+        if pieces is not None:
+            yield from self._samples_by_pieces(path, pieces)
+            return
         for attempt in range(2):
             with shard_bytes(self.source, path) as view:
                 table = self._tables.get(path)
@@ -168,6 +192,63 @@ class TarShardStream(IterableDataset[Any]):
                         sample[fields[m]] = bytes(view[offsets[m] : offsets[m] + sizes[m]])
                     yield sample
                 return
+
+    # NOTE [ A stream of pieces ]
+    # A shard of a pack that the source caches by pieces (NOTE [ Pieces of large objects ] in
+    # storage/remote.py: shards over 2 MiB from object storage) is read sample by sample as its
+    # pieces arrive, not once the whole of it is here: with 64 MB shards at 100 MB/s each
+    # worker's first batch waited ~0.64 s per shard it had to hold whole. Its size is checked
+    # against its index from the manifest before its first sample, and each sample's members'
+    # CRC-32s before the sample is yielded, so a shard changed since packing raises at its
+    # first changed sample, after the samples before it (each as its index says; a stale
+    # cached piece is dropped and read again from the store first). The reader fetches the
+    # next _READ_AHEAD_PIECES pieces on its threads; over a pack under stoker's loader the main
+    # process has claimed them already (stoker_fetch_for_stream: every piece up to the furthest
+    # sample the worker can have read, and _FETCH_AHEAD_PIECES past it), so the reader waits
+    # for those downloads and opens no client of its own.
+
+    def _samples_by_pieces(self, path: str, pieces: list[str]) -> Iterator[dict[str, Any]]:
+        table = self._tables[path]
+        known_size = extra(self.source, ByteSourceExtras.known_size)
+        size = known_size(path) if known_size is not None else None
+        if size is not None and size != table.size_bytes:
+            raise size_mismatch(path, size, table)
+        pieces_of = extra(self.source, ByteSourceExtras.pieces_of)
+        prefetch = extra(self.source, ByteSourceExtras.prefetch)
+        assert pieces_of is not None
+        position = {name: k for k, name in enumerate(pieces)}
+        scheduled = 0  # pieces handed to prefetch so far
+        starts, keys, fields, offsets, sizes, crcs = table.as_lists()
+        retried, j = False, 0
+        while j < len(keys):
+            key, first, end = keys[j], starts[j], starts[j + 1]
+            sample: dict[str, Any] = {"__key__": key, "__url__": path}
+            if end > first:
+                low = offsets[first]
+                length = offsets[end - 1] + sizes[end - 1] - low
+                if prefetch is not None:
+                    reach = position[pieces_of(path, low, length)[-1]] + 1 + _READ_AHEAD_PIECES
+                    if reach > scheduled:
+                        prefetch(pieces[scheduled:reach])
+                        scheduled = reach
+                data = self.source.read_range(path, low, length)
+                bad = None
+                for m in range(first, end):
+                    value = data[offsets[m] - low : offsets[m] - low + sizes[m]]
+                    if self.verify_crc and crc32(value) != crcs[m]:
+                        bad = m, value
+                        break
+                    if fields[m] in sample:  # an index built before such shards were refused
+                        raise duplicate_field(path, j, key, fields[m])
+                    sample[fields[m]] = value
+                if bad is not None:
+                    if not retried and drop_stale_copy(self.source, path):
+                        retried = True  # NOTE [ A pack written again at the same place ]
+                        continue
+                    m, value = bad
+                    check_crc(value, crcs[m], path, key, fields[m])
+            yield sample
+            j += 1
 
     def _check(self, view: memoryview, table: ShardTable, columns: tuple[list[Any], ...],
                path: str) -> None:
@@ -213,9 +294,37 @@ class TarShardStream(IterableDataset[Any]):
         # holds shuffle_buffer. Shards ending at or before `samples` are read whole.
         read = min(self.shuffle_initial + 2 * samples, samples + self.shuffle_buffer)
         done = bisect.bisect_right(ends, samples)
+        if done < len(mine) and self._pieces(mine[done]) is not None:
+            fetch(self._pieces_to_fetch(mine, ends, done, read))
+            return
         reading = bisect.bisect_left(ends, read)
         ahead = extra_value(self.source, ByteSourceExtras.lookahead_shards, 0)
         fetch(mine[done : reading + 1 + ahead])
+
+    def _pieces_to_fetch(self, mine: list[str], ends: list[int], done: int,
+                         read: int) -> list[str]:
+        """Every piece of ``mine[done:]`` up to the ``read``-th sample of the list, and
+        ``_FETCH_AHEAD_PIECES`` past it (NOTE [ A stream of pieces ])."""
+        names: list[str] = []
+        past: int | None = None  # pieces still to take past the read-th sample
+        for k in range(done, len(mine)):
+            path = mine[k]
+            pieces = self._pieces(path) or [path]
+            if past is None and ends[k] >= read:  # the shard holding the read-th sample
+                table = self._tables[path]
+                j = min(max(read - (ends[k - 1] if k else 0), 1), len(table))
+                pieces_of = extra(self.source, ByteSourceExtras.pieces_of)
+                reached = len(pieces_of(path, 0, sum(table.span(j - 1)))) if pieces_of else 1
+                names += pieces[:reached]
+                pieces, past = pieces[reached:], _FETCH_AHEAD_PIECES
+            if past is None:
+                names += pieces
+                continue
+            names += pieces[:past]
+            past -= len(pieces[:past])
+            if past <= 0:
+                break
+        return names
 
     def __iter__(self) -> Iterator[Any]:
         info = shard_info()
