@@ -3,15 +3,18 @@
 parsed S3 models and the process's first fork are paid once, before its timers).
 
 Each loader runs in a new Python process that imports ``torch`` and the loader's own package
-(``stoker``, or ``webdataset`` and, for presigning its URLs, ``boto3``), then times from
-opening the dataset to its first batch: anything imported lazily on the way (stoker's s3fs),
-the S3 client, the manifest, the workers' start and the downloads count. WebDataset's timer
-starts once its URLs are presigned: boto3's import and client, which stoker's timer counts
-for s3fs (~0.3 s of its ~0.5 s), are reported apart as its ``setup_s``. Same server as
-``remote_shards.py`` (moto + 10 ms per request in a process of its own), same pack, cold
-cache, 2 workers, batch 32, shuffled.
+(``stoker``, or ``webdataset``), then times from opening the dataset to its first batch, the
+same things counted for every loader: the S3 client library's import (stoker's s3fs or
+obstore, imported lazily; the ``boto3`` that presigns webdataset's URLs), the S3 client, the
+manifest (stoker) or the presigned URLs (webdataset, reported also apart as ``setup_s``: its
+part of the first batch), the workers' start and the downloads. Same server as
+``remote_shards.py`` (moto + 10 ms per request, ``--bandwidth-mbps`` a cap, in a process of its
+own), same data and pack (``--image-size``, ``--shard-mb``, ``--data-dir`` as there), cold
+cache, 2 workers, batch 32, shuffled, raw bytes.
 
     .venv/bin/python benchmarks/remote_first_batch.py [--samples 20000] [--runs 3]
+    .venv/bin/python benchmarks/remote_first_batch.py --samples 20000 --image-size 500x375 \
+        --shard-mb 64 --bandwidth-mbps 100 [--data-dir /tmp/stoker-bench-data]
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ KINDS = ("stoker_packed_shards", "stoker_stream", "stoker_stream_unindexed", "we
 
 
 def child(kind: str, endpoint: str, shard_names: list[str], cache: str,
-          main_downloads: bool = True, client: str = "fsspec") -> list[float]:
+          main_downloads: bool = True, client: str = "auto") -> list[float]:
     """In a fresh process: seconds from opening the dataset to its first batch, then to shut
     its iterator down, then (WebDataset) what its setup took before its timer started."""
     import torch  # noqa: F401  (what every training script has imported)
@@ -45,19 +48,19 @@ def child(kind: str, endpoint: str, shard_names: list[str], cache: str,
         import webdataset as wds
         from torch.utils.data import DataLoader
 
-        # Outside its timer, reported apart as setup_s: boto3's import and client, which
-        # presign the URLs (stoker's timer counts s3fs's: see the module's docstring).
-        began = time.perf_counter()
+        # In its timer, as stoker's timer counts s3fs's import and client: boto3's import and
+        # client, which presign the URLs; reported also apart as setup_s.
+        start = time.perf_counter()
         import boto3
 
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-        urls = [client.generate_presigned_url("get_object", ExpiresIn=3600, Params={
+        presigner = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        urls = [presigner.generate_presigned_url("get_object", ExpiresIn=3600, Params={
             "Bucket": "bench", "Key": f"packed/{n}"}) for n in shard_names]
-        start = time.perf_counter()
+        setup = time.perf_counter() - start
         dataset = (wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=None,
                                   empty_check=False).shuffle(1000).map(length))
         return _first_batch_s(DataLoader(dataset, batch_size=32, num_workers=2),
-                              start) + [start - began]
+                              start) + [setup]
     import stoker
     from stoker.formats import TarShards, TarShardStream
     from stoker.storage import open_source
@@ -90,39 +93,38 @@ def _first_batch_s(loader: Any, start: float) -> list[float]:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--child"]:  # before any import a loader's process would not have
+        kind, endpoint, shard_names, cache, main, client = sys.argv[2:8]
+        print(json.dumps(child(kind, endpoint, json.loads(shard_names), cache, main == "1",
+                               client)), flush=True)
+        return
+    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
+    from remote_shards import add_data_args
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--samples", type=int, default=20000)
+    add_data_args(parser)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--loaders", default=",".join(KINDS), help="comma-separated, of " +
                         ", ".join(KINDS))
     parser.add_argument("--no-main-downloads", action="store_true",
                         help="stoker's workers download their own shards (main_downloads=False)")
-    parser.add_argument("--client", default="fsspec", choices=("fsspec", "obstore"),
+    parser.add_argument("--client", default="auto", choices=("auto", "fsspec", "obstore"),
                         help="stoker's S3 client (open_source(client=...))")
-    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        kind, endpoint, names, cache, main, client = args.child
-        print(json.dumps(child(kind, endpoint, json.loads(names), cache, main == "1",
-                               client)), flush=True)
-        return
-    sys.path.insert(0, str(HERE))
-    sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
     from _harness import machine_info
     from _s3_server import S3ServerProcess
-    from remote_shards import write_folder
-
-    from stoker.formats import pack
+    from remote_shards import prepare
 
     tmp = Path(tempfile.mkdtemp(prefix="stoker-first-batch-"))
     try:
-        write_folder(tmp / "files", args.samples)
-        pack(str(tmp / "files"), str(tmp / "packed"), samples_per_shard=100, workers=1,
-             progress=False)
-        names = sorted(n for n in os.listdir(tmp / "packed") if n.endswith(".tar"))
+        _, _, packed = prepare(args, tmp)
+        names = sorted(n for n in os.listdir(packed) if n.endswith(".tar"))
         with S3ServerProcess() as s3:
-            s3.upload_dir(str(tmp / "packed"), "bench", "packed")
-            s3.faults.latency_s = 0.01
+            s3.upload_dir(str(packed), "bench", "packed")
+            s3.faults.latency_s = args.latency_ms / 1e3
+            s3.faults.bandwidth_bps = args.bandwidth_mbps * 1e6
             env = dict(os.environ, AWS_ACCESS_KEY_ID="testing",
                        AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
             kinds = [k for k in args.loaders.split(",") if k]
@@ -154,6 +156,10 @@ def main() -> None:
         if seconds:
             print(json.dumps({
                 "workload": "remote_first_batch", "loader": kind, "samples": args.samples,
+                "shards": len(names), "latency_ms": args.latency_ms,
+                "bandwidth_mbps": args.bandwidth_mbps or None,
+                "image_size": "x".join(map(str, args.image_size or (256, 192))),
+                "shard_mb": args.shard_mb, "per_shard": None if args.shard_mb else args.per_shard,
                 "fresh_process_first_batch_s": round(statistics.median(seconds), 3),
                 "main_downloads": not args.no_main_downloads, "client": args.client,
                 "runs_s": [round(s, 3) for s in seconds],

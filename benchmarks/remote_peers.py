@@ -3,10 +3,13 @@
 ``StreamingDataset`` in torch's DataLoader), reading the same JPEGs from the same S3 server
 through the same proxy.
 
-Each peer packs the image folder in its own format (``args.per_shard`` samples per shard, like
-stoker's shards; not timed), uploads it to ``s3://bench/<peer>/`` and is read with shuffling on,
-``args.batch`` and ``args.workers``, a cold cache directory of its own per epoch, each batch a
-tensor of the samples' JPEG byte lengths. A peer whose library is not installed is left out.
+Each peer packs the image folder in its own format (not timed), with shards like stoker's:
+``args.per_shard`` samples per shard, or with ``args.shard_mb`` set, shards of that many MiB cut
+by the peer's own byte limit (litdata's ``chunk_bytes``, mosaic's ``size_limit``; stoker's
+``pack(shard_size_mb=...)``), uploads it to ``s3://bench/<peer>/`` and is read with shuffling
+on, ``args.batch`` and ``args.workers``, a cold cache directory of its own per epoch, each
+sample passed through the benchmark's transform (by default the JPEG's byte length; with
+``--decode pil`` a PIL decode and crop). A peer whose library is not installed is left out.
 
 The peers are the ``peers`` extra, not the test one: mosaicml-streaming pins numpy<2.2 and
 pulls torchvision, so they get a venv of their own. litdata's ``optimize`` spawns a process, so
@@ -27,29 +30,44 @@ from typing import Any
 from torch.utils.data import DataLoader as TorchDataLoader
 
 Factory = Callable[[], Iterable]
+Transform = Callable[[dict[str, Any]], Any] | None
 _caches = itertools.count()
 _torchvision_ops: Any = None  # see _import_streaming
 
 
-def peer_loaders(s3: Any, tmp: Path, folder: Path, names: list[str],
-                 args: Any) -> list[tuple[str, Factory]]:
-    """``(name, make_loader)`` per installed peer, its shards already in the bucket "bench"
-    (which must exist); ``make_loader()`` builds the peer's loader over a new, empty cache.
-    mosaicml-streaming comes twice: as shipped, and with its workers' own S3 clients
-    (``mosaic_streaming_own_clients``, see ``_mosaic``).
+def peer_loaders(s3: Any, tmp: Path, folder: Path, names: list[str], args: Any,
+                 transform: Transform = None, wanted: Callable[[str], bool] = lambda _: True
+                 ) -> list[tuple[str, Factory, int]]:
+    """``(name, make_loader, shards)`` per installed peer that ``wanted(name)``, its shards
+    (``shards`` of them) already in the bucket "bench" (which must exist); ``make_loader()``
+    builds the peer's loader over a new, empty cache. mosaicml-streaming comes twice: as
+    shipped, and with its workers' own S3 clients (``mosaic_streaming_own_clients``, see
+    ``_mosaic``).
 
     ``folder / names[i]`` is an image ``cK/NNNNNN.jpg`` of label K; ``args`` has ``per_shard``,
-    ``batch`` and ``workers``."""
+    ``shard_mb`` (None: by ``per_shard``), ``batch`` and ``workers``; ``transform`` takes a
+    sample ``{"jpg": bytes, ...}`` (default: its JPEG's length)."""
+    transform = transform or _jpg_len
     samples = [(str(folder / n), int(n.split("/", 1)[0][1:])) for n in sorted(names)]
-    loaders: list[tuple[str, Factory]] = []
-    litdata = _litdata(s3, tmp, samples, args)
-    if litdata is not None:
-        loaders.append(("litdata", litdata))
-    mosaic = _mosaic(s3, tmp, samples, args)
-    if mosaic is not None:
-        loaders += [("mosaic_streaming", partial(mosaic, False)),
-                    ("mosaic_streaming_own_clients", partial(mosaic, True))]
+    loaders: list[tuple[str, Factory, int]] = []
+    if wanted("litdata"):
+        litdata = _litdata(s3, tmp, samples, args, transform)
+        if litdata is not None:
+            loaders.append(("litdata", *litdata))
+    mosaic_names = ("mosaic_streaming", "mosaic_streaming_own_clients")
+    if any(map(wanted, mosaic_names)):
+        mosaic = _mosaic(s3, tmp, samples, args, transform)
+        if mosaic is not None:
+            make, shards = mosaic
+            loaders += [(name, partial(make, own), shards) for name, own
+                        in zip(mosaic_names, (False, True), strict=True) if wanted(name)]
     return loaders
+
+
+def _shard_bytes(args: Any) -> int | None:
+    """``args.shard_mb`` in bytes (MiB, as stoker's ``shard_size_mb``), or None."""
+    shard_mb = getattr(args, "shard_mb", None)
+    return int(shard_mb * 2**20) if shard_mb else None
 
 
 def _cold_cache(tmp: Path, name: str) -> str:
@@ -70,19 +88,22 @@ def _read_sample(item: tuple[str, int]) -> dict[str, Any]:
 # -- litdata ------------------------------------------------------------------------------------
 
 
-def _litdata(s3: Any, tmp: Path, samples: list[tuple[str, int]], args: Any) -> Factory | None:
+def _litdata(s3: Any, tmp: Path, samples: list[tuple[str, int]], args: Any,
+             transform: Callable[[dict[str, Any]], Any]) -> tuple[Factory, int] | None:
     try:
         from litdata import StreamingDataLoader, StreamingDataset, optimize
     except ImportError:
         return None
     out = tmp / "litdata"
-    # chunk_size counts samples; reorder_files=False keeps the folder's order (as stoker packs).
-    # optimize sets the process's start method to spawn (force=True); every DataLoader built
-    # after it would spawn its workers, the other loaders of the benchmark included.
+    # chunk_size counts samples, chunk_bytes bytes; reorder_files=False keeps the folder's
+    # order (as stoker packs). optimize sets the process's start method to spawn (force=True);
+    # every DataLoader built after it would spawn its workers, the other loaders included.
     method = multiprocessing.get_start_method()
+    shard_bytes = _shard_bytes(args)
+    size = {"chunk_bytes": shard_bytes} if shard_bytes else {"chunk_size": args.per_shard}
     try:
-        optimize(fn=_read_sample, inputs=samples, output_dir=str(out), chunk_size=args.per_shard,
-                 num_workers=1, reorder_files=False, mode="overwrite", verbose=False)
+        optimize(fn=_read_sample, inputs=samples, output_dir=str(out), num_workers=1,
+                 reorder_files=False, mode="overwrite", verbose=False, **size)
     finally:
         multiprocessing.set_start_method(method, force=True)
     s3.upload_dir(str(out), "bench", "litdata")
@@ -92,10 +113,10 @@ def _litdata(s3: Any, tmp: Path, samples: list[tuple[str, int]], args: Any) -> F
 
     def make() -> Iterable:
         dataset = StreamingDataset("s3://bench/litdata/", cache_dir=_cold_cache(tmp, "litdata"),
-                                   shuffle=True, storage_options=options, transform=_jpg_len)
+                                   shuffle=True, storage_options=options, transform=transform)
         return StreamingDataLoader(dataset, batch_size=args.batch, num_workers=args.workers)
 
-    return make
+    return make, len(list(out.glob("*.bin")))
 
 
 def _allow_http_for_litdata(endpoint: str) -> None:
@@ -137,8 +158,9 @@ def _import_streaming() -> Any:
     return streaming
 
 
-def _mosaic(s3: Any, tmp: Path, samples: list[tuple[str, int]],
-            args: Any) -> Callable[[bool], Iterable] | None:
+def _mosaic(s3: Any, tmp: Path, samples: list[tuple[str, int]], args: Any,
+            transform: Callable[[dict[str, Any]], Any]
+            ) -> tuple[Callable[[bool], Iterable], int] | None:
     """Mosaic's parent process reads index.json with a boto3 client that its forked workers
     inherit, open keep-alive connection included; two workers sending on one socket cost a
     failed GET and a retry after botocore's backoff (~0.5-1.5 s to the first batch, one more
@@ -149,28 +171,29 @@ def _mosaic(s3: Any, tmp: Path, samples: list[tuple[str, int]],
     if streaming is None:
         return None
     out = tmp / "mosaic_streaming"
-    # MDSWriter cuts shards by bytes only (size_limit); a shard is flushed by hand every
-    # per_shard samples instead, as write() itself does when the limit is reached.
+    # MDSWriter cuts shards by bytes only (size_limit): with shard_mb, its own way; otherwise
+    # a shard is flushed by hand every per_shard samples, as write() does at the limit.
+    shard_bytes = _shard_bytes(args)
     with streaming.MDSWriter(out=str(out), columns={"jpg": "bytes", "cls": "int"},
-                             size_limit=None) as writer:
+                             size_limit=shard_bytes) as writer:
         for i, item in enumerate(samples):
-            if i and i % args.per_shard == 0:
+            if not shard_bytes and i and i % args.per_shard == 0:
                 writer.flush_shard()
                 writer._reset_cache()
             writer.write(_read_sample(item))
     s3.upload_dir(str(out), "bench", "mosaic_streaming")
     os.environ["S3_ENDPOINT_URL"] = s3.endpoint_url  # mosaic's documented endpoint override
 
-    class Lengths(streaming.StreamingDataset):
-        def __getitem__(self, index: int) -> int:  # the subclassing mosaic's docs show
-            return _jpg_len(super().__getitem__(index))
+    class Transformed(streaming.StreamingDataset):  # type: ignore[name-defined]
+        def __getitem__(self, index: int) -> Any:  # the subclassing mosaic's docs show
+            return transform(super().__getitem__(index))
 
     def make(worker_clients: bool) -> Iterable:
         # A dataset's shared memory outlives it in this process; the next one (a new epoch
         # with a new cache) would see the last one's shard states without this mosaic call.
         streaming.base.util.clean_stale_shared_memory()
         # batch_size lets mosaic partition samples per batch across workers, as it recommends.
-        dataset = Lengths(remote="s3://bench/mosaic_streaming/",
+        dataset = Transformed(remote="s3://bench/mosaic_streaming/",
                           local=_cold_cache(tmp, "mosaic_streaming"), shuffle=True,
                           batch_size=args.batch)
         if worker_clients:
@@ -178,4 +201,4 @@ def _mosaic(s3: Any, tmp: Path, samples: list[tuple[str, int]],
                 stream._downloader.clean_up()  # what mosaic calls to reset a failed client
         return TorchDataLoader(dataset, batch_size=args.batch, num_workers=args.workers)
 
-    return make
+    return make, len(list(out.glob("shard.*.mds")))

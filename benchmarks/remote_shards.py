@@ -1,36 +1,69 @@
-"""Reading a dataset from an S3-compatible server with 10 ms added per request: packed tar
-shards through stoker against one object per sample through torch's DataLoader, same
-``num_workers``, same shuffled order of samples, cold local cache, and against the streaming
-peers on the same samples.
+"""Reading a dataset from an S3-compatible server with 10 ms added per request (and, with
+``--bandwidth-mbps``, a bandwidth cap): packed tar shards through stoker against one object per
+sample through torch's DataLoader, same ``num_workers``, same shuffled order of samples, cold
+local cache, and against the streaming peers on the same samples.
 
 The server is moto in server mode behind the tests' fault-injecting proxy
-(``tests/integration/_s3_server.py``), which adds the latency, in a process of its own;
+(``tests/integration/_s3_server.py``), which adds the latency and the cap (one token bucket
+shared by all connections, bodies streamed in 64 KiB chunks), in a process of its own;
 everything runs on this machine, so the network is loopback and the server shares the CPUs
 with the loaders: each record says the CPU seconds the loader's processes (``loader_cpu_s``)
 and the server (``server_cpu_s``) used. The server's Python is one GIL: about one core.
 
     .venv/bin/python benchmarks/remote_shards.py [--samples 3000] [--workers 2] [--decode]
 
-Each loader reads the raw JPEG bytes and returns their length (this isolates the storage
-path), or with ``--decode`` a random 224x224 crop of the decoded image. Every loader's epoch
-starts cold (clients, manifest, indexes, an empty cache). Each loader runs two epochs: one
-timed, one sampling memory (reading PSS costs CPU). One JSON record per loader: samples/s over
-the epoch and after its first batch (``steady``), time to the first batch, GETs, the CPU seconds
-of its processes and of the server, the peak PSS its processes added, and the ratio against
-torch's per-file loader (which reads a shuffled subset of ``--per-file-limit`` files: its rate
-does not depend on the dataset's size).
-Bounds: ``network_bound`` (every shard fetched whole by a connected client, at the best of
-2-16 GETs at a time) and, with ``--decode``, ``decode_bound`` (the transform on bytes in memory,
-one core's rate times ``--workers``); ``steady_fraction_of_bound`` compares against the smaller.
-With ``--decode`` also ``shared_cpu_ceiling``: the decode plus the server's CPU per sample on
-this machine's cores (the server shares them), the most any loader could reach here.
-Loaders: stoker's ``TarShards`` by whole shards (``stoker_packed_shards``) and by ranges,
-``TarShardStream`` (whole shards in order, a 1,000-sample buffer) over the pack's indexes
-(``stoker_stream``) and over the bare shard list, each shard's tar parsed
-(``stoker_stream_unindexed``: plain WebDataset shards), the first two again with
-``client="obstore"`` when obstore is installed (``*_obstore``), and the peers (bytes only):
-``webdataset_http`` (presigned HTTP URLs, its curl pipe, torch's DataLoader) and those of
-``remote_peers.py`` (litdata, mosaicml-streaming), each when installed.
+At scale (issue 34's measurement), with the peers' venv (they are the ``peers`` extra; see
+``remote_peers.py`` and benchmarks/README.md for making it):
+
+    python benchmarks/remote_shards.py --samples 20000 --image-size 500x375 --shard-mb 64 \
+        --bandwidth-mbps 100 [--decode pil] [--data-dir /tmp/stoker-bench-data]
+
+Data: by default ~6 KB synthetic JPEGs (256x192, upscaled noise), ``--per-shard`` samples per
+shard. ``--image-size WxH`` makes photo-like q90 JPEGs instead (at 500x375 ~62 KB, 38-80 KB;
+~50 s for 20,000 on 2 cores, a process per core); ``--shard-mb`` packs shards of that many MiB
+(``pack(shard_size_mb=...)``; the peers cut theirs at the same byte size); ``--data-dir``
+keeps the images and the pack between runs (keyed by the arguments). Only the
+``--per-file-limit`` objects the per-file loader reads are uploaded one per sample.
+
+Transforms, the same for every loader: the raw JPEG bytes' length (default; isolates the
+storage path); ``--decode pil``: PIL ``Image.open(...).convert("RGB")``, a RandomResizedCrop
+box (scale 0.08-1, ratio 3/4-4/3), crop and bilinear resize to 224x224, a random flip, a uint8
+CHW tensor (what a torchvision-style pipeline does), for every loader, the peers included, and
+one more loader, ``stoker_stream_fast_decode``: the stream through stoker's fast image path;
+``--decode fast`` (or bare ``--decode``): stoker's fast image path
+(``stoker.image.decode_crop_into``, same crop) for stoker's loaders and torch's, no peers.
+
+Every loader's epoch starts cold (clients, manifest, indexes, an empty cache). Each loader
+runs two epochs: one timed, one sampling memory (reading PSS costs CPU). The first batch is
+counted the same way for every loader: from the call that builds the loader (S3 client,
+manifest and index GETs, webdataset's boto3 client and presigned URLs, the peers' index
+downloads, the workers' start) to the first batch in hand; modules imported earlier in this
+process are not counted (``remote_first_batch.py`` counts them, in a fresh process).
+
+One JSON record per loader: ``samples_per_s`` over the epoch and after its first batch
+(``steady_samples_per_s``), ``time_to_first_batch_s``, GETs, shards, the CPU of its processes
+(``loader_cpu_s``, ``loader_cpu_ms_per_sample``) and of the server, the peak PSS its processes
+added, the ratio against torch's per-file loader (which reads a shuffled subset of
+``--per-file-limit`` files: its rate does not depend on the dataset's size), and its fractions
+of the bounds: ``fraction_of_network_bound`` (epoch samples/s over the measured bound),
+``fraction_of_network_cap`` (with a cap), ``fraction_of_decode_bound`` (with a decode), and
+``steady_fraction_of_bound`` (steady samples/s over the smaller of the network and decode
+bounds).
+Bounds: ``network_bound``, measured (every shard fetched whole by a connected client, at the
+best of 2-16 GETs at a time); with a cap also ``network_cap``, the cap's own: cap bytes/s over
+the mean bytes per sample in stoker's shards; with a decode ``decode_bound`` (the transform on
+bytes in memory, one core's rate times ``--workers``; with ``pil`` also ``decode_bound_fast``)
+and ``shared_cpu_ceiling``: the decode plus the server's CPU per sample on this machine's
+cores (the server shares them), the most any loader could reach here.
+Loaders: stoker's ``TarShards`` by whole shards (``stoker_packed_shards``) and by ranges (up to
+5,000 samples), ``TarShardStream`` (whole shards in order, a 1,000-sample buffer) over the
+pack's indexes (``stoker_stream``) and over the bare shard list, each shard's tar parsed
+(``stoker_stream_unindexed``: plain WebDataset shards), all with the default client
+(``client="auto"``: obstore where installed), the first two again with s3fs
+(``client="fsspec"``, ``*_s3fs``), and the peers (run first: NOTE [ The obstore client ]):
+``webdataset_http`` (presigned HTTP URLs to stoker's shards, its curl pipe, torch's
+DataLoader) and those of ``remote_peers.py`` (litdata, mosaicml-streaming), each when
+installed. ``--loaders`` runs some of them (the bounds always run).
 """
 
 from __future__ import annotations
@@ -47,6 +80,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Collection, Iterable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -64,27 +98,119 @@ from _s3_server import S3Server, S3ServerProcess  # noqa: E402
 
 import stoker  # noqa: E402
 from stoker.cli.demo import TreeMemorySampler, tree_pss_bytes  # noqa: E402
-from stoker.formats import TarShards, TarShardStream, pack  # noqa: E402
+from stoker.formats import TarShards, TarShardStream  # noqa: E402
 from stoker.storage import open_source  # noqa: E402
 
-# stoker's S3 clients here: s3fs always, obstore (client="obstore") when installed.
+# The S3 clients the network bound tries: s3fs always, obstore when installed.
 CLIENTS = ("fsspec",) + (("obstore",) if importlib.util.find_spec("obstore") else ())
 
 
-def write_folder(root: Path, n: int, classes: int = 10) -> list[str]:
+DATA_VERSION = 1  # of write_folder's images: part of --data-dir's keys
+Transform = Callable[[dict[str, Any]], Any]
+
+
+def write_folder(root: Path, n: int, classes: int = 10,
+                 image_size: tuple[int, int] | None = None) -> list[str]:
+    """``n`` JPEGs ``c{i % classes}/{i:06d}.jpg`` under ``root``: by default tiny ones (~6 KB,
+    upscaled noise), or ``image_size`` (width, height) photo-like ones (``photo_like_jpeg``),
+    made by a process per core."""
+    names = [f"c{i % classes}/{i:06d}.jpg" for i in range(n)]
+    for c in range(min(n, classes)):
+        (root / f"c{c}").mkdir(parents=True, exist_ok=True)
+    if image_size is not None:
+        step = 250
+        with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
+            list(pool.map(_write_photos, [(str(root), names[k: k + step], k, image_size)
+                                          for k in range(0, n, step)]))
+        return names
     from PIL import Image
 
     rng = np.random.default_rng(0)
-    names = []
-    for i in range(n):
+    for rel in names:
         img = rng.integers(0, 256, (24, 32, 3), dtype=np.uint8).repeat(8, 0).repeat(8, 1)
         buf = io.BytesIO()
         Image.fromarray(img).save(buf, "JPEG", quality=90)
-        rel = f"c{i % classes}/{i:06d}.jpg"
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(buf.getvalue())
-        names.append(rel)
     return names
+
+
+def photo_like_jpeg(seed: int, width: int, height: int) -> bytes:
+    """A q90 JPEG that compresses like a photo (at 500x375: ~62 KB on average, 38-80 KB from
+    the 5th to the 95th percentile; pure noise would be ~300 KB), made in YCbCr as JPEG stores
+    it: a luminance of a smooth field and mid-frequency shapes, made small and upscaled, plus a
+    fine texture of a strength drawn per image; a smooth, muted chroma. ~5 ms of a core at
+    500x375."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    size, small = (width, height), (max(2, width // 16), max(2, height // 16))
+    cubic, linear = Image.Resampling.BICUBIC, Image.Resampling.BILINEAR
+
+    def noise(h: int, w: int) -> np.ndarray:
+        return rng.integers(0, 256, (max(2, h), max(2, w)), dtype=np.uint8)
+
+    field = np.asarray(Image.fromarray(noise(4, 5)).resize(small, cubic), np.int16)
+    shapes = (noise(small[1], small[0]).astype(np.int16) - 128) * 3 // 4
+    low = np.clip(field // 2 + 64 + shapes, 0, 255).astype(np.uint8)
+    luma = np.asarray(Image.fromarray(low).resize(size, cubic), np.int16)
+    texture = noise((height + 1) // 2, (width + 1) // 2).repeat(2, 0).repeat(2, 1)
+    luma = luma + (texture[:height, :width].astype(np.int16) - 128) * int(rng.integers(2, 16)) // 64
+    cb, cr = (Image.fromarray((noise(4, 5) // 3 + 85).astype(np.uint8)).resize(size, linear)
+              for _ in range(2))
+    img = Image.merge("YCbCr", (Image.fromarray(np.clip(luma, 0, 255).astype(np.uint8)), cb, cr))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def _write_photos(task: tuple[str, list[str], int, tuple[int, int]]) -> None:
+    root, names, first, (width, height) = task
+    for i, rel in enumerate(names, first):
+        Path(root, rel).write_bytes(photo_like_jpeg(i, width, height))
+
+
+def image_size(text: str) -> tuple[int, int]:
+    """``--image-size``: ``WxH``."""
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected WIDTHxHEIGHT, as 500x375") from None
+    if width < 16 or height < 16:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected at least 16x16")
+    return width, height
+
+
+def prepare(args: Any, tmp: Path) -> tuple[Path, list[str], Path]:
+    """The image folder, its names and stoker's pack of it: made in ``tmp``, or with
+    ``args.data_dir`` kept there under names made of the arguments (a ``.done`` file beside
+    each says it is whole) and made only when missing."""
+    from stoker.formats import pack
+
+    where = Path(args.data_dir) if args.data_dir else tmp
+    size = args.image_size
+    images_key = f"images-{args.samples}-" + (
+        "tiny" if size is None else f"{size[0]}x{size[1]}") + f"-v{DATA_VERSION}"
+    shards_key = f"{args.shard_mb:g}mb" if args.shard_mb else f"{args.per_shard}per"
+    folder, packed = where / images_key, where / f"packed-{images_key}-{shards_key}"
+
+    def made(path: Path, make: Callable[[], None]) -> None:
+        done = path.with_name(path.name + ".done")
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            make()
+            done.touch()
+
+    def write() -> None:
+        write_folder(folder, args.samples, image_size=size)
+
+    def pack_it() -> None:
+        by_size = {"samples_per_shard": None, "shard_size_mb": args.shard_mb} \
+            if args.shard_mb else {"samples_per_shard": args.per_shard}
+        pack(str(folder), str(packed), workers=1, progress=False, **by_size)
+
+    made(folder, write)
+    made(packed, pack_it)
+    return folder, [f"c{i % 10}/{i:06d}.jpg" for i in range(args.samples)], packed
 
 
 def _jpg_len(sample: dict[str, Any]) -> int:
@@ -95,8 +221,8 @@ _RNG = np.random.default_rng()
 
 
 def _decoded(sample: dict[str, Any]) -> torch.Tensor:
-    """``--decode``: what an image pipeline does with the bytes (RandomResizedCrop(224) +
-    flip into a uint8 CHW tensor, stoker's fast image path)."""
+    """``--decode fast``: what an image pipeline does with the bytes (RandomResizedCrop(224) +
+    flip into a uint8 CHW tensor) through stoker's fast image path."""
     from stoker.image import decode_crop_into
 
     out = torch.empty((3, 224, 224), dtype=torch.uint8)
@@ -104,19 +230,37 @@ def _decoded(sample: dict[str, Any]) -> torch.Tensor:
     return out
 
 
+def _pil_crop(sample: dict[str, Any]) -> torch.Tensor:
+    """``--decode pil``: the same with Pillow alone, as a torchvision-style ``__getitem__``
+    does it (``benchmarks/image_decode.py``'s ``pillow_plain``): decode to RGB, a
+    RandomResizedCrop box, crop + bilinear resize to 224x224, a random flip, a CHW tensor."""
+    from PIL import Image
+
+    from stoker.image import random_resized_crop_box
+
+    img = Image.open(io.BytesIO(sample["jpg"])).convert("RGB")
+    top, left, h, w = random_resized_crop_box(_RNG, img.height, img.width)
+    img = img.crop((left, top, left + w, top + h)).resize((224, 224), Image.Resampling.BILINEAR)
+    if _RNG.random() < 0.5:
+        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return torch.from_numpy(np.array(img)).permute(2, 0, 1).contiguous()  # as PILToTensor
+
+
+TRANSFORMS: dict[str, Transform] = {"bytes": _jpg_len, "fast": _decoded, "pil": _pil_crop}
+
+
 class PerFile(Dataset):
     """One object per sample, one GET each (what a Dataset over a bucket of files does)."""
 
-    def __init__(self, urls: list[str], options: dict[str, Any], decode: bool) -> None:
-        self.urls, self.decode = urls, decode
+    def __init__(self, urls: list[str], options: dict[str, Any], transform: Transform) -> None:
+        self.urls, self.transform = urls, transform
         self.source = open_source(urls[0], storage_options=options, fetch="range")
 
     def __len__(self) -> int:
         return len(self.urls)
 
     def __getitem__(self, i: int) -> Any:
-        data = self.source.read(self.urls[i])
-        return _decoded({"jpg": data}) if self.decode else len(data)
+        return self.transform({"jpg": self.source.read(self.urls[i])})
 
 
 def network_bound(urls: list[str], options: dict[str, Any], samples: int,
@@ -148,34 +292,53 @@ def network_bound(urls: list[str], options: dict[str, Any], samples: int,
     return best
 
 
-def decode_bound(folder: Path, names: list[str], workers: int) -> dict[str, Any]:
+def decode_bound(folder: Path, names: list[str], workers: int, transform: str,
+                 name: str = "decode_bound") -> dict[str, Any]:
     """``--decode``: the transform alone over bytes in memory, one core, times ``workers``
     (perfect scaling: a ceiling no loader reaches on a machine that also runs the server)."""
     blobs = [(folder / n).read_bytes() for n in names[:500]]
-    _decoded({"jpg": blobs[0]})
+    fn = TRANSFORMS[transform]
+    fn({"jpg": blobs[0]})
     start = time.perf_counter()
     for blob in blobs:
-        _decoded({"jpg": blob})
+        fn({"jpg": blob})
     per_core = len(blobs) / (time.perf_counter() - start)
-    return {"loader": "decode_bound", "samples_per_s": round(per_core * workers, 1),
+    return {"loader": name, "transform": transform,
+            "samples_per_s": round(per_core * workers, 1),
             "per_core_samples_per_s": round(per_core, 1)}
 
 
-def webdataset_http(endpoint: str, shard_names: list[str], args: Any) -> Any:
+def network_cap(bandwidth_mbps: float, shard_bytes: int, samples: int) -> dict[str, Any]:
+    """``--bandwidth-mbps``: the cap's own bound, its bytes/s over the mean bytes per sample in
+    stoker's shards (tar headers included); the measured ``network_bound`` is what the
+    fractions use."""
+    per_sample = shard_bytes / samples
+    return {"loader": "network_cap", "samples_per_s": round(bandwidth_mbps * 1e6 / per_sample, 1),
+            "mb_per_s": bandwidth_mbps, "mean_sample_bytes": round(per_sample)}
+
+
+def webdataset_http(endpoint: str, shard_names: list[str], args: Any,
+                    transform: Transform) -> Callable[[], Iterable[Any]] | None:
     """The peer on the same shards: webdataset's pipeline (shard shuffle + 1,000-sample
     buffer) over HTTP GETs of presigned URLs (its curl pipe, through the same proxy), in
-    torch's DataLoader with the same workers. None when webdataset is not installed."""
+    torch's DataLoader with the same workers. ``make()`` creates the boto3 client and presigns
+    (in the first batch's time, as stoker's loaders create their S3 client in theirs). None
+    when webdataset is not installed."""
     try:
         import boto3
         import webdataset as wds
     except ImportError:
         return None
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-    urls = [client.generate_presigned_url("get_object", ExpiresIn=3600, Params={
-        "Bucket": "bench", "Key": f"packed/{n}"}) for n in shard_names]
-    dataset = (wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=None,
-                              empty_check=False).shuffle(1000).map(_jpg_len))
-    return TorchDataLoader(dataset, batch_size=args.batch, num_workers=args.workers)
+
+    def make() -> Iterable[Any]:
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        urls = [client.generate_presigned_url("get_object", ExpiresIn=3600, Params={
+            "Bucket": "bench", "Key": f"packed/{n}"}) for n in shard_names]
+        dataset = (wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=None,
+                                  empty_check=False).shuffle(1000).map(transform))
+        return TorchDataLoader(dataset, batch_size=args.batch, num_workers=args.workers)
+
+    return make
 
 
 def _cpu_s() -> float:
@@ -227,10 +390,36 @@ def run(name: str, make_loader: Callable[[], Iterable[Any]],
               "time_to_first_batch_s": round(first, 3),
               "steady_samples_per_s": round(steady, 1),
               "peak_pss_added_mib": round(max(0, peak - before) / 2**20, 1),
-              "loader_cpu_s": round(cpu, 2)}
+              "loader_cpu_s": round(cpu, 2),
+              "loader_cpu_ms_per_sample": round(cpu * 1e3 / max(samples, 1), 3)}
     if total_bytes:
         record["mb_per_s"] = round(total_bytes / elapsed / 1e6, 2)
     return record
+
+
+def add_data_args(parser: argparse.ArgumentParser) -> None:
+    """The data and server arguments ``remote_first_batch.py`` shares."""
+    parser.add_argument("--per-shard", type=int, default=100,
+                        help="samples per shard (unless --shard-mb)")
+    parser.add_argument("--shard-mb", type=float, default=None,
+                        help="shards of this many MiB instead (pack's shard_size_mb; the peers "
+                        "cut theirs at the same byte size)")
+    parser.add_argument("--image-size", type=image_size, default=None, metavar="WxH",
+                        help="photo-like JPEGs of this size (~65 KB at 500x375) instead of "
+                        "~6 KB ones")
+    parser.add_argument("--data-dir", default=None,
+                        help="keep the images and the pack here between runs (keyed by the "
+                        "arguments); default: a temporary directory, removed")
+    parser.add_argument("--latency-ms", type=float, default=10.0)
+    parser.add_argument("--bandwidth-mbps", type=float, default=0.0,
+                        help="cap the server's replies to this many MB/s (10^6 bytes), all "
+                        "connections together; 0: no cap")
+
+
+LOADERS = ("torch_per_file", "stoker_packed_shards", "stoker_packed_ranges", "stoker_stream",
+           "stoker_stream_unindexed", "stoker_stream_fast_decode", "webdataset_http",
+           "litdata", "mosaic_streaming", "mosaic_streaming_own_clients",
+           "stoker_packed_shards_s3fs", "stoker_stream_s3fs")
 
 
 def main() -> None:
@@ -238,20 +427,27 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=3000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--per-shard", type=int, default=100)
-    parser.add_argument("--latency-ms", type=float, default=10.0)
+    add_data_args(parser)
     parser.add_argument("--per-file-limit", type=int, default=1000,
                         help="per-file loaders read a shuffled subset this large (their rate "
                         "does not depend on the dataset's size; all of it would take long)")
-    parser.add_argument("--decode", action="store_true",
-                        help="decode + crop each image (stoker's loaders, torch's per-file "
-                        "one and the decode bound; the peers read bytes only)")
+    parser.add_argument("--decode", nargs="?", const="fast", default=None,
+                        choices=("fast", "pil"),
+                        help="decode + crop each image: 'fast' (the default of a bare "
+                        "--decode): stoker's fast image path, for stoker's loaders and torch's "
+                        "(no peers); 'pil': Pillow, for every loader, the peers included")
+    parser.add_argument("--loaders", default=None,
+                        help="comma-separated, some of " + ", ".join(LOADERS) + " (default: all)")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--server-in-process", action="store_true",
                         help="run moto and the proxy on threads of this process (sharing its "
                         "GIL with the loop that receives batches) instead of a process of "
                         "their own")
     args = parser.parse_args()
+    if args.loaders is not None:
+        args.loaders = {name for name in args.loaders.split(",") if name}
+        if args.loaders - set(LOADERS):
+            parser.error(f"--loaders: unknown {sorted(args.loaders - set(LOADERS))}")
     tmp = Path(tempfile.mkdtemp(prefix="stoker-remote-bench-"))
     try:
         create_us = [file_create_us(tmp)]
@@ -259,22 +455,38 @@ def main() -> None:
         create_us.append(file_create_us(tmp))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    base = results[0]["samples_per_s"]
-    bounds = [r["samples_per_s"] for r in results if r["loader"].endswith("_bound")]
-    ceiling = [r["samples_per_s"] for r in results if r["loader"] == "shared_cpu_ceiling"]
+    loaders = [r for r in results if "steady_samples_per_s" in r]
+    base = next((r["samples_per_s"] for r in loaders if r["loader"] == "torch_per_file"), None)
+    bound = {r["loader"]: r for r in results if "steady_samples_per_s" not in r}
+    network = bound["network_bound"]["samples_per_s"]
+    decode = {r["transform"]: r["samples_per_s"] for r in bound.values()
+              if r["loader"].startswith("decode_bound")}
+    ceiling = bound.get("shared_cpu_ceiling", {}).get("samples_per_s")
     for record in results:
         record |= {"workload": "remote_shards", "latency_ms": args.latency_ms,
-                   "num_workers": args.workers, "decode": args.decode,
-                   "speedup_vs_torch_per_file": round(record.get("samples_per_s", 0) / base, 2),
-                   "machine": machine_info(), "file_create_us_before_after": create_us}
-        if "error" in record:
-            record["speedup_vs_torch_per_file"] = 0.0
-        elif "steady_samples_per_s" in record:
-            record["steady_fraction_of_bound"] = round(
-                record["steady_samples_per_s"] / min(bounds), 3)
-            if ceiling:
-                record["steady_fraction_of_shared_cpu_ceiling"] = round(
-                    record["steady_samples_per_s"] / ceiling[0], 3)
+                   "bandwidth_mbps": args.bandwidth_mbps or None, "num_workers": args.workers,
+                   "decode": args.decode,
+                   "image_size": "x".join(map(str, args.image_size or (256, 192))),
+                   "shard_mb": args.shard_mb, "per_shard": None if args.shard_mb
+                   else args.per_shard, "machine": machine_info(),
+                   "file_create_us_before_after": create_us}
+        if base:
+            record["speedup_vs_torch_per_file"] = round(record.get("samples_per_s", 0) / base, 2)
+        if "error" in record or "steady_samples_per_s" not in record:
+            print(json.dumps(record), flush=True)
+            continue
+        rate, transform = record["samples_per_s"], record["transform"]
+        record["fraction_of_network_bound"] = round(rate / network, 3)
+        if "network_cap" in bound:
+            record["fraction_of_network_cap"] = round(
+                rate / bound["network_cap"]["samples_per_s"], 3)
+        if transform in decode:
+            record["fraction_of_decode_bound"] = round(rate / decode[transform], 3)
+        record["steady_fraction_of_bound"] = round(record["steady_samples_per_s"] / min(
+            [network] + ([decode[transform]] if transform in decode else [])), 3)
+        if ceiling and transform == args.decode:
+            record["steady_fraction_of_shared_cpu_ceiling"] = round(
+                record["steady_samples_per_s"] / ceiling, 3)
         print(json.dumps(record), flush=True)
 
 
@@ -292,20 +504,29 @@ def file_create_us(directory: Path, files: int = 200) -> float:
 
 
 def measure(tmp: Path, args: Any) -> list[dict[str, Any]]:
-    names = write_folder(tmp / "files", args.samples)
-    pack(str(tmp / "files"), str(tmp / "packed"), samples_per_shard=args.per_shard,
-         workers=1, progress=False)
-    transform = _decoded if args.decode else _jpg_len
+    folder, names, packed = prepare(args, tmp)
+    transform = args.decode or "bytes"
+    shard_files = sorted(n for n in os.listdir(packed) if n.endswith(".tar"))
+    shard_bytes = sum((packed / n).stat().st_size for n in shard_files)
+    subset = np.random.default_rng(0).permutation(len(names))[: args.per_file_limit]
+    per_file = [names[i] for i in sorted(subset)]
+    for rel in per_file:  # only what the per-file loader reads goes up one object per sample
+        (tmp / "files" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(folder / rel, tmp / "files" / rel)
+
+    def wanted(name: str) -> bool:
+        return args.loaders is None or name in args.loaders
+
     results: list[dict[str, Any]] = []
     with (S3Server() if args.server_in_process else S3ServerProcess()) as s3:
         s3.upload_dir(str(tmp / "files"), "bucket-files", "files")
-        s3.upload_dir(str(tmp / "packed"), "bench", "packed")
-        peers = [] if args.no_peers or args.decode else remote_peers.peer_loaders(
-            s3, tmp, tmp / "files", names, args)
+        s3.upload_dir(str(packed), "bench", "packed")
+        peers = [] if args.no_peers or args.decode == "fast" else remote_peers.peer_loaders(
+            s3, tmp, folder, names, args, TRANSFORMS[transform], wanted)
         s3.faults.latency_s = args.latency_ms / 1e3
+        s3.faults.bandwidth_bps = args.bandwidth_mbps * 1e6
         options = s3.storage_options
-        subset = np.random.default_rng(0).permutation(len(names))[: args.per_file_limit]
-        urls = [f"s3://bucket-files/files/{names[i]}" for i in sorted(subset)]
+        urls = [f"s3://bucket-files/files/{rel}" for rel in per_file]
         common = {"batch_size": args.batch, "shuffle": True, "num_workers": args.workers}
 
         server_cpu = getattr(s3, "cpu_s", lambda: 0.0)
@@ -318,70 +539,86 @@ def measure(tmp: Path, args: Any) -> list[dict[str, Any]]:
                 if "cache-" in entry.name:
                     shutil.rmtree(entry, ignore_errors=True)
 
-        def measured(name: str, make: Callable[[], Iterable[Any]]) -> None:
+        def measured(name: str, make: Callable[[], Iterable[Any]], shards: int,
+                     how: str = transform) -> None:
+            if not wanted(name):
+                return
             gets, cpu = s3.faults.gets, server_cpu()
             record = run(name, make, exclude=server_pids, after_epoch=drop_caches)
-            results.append(record | {"gets": (s3.faults.gets - gets) // 2,  # per epoch
-                                     "server_cpu_s": round((server_cpu() - cpu) / 2, 2)})
+            server = (server_cpu() - cpu) / 2  # per epoch
+            results.append(record | {
+                "transform": how, "shards": shards, "gets": (s3.faults.gets - gets) // 2,
+                "server_cpu_s": round(server, 2),
+                "server_cpu_ms_per_sample": round(server * 1e3 / max(record["samples"], 1), 3)})
 
         measured("torch_per_file", lambda: TorchDataLoader(
-            PerFile(urls, options, args.decode), generator=torch.Generator().manual_seed(0),
-            **common))
+            PerFile(urls, options, TRANSFORMS[transform]),
+            generator=torch.Generator().manual_seed(0), **common), 0)
+
+        # The peers before stoker's loaders: once obstore's runtime started in this process
+        # (stoker's default client), a peer's forked workers that use obstore (litdata does)
+        # hang (NOTE [ The obstore client ]; stoker's own workers read with s3fs then).
+        shards = len(shard_files)
+        if args.decode != "fast" and not args.no_peers:
+            web = webdataset_http(s3.endpoint_url, shard_files, args, TRANSFORMS[transform])
+            if web is not None:
+                measured("webdataset_http", web, shards)
+            for name, make, peer_shards in peers:
+                try:
+                    measured(name, make, peer_shards)
+                except Exception as exc:  # a peer failing is a result: record it, go on
+                    results.append({"loader": name, "error": f"{type(exc).__name__}: {exc}"})
 
         def cold_cache() -> str:  # every epoch starts with an empty one
             return tempfile.mkdtemp(prefix="cache-", dir=tmp)
 
-        def stoker_shards(fetch: str, client: str = "fsspec") -> Callable[[], Iterable[Any]]:
+        def stoker_shards(fetch: str, client: str = "auto") -> Callable[[], Iterable[Any]]:
             def make() -> Iterable[Any]:
                 disk = {"cache_dir": cold_cache(), "cache_bytes": 1 << 34} if fetch == "shard" \
                     else {}
                 source = open_source("s3://bench/packed/index.json", storage_options=options,
                                      fetch=fetch, client=client, **disk)
                 ds = TarShards("s3://bench/packed/index.json", source=source,
-                               transform=transform)
+                               transform=TRANSFORMS[transform])
                 return stoker.DataLoader(ds, generator=torch.Generator().manual_seed(0),
                                          **common)
             return make
 
-        measured("stoker_packed_shards", stoker_shards("shard"))
+        measured("stoker_packed_shards", stoker_shards("shard"), shards)
         if len(names) <= 5000:  # a GET per sample, as slow as per-file: minutes beyond
-            measured("stoker_packed_ranges", stoker_shards("range"))
-        shard_urls = [f"s3://bench/packed/{n}" for n in sorted(os.listdir(tmp / "packed"))
-                      if n.endswith(".tar")]
+            measured("stoker_packed_ranges", stoker_shards("range"), shards)
+        shard_urls = [f"s3://bench/packed/{n}" for n in shard_files]
 
-        def stoker_stream(shards: str | list[str],
-                          client: str = "fsspec") -> Callable[[], Iterable[Any]]:
+        def stoker_stream(shards: str | list[str], client: str = "auto",
+                          how: str = transform) -> Callable[[], Iterable[Any]]:
             def make() -> Iterable[Any]:
                 source = open_source(shard_urls[0], storage_options=options, fetch="shard",
                                      cache_dir=cold_cache(), cache_bytes=1 << 34, client=client)
-                stream = TarShardStream(shards, source=source, transform=transform,
+                stream = TarShardStream(shards, source=source, transform=TRANSFORMS[how],
                                         shuffle_buffer=1000)
                 return stoker.DataLoader(stream, batch_size=args.batch, num_workers=args.workers)
             return make
 
-        measured("stoker_stream", stoker_stream("s3://bench/packed/index.json"))
-        measured("stoker_stream_unindexed", stoker_stream(shard_urls))
-        if not args.decode and not args.no_peers:
-            web = webdataset_http(s3.endpoint_url, [u.rsplit("/", 1)[1] for u in shard_urls],
-                                  args)
-            if web is not None:
-                measured("webdataset_http", lambda: web)
-            for name, make in peers:
-                try:
-                    measured(name, make)
-                except Exception as exc:  # a peer failing is a result: record it, go on
-                    results.append({"loader": name, "error": f"{type(exc).__name__}: {exc}"})
-        # After the peers: once obstore's runtime started here, a peer's forked workers
-        # that use obstore (litdata does) hang (NOTE [ The obstore client ]).
-        if "obstore" in CLIENTS:
-            measured("stoker_packed_shards_obstore", stoker_shards("shard", "obstore"))
-            measured("stoker_stream_obstore", stoker_stream("s3://bench/packed/index.json",
-                                                            "obstore"))
+        measured("stoker_stream", stoker_stream("s3://bench/packed/index.json"), shards)
+        measured("stoker_stream_unindexed", stoker_stream(shard_urls), shards)
+        if args.decode == "pil":  # the fast image path's column, in the same run
+            measured("stoker_stream_fast_decode", stoker_stream(
+                "s3://bench/packed/index.json", how="fast"), shards, how="fast")
+        # stoker's s3fs client (client="fsspec"; the default, "auto", is obstore here when
+        # installed: NOTE [ The client by default ]).
+        measured("stoker_packed_shards_s3fs", stoker_shards("shard", "fsspec"), shards)
+        measured("stoker_stream_s3fs", stoker_stream("s3://bench/packed/index.json", "fsspec"),
+                 shards)
         network = network_bound(shard_urls, options, args.samples, server_cpu)
-        results.append(network)
+        results.append(network | {"shards": shards, "shard_bytes": shard_bytes})
+        if args.bandwidth_mbps:
+            results.append(network_cap(args.bandwidth_mbps, shard_bytes, args.samples))
         if args.decode:
-            decode = decode_bound(tmp / "files", names, args.workers)
+            decode = decode_bound(folder, names, args.workers, transform)
             results += [decode, shared_cpu_bound(decode, network, args.samples)]
+            if args.decode == "pil":
+                results.append(decode_bound(folder, names, args.workers, "fast",
+                                            "decode_bound_fast"))
     return results
 
 

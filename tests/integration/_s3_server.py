@@ -2,9 +2,15 @@
 small fault-injecting HTTP proxy, both on localhost threads of the calling process.
 
 Clients talk to the proxy (``endpoint_url``); the proxy forwards each request to moto and can
-add latency to every request and fail chosen requests: a 5xx reply, a connection reset before
+add latency to every request, cap the bandwidth of all replies' bodies together
+(``Faults.bandwidth_bps``), and fail chosen requests: a 5xx reply, a connection reset before
 any reply, or a body cut short (the full ``Content-Length`` announced, part of it sent, the
 connection closed). It counts requests, so tests can say how many GETs a read took.
+
+Bodies stream: the proxy reads moto's reply ``CHUNK_BYTES`` at a time and writes each chunk
+once the cap allows, so a client gets the first bytes of a large object early, as from a real
+store, and a client that stops reading holds the proxy back (it reads a body of known length
+no faster than it writes it).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 Fault = Literal["status", "reset", "truncate"]
+CHUNK_BYTES = 64 * 1024  # what the proxy reads from moto and writes to a client at a time
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "upgrade",
                "proxy-connection", "trailer"}
 
@@ -37,15 +44,22 @@ class _Rule:
 
 @dataclass
 class Faults:
-    """What the proxy does to requests; safe to change from any thread while it serves."""
+    """What the proxy does to requests; safe to change from any thread while it serves.
+
+    ``bandwidth_bps``: bytes per second that all replies' bodies together may take (0: no
+    cap), a token bucket that holds one chunk (``CHUNK_BYTES``): after a pause one chunk goes
+    at once, then each waits for its share. ``body_bytes`` counts the body bytes written."""
 
     latency_s: float = 0.0
+    bandwidth_bps: float = 0.0
     rules: list[_Rule] = field(default_factory=list)
     gets: int = 0
     heads: int = 0  # size requests: part of a cold start's cost
     injected: int = 0
+    body_bytes: int = 0
     gets_by_path: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    _cap_free_at: float = 0.0  # when the bucket has the tokens of the chunks granted so far
 
     def fail(self, kind: Fault, match: str = "", times: int = 1, status: int = 503) -> None:
         """The next ``times`` GETs whose path contains ``match`` fail this way (-1: all)."""
@@ -71,6 +85,22 @@ class Faults:
                     self.injected += 1
                     return rule
         return None
+
+    def _send(self, nbytes: int) -> None:
+        """Wait until the cap lets ``nbytes`` more go (at once without a cap), count them."""
+        rate = self.bandwidth_bps
+        with self.lock:
+            self.body_bytes += nbytes
+            if rate <= 0:
+                return
+            now = time.monotonic()
+            # A virtual clock: a chunk's tokens are there at _cap_free_at; the bucket holds
+            # one chunk's worth, so an idle cap does not save up for a burst.
+            start = max(self._cap_free_at, now - CHUNK_BYTES / rate)
+            self._cap_free_at = start + nbytes / rate
+            wait = self._cap_free_at - now
+        if wait > 0:
+            time.sleep(wait)  # the link's pace (what the cap simulates)
 
 
 class _Proxy(BaseHTTPRequestHandler):
@@ -115,22 +145,50 @@ class _Proxy(BaseHTTPRequestHandler):
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
         self.upstream.request(self.command, self.path, body=body or None, headers=headers)
         reply = self.upstream.getresponse()
-        data = reply.read()
+        if self.command == "HEAD":
+            reply.read()
+            length, first = int(reply.getheader("Content-Length") or 0), b""
+        elif reply.length is None:  # chunked, or delimited by the close: read it whole
+            first = reply.read()
+            length = len(first)
+        else:
+            length, first = reply.length, b""
         self.send_response(reply.status, reply.reason)
         for key, value in reply.getheaders():
             if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
                 self.send_header(key, value)
-        length = reply.getheader("Content-Length") if self.command == "HEAD" else len(data)
-        self.send_header("Content-Length", str(length or 0))
+        self.send_header("Content-Length", str(length))
         self.end_headers()
-        if rule is not None and rule.kind == "truncate" and len(data) > 1:
-            self.wfile.write(data[: len(data) // 2])
+        if self.command == "HEAD":
+            return
+        truncate = rule is not None and rule.kind == "truncate" and length > 1
+        try:
+            self._stream(reply, first, length // 2 if truncate else length)
+        except (OSError, http.client.HTTPException):  # the client or moto went away mid-body
+            self.close_connection = True
+            self.upstream.close()  # a reply read in part cannot be followed by another
+            return
+        if truncate:
             self.wfile.flush()
             self.close_connection = True
+            self.upstream.close()
             self.connection.shutdown(socket.SHUT_RDWR)
-            return
-        if self.command != "HEAD":
-            self.wfile.write(data)
+
+    def _stream(self, reply: http.client.HTTPResponse, first: bytes, length: int) -> None:
+        """Write ``length`` bytes of the body (``first``, then the rest of ``reply``) a chunk
+        at a time, each when the bandwidth cap allows."""
+        faults, sent, held = self.server.faults, 0, memoryview(first)
+        while sent < length:
+            if sent < len(held):
+                chunk: bytes | memoryview = held[sent : sent + CHUNK_BYTES]
+            else:
+                chunk = reply.read(CHUNK_BYTES)
+                if not chunk:
+                    raise ConnectionError(f"moto's reply ended after {sent} of {length} bytes")
+            chunk = chunk[: length - sent]
+            faults._send(len(chunk))
+            self.wfile.write(chunk)
+            sent += len(chunk)
 
     do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle
 
@@ -166,6 +224,20 @@ def _fake_credentials() -> None:
         os.environ.setdefault(key, value)
 
 
+def _upload_dir(client: Any, local_dir: str, bucket: str, prefix: str) -> None:
+    """Every file under ``local_dir`` to ``bucket`` (made if missing) under ``prefix``."""
+    try:
+        client.create_bucket(Bucket=bucket)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    for root, _, files in os.walk(local_dir):
+        for name in files:
+            path = os.path.join(root, name)
+            key = os.path.join(prefix, os.path.relpath(path, local_dir)).lstrip("/")
+            client.upload_file(path, bucket, key)
+    client.close()
+
+
 class S3Server:
     """moto + the proxy. ``with S3Server() as s3: s3.storage_options`` for fsspec/s3fs."""
 
@@ -189,6 +261,7 @@ class S3Server:
     @property
     def endpoint_url(self) -> str:
         host, port = self._proxy.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server's
         return f"http://{host}:{port}"
 
     @property
@@ -203,17 +276,7 @@ class S3Server:
         return boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
 
     def upload_dir(self, local_dir: str, bucket: str, prefix: str = "") -> None:
-        client = self.client()
-        try:
-            client.create_bucket(Bucket=bucket)
-        except client.exceptions.BucketAlreadyOwnedByYou:
-            pass
-        for root, _, files in os.walk(local_dir):
-            for name in files:
-                path = os.path.join(root, name)
-                key = os.path.join(prefix, os.path.relpath(path, local_dir)).lstrip("/")
-                client.upload_file(path, bucket, key)
-        client.close()
+        _upload_dir(self.client(), local_dir, bucket, prefix)
 
     def stop(self) -> None:
         self._proxy.shutdown()
@@ -230,7 +293,8 @@ class S3Server:
 
 
 class _FaultsOverPipe:
-    """``Faults``' latency and counters, for a server in another process."""
+    """``Faults``' latency, bandwidth cap and counters, for a server in another process
+    (``s3.faults.bandwidth_bps = 100e6`` sets the child's cap)."""
 
     def __init__(self, ask: Any) -> None:
         object.__setattr__(self, "_ask", ask)
@@ -259,7 +323,8 @@ def _serve_stdio() -> None:
 class S3ServerProcess:
     """``S3Server`` in a process of its own, for benchmarks: a real store does not share the
     loader's interpreter, and in-process moto and proxy threads would hold the GIL of the
-    process that receives batches. ``faults`` offers ``latency_s`` and the counters."""
+    process that receives batches. ``faults`` offers ``latency_s``, ``bandwidth_bps`` and the
+    counters."""
 
     def __init__(self) -> None:
         _fake_credentials()
@@ -295,7 +360,8 @@ class S3ServerProcess:
         host, port = self._moto
         return boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
 
-    upload_dir = S3Server.upload_dir
+    def upload_dir(self, local_dir: str, bucket: str, prefix: str = "") -> None:
+        _upload_dir(self.client(), local_dir, bucket, prefix)
 
     @property
     def pids(self) -> tuple[int, ...]:

@@ -72,11 +72,11 @@ def test_remote_shards_benchmark_reads_every_sample_with_each_loader() -> None:
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     records = {r["loader"]: r for r in map(json.loads, proc.stdout.splitlines())}
     streams = ("stoker_stream", "stoker_stream_unindexed")
-    obstore = ("stoker_packed_shards_obstore", "stoker_stream_obstore")  # its opt-in client
+    s3fs = ("stoker_packed_shards_s3fs", "stoker_stream_s3fs")  # the default's other client
     assert set(records) == {"torch_per_file", "stoker_packed_shards", "stoker_packed_ranges",
-                            *streams, *obstore, "network_bound"}
+                            *streams, *s3fs, "network_bound"}
     assert records["torch_per_file"]["samples"] == 40
-    for name in ("stoker_packed_shards", "stoker_packed_ranges", *streams, *obstore):
+    for name in ("stoker_packed_shards", "stoker_packed_ranges", *streams, *s3fs):
         record = records[name]
         assert record["samples"] == 200 and record["gets"] > 0, record
         assert 0 < record["time_to_first_batch_s"] < record["epoch_s"], record
@@ -85,4 +85,4 @@ def test_remote_shards_benchmark_reads_every_sample_with_each_loader() -> None:
     assert records["stoker_packed_shards"]["gets"] == 2 + 4  # manifest, indexes, shards
     assert records["stoker_stream"]["gets"] == 2 + 4  # manifest, indexes, shards
     assert records["stoker_stream_unindexed"]["gets"] == 4
-    assert records["stoker_packed_shards_obstore"]["gets"] == 2 + 4
+    assert records["stoker_packed_shards_s3fs"]["gets"] == 2 + 4
