@@ -11,8 +11,9 @@ Shuffle quality (what the order is, exactly):
 
 * the shard order is a permutation drawn from (seed, epoch), the same on every rank;
 * shards go round-robin to the ``world_size x num_workers`` readers (``shard_list``); each
-  reader reads its shards whole, in that order, one after the other (a pack's shard that the
-  source caches by pieces front to back as its pieces arrive: NOTE [ A stream of pieces ]);
+  reader reads its shards whole, in that order, one after the other (a pack's shard that a
+  remote source downloads into its cache front to back as it arrives: NOTE [ A stream of
+  pieces ]);
 * each reader passes its samples through a buffer of ``shuffle_buffer`` samples and yields a
   uniformly random one of the buffer each time a new sample comes in. A sample therefore comes
   out no earlier than ``shuffle_buffer`` positions before where it went in, and samples of one
@@ -152,14 +153,15 @@ class TarShardStream(IterableDataset[Any]):
         return paths
 
     def _pieces(self, path: str) -> list[str] | None:
-        """The pieces a shard of the pack is cached in, when the source caches it by pieces
-        (NOTE [ A stream of pieces ]); None: it is read whole."""
+        """What a shard of the pack is cached as (its pieces, or itself) when the source
+        fetches it into a cache to serve reads by range: it is read sample by sample as it
+        arrives (NOTE [ A stream of pieces ]); None: it is read whole."""
         table = self._tables.get(path)
         pieces_of = extra(self.source, ByteSourceExtras.pieces_of)
-        if table is None or pieces_of is None or not len(table.offsets):
+        if table is None or pieces_of is None or not len(table.offsets) or not extra_value(
+                self.source, ByteSourceExtras.fetches_whole, False):
             return None
-        pieces = pieces_of(path, 0, _data_end(table))
-        return pieces if len(pieces) > 1 else None
+        return pieces_of(path, 0, _data_end(table))
 
     def _samples(self, path: str) -> Iterator[dict[str, Any]]:
         """The shard's samples, once the whole of it is checked against its index (a shard
@@ -194,10 +196,11 @@ class TarShardStream(IterableDataset[Any]):
                 return
 
     # NOTE [ A stream of pieces ]
-    # A shard of a pack that the source caches by pieces (NOTE [ Pieces of large objects ] in
-    # storage/remote.py: shards over 2 MiB from object storage) is read sample by sample as its
-    # pieces arrive, not once the whole of it is here: with 64 MB shards at 100 MB/s each
-    # worker's first batch waited ~0.64 s per shard it had to hold whole. Its size is checked
+    # A shard of a pack that the source downloads into its cache (shard mode; whole, or by
+    # pieces: NOTE [ Pieces of large objects ] in storage/remote.py) is read sample by sample
+    # as its bytes arrive (NOTE [ Reading a shard while it arrives ] in storage/cache.py), not
+    # once the whole of it is here: with 64 MB shards at 100 MB/s each worker's first batch
+    # waited ~0.64 s per shard it had to hold whole. Its size is checked
     # against its index from the manifest before its first sample, and each sample's members'
     # CRC-32s before the sample is yielded, so a shard changed since packing raises at its
     # first changed sample, after the samples before it (each as its index says; a stale
@@ -294,7 +297,8 @@ class TarShardStream(IterableDataset[Any]):
         # holds shuffle_buffer. Shards ending at or before `samples` are read whole.
         read = min(self.shuffle_initial + 2 * samples, samples + self.shuffle_buffer)
         done = bisect.bisect_right(ends, samples)
-        if done < len(mine) and self._pieces(mine[done]) is not None:
+        pieces = self._pieces(mine[done]) if done < len(mine) else None
+        if pieces is not None and len(pieces) > 1:
             fetch(self._pieces_to_fetch(mine, ends, done, read))
             return
         reading = bisect.bisect_left(ends, read)

@@ -80,6 +80,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -114,6 +115,7 @@ _FETCH_FOR_OTHERS_THREADS = 8  # NOTE [ The main process fetches for its workers
 _MAX_CLAIMS = 256  # NOTE [ Claims held at once ]
 _PIN_SHARE = 64  # beyond its lookahead, a process pins at most this fraction of the budget
 _MAX_PINS = 256  # and keeps at most this many cached files open
+_ARRIVAL_START_S = 0.001  # a reader's wait for a download it scheduled to take its lock
 
 
 def _close_left_open(pid: int, pins: dict[str, tuple[int, int]], claims: dict[str, int]) -> None:
@@ -182,8 +184,26 @@ class Prefetcher:
         if self._pid != os.getpid():
             self.forget_after_fork()
         data = self._pread_pinned(path, offset, length)
-        if data is not None or not self._pin_cached(path):
+        if data is not None:
             return data
+        size = self.source.known_size(path)
+        cache = self.source.cache
+        if length is not None and size is not None and cache is not None \
+                and self.source.fetch == "shard" and offset + length <= size:
+            # Another's download in flight: its bytes as they arrive (NOTE [ Reading a shard
+            # while it arrives ] in cache.py); None when there is none. One this process has
+            # scheduled may not have started yet: its thread is about to take the lock.
+            while True:
+                data = cache.read_arriving(path, size, offset, length)
+                if data is not None:
+                    return data
+                with self._lock:
+                    pending = path in self._scheduled and path not in self._unclaimed
+                if not pending:
+                    break
+                time.sleep(_ARRIVAL_START_S)
+        if not self._pin_cached(path):
+            return None
         return self._pread_pinned(path, offset, length)
 
     def cached_file(self, path: str) -> str | None:

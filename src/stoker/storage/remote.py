@@ -18,16 +18,25 @@ The filesystem and its loop thread are opened and closed by ``stoker.storage.fss
 also when a source is collected without ``close()`` (NOTE [ A source dropped without close ]).
 
 NOTE [ Pieces of large objects ]
-In ``"shard"`` mode a sample read by range waited for its whole object: under a global shuffle
-of 64 MB shards the first batch (32 samples, ~18 of 20 shards) waited for most of the dataset,
-4.2 s at 100 MB/s. So an object larger than ``2 x piece_bytes`` (1 MiB by default) is cached by
-pieces: piece ``k`` holds bytes ``[k x piece_bytes, (k+1) x piece_bytes)``, fetched by one
-ranged GET and cached under its own name (the object's URL, ``PIECE_MARK``, ``k``; tagged with
-the object's content like the object). A range read takes the one or two pieces holding it;
-``pieces_of`` names them, so a reader hands the pieces a batch needs to ``fetch_for_workers``
-or ``prefetch`` as it would hand shards: the first batch waits for ~32 MB, not the dataset, and
-every byte is still downloaded once an epoch. Whole reads (``read``, ``fetch_local``: a stream's
-shards) keep whole objects. ``piece_bytes=None`` caches every object whole.
+In ``"shard"`` mode a sample read by range waits for its object's bytes to arrive (NOTE
+[ Reading a shard while it arrives ] in ``cache.py``): under a global shuffle of 64 MB shards
+the first batch (32 samples, ~18 of 20 shards) touches most of the dataset. With
+``piece_bytes`` given, an object larger than twice it is cached by pieces instead: piece ``k``
+holds bytes ``[k x piece_bytes, (k+1) x piece_bytes)``, fetched by one ranged GET and cached
+under its own name (the object's URL, ``PIECE_MARK``, ``k``; tagged with the object's content
+like the object). A range read takes the one or two pieces holding it; ``pieces_of`` names
+them, so a reader hands the pieces a batch needs to ``fetch_for_workers`` or ``prefetch`` as it
+would hand shards: the first batch waits for ~32 pieces, and every byte is still downloaded
+once an epoch. Whole reads (``read``, ``fetch_local``) keep whole objects.
+Off by default (``piece_bytes=None``): it multiplies the GETs (64 for a 64 MB shard at 1 MiB),
+which costs a server that reads a whole object to answer a range as much as whole GETs.
+Measured on the S3 server of the tests and benchmarks (moto): a 65 KB range of a 64 MB object
+took 48-53 ms of the server's CPU, as much as a quarter of sending the whole object, and an
+epoch of 20,000 samples in 64 MB shards by 1 MiB pieces reached 432 samples/s where whole
+shards reach the network's 1,480 (``benchmarks/remote_shards.py --image-size 500x375
+--shard-mb 64 --bandwidth-mbps 100``). Object stores that serve a range at its own cost (S3,
+GCS, MinIO) do not pay that: give ``piece_bytes`` (e.g. ``8 << 20``, the part size AWS
+advises for ranged GETs) for a fast first batch under a global shuffle of large shards.
 """
 
 from __future__ import annotations
@@ -50,8 +59,11 @@ _BACKENDS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs")
              "gcs": ("gcsfs", "gcs"), "http": ("aiohttp", "remote"),
              "https": ("aiohttp", "remote")}
 _LIST_AT_LEAST = 4  # objects of unknown size worth a directory listing
-_READ_WHOLE_MAX = 16 << 20  # get_into reads objects up to this size at once
-_PIECE_BYTES = 1 << 20  # NOTE [ Pieces of large objects ]
+# get_into reads objects up to this size at once (less CPU than streaming them); larger ones
+# stream to disk, so readers have their first bytes early (NOTE [ Reading a shard while it
+# arrives ] in cache.py: 2 MiB arrive in ~20 ms at 100 MB/s).
+_READ_WHOLE_MAX = 2 << 20
+_PIECE_BYTES = None  # NOTE [ Pieces of large objects ]: off unless asked for
 _INHERITED: list[object] = []  # NOTE [ Remote handles after fork ]: never closed in a child
 _LOCKS_LOCK = threading.Lock()  # guards replacing a source's inherited lock; new in a child
 
@@ -111,7 +123,7 @@ class RemoteSource:
     its workers ]); False leaves each worker to download its own (a training loop that keeps
     the main process's GIL busy in Python would slow those downloads). ``piece_bytes``: in
     ``"shard"`` mode, an object over twice this size is cached by pieces of this size for
-    reads by range (NOTE [ Pieces of large objects ]); None: whole objects only.
+    reads by range (NOTE [ Pieces of large objects ]); None (the default): whole objects.
     ``client="obstore"`` (``s3://`` only) makes the requests with obstore where it can, from
     the same ``storage_options`` (NOTE [ The obstore client ] in
     ``stoker.storage.obstore_files``); ``"fsspec"`` with fsspec (s3fs for ``s3://``);
@@ -337,6 +349,12 @@ class RemoteSource:
                 return data
         return self.get_range(path, offset, length)
 
+    @property
+    def fetches_whole(self) -> bool:
+        """Whether a read by range of an uncached object fetches it (or its pieces) into the
+        cache first: ``"shard"`` mode."""
+        return self.fetch == "shard" and self.cache is not None
+
     # ------------------------------------------------------------------ pieces
     def _pieced(self, path: str) -> int | None:
         """The object's size when it is cached by pieces, else None (NOTE [ Pieces of large
@@ -452,7 +470,9 @@ class RemoteSource:
                     raise _changed(len(data) if len(data) < size else f"over {size}", size)
                 with open(file, "wb") as f:
                     return f.write(data)
-            handle.fs.get_file(path, file)  # a body cut short raises (its Content-Length)
+            # A body cut short raises (its Content-Length). Front to back: readers read what
+            # has arrived (NOTE [ Reading a shard while it arrives ] in cache.py).
+            handle.fs.get_file(path, file, **_front_to_back(handle.fs))
             got = os.path.getsize(file)
             if size is not None and got != size:  # a whole other object: not retried
                 raise _changed(got, size)
@@ -509,6 +529,27 @@ class RemoteSource:
     def prefetch(self, paths: list[str]) -> None:
         """Fetch these whole objects into the cache in the background, in this order."""
         self._prefetcher.schedule(paths)
+
+
+_FRONT_TO_BACK: dict[type, dict[str, Any]] = {}  # per filesystem class
+
+
+def _front_to_back(fs: Any) -> dict[str, Any]:
+    """``get_file``'s arguments that make it write the file front to back: s3fs downloads an
+    object over 50 MB in parts at once, each written at its offset, which would leave holes
+    under a file's size (NOTE [ Reading a shard while it arrives ] in ``cache.py``)."""
+    kind = type(fs)
+    found = _FRONT_TO_BACK.get(kind)
+    if found is None:
+        import inspect
+
+        try:
+            parameters = inspect.signature(getattr(fs, "_get_file", fs.get_file)).parameters
+        except (TypeError, ValueError):
+            parameters = {}  # type: ignore[assignment]
+        found = _FRONT_TO_BACK[kind] = (
+            {"max_concurrency": 1} if "max_concurrency" in parameters else {})
+    return found
 
 
 def _changed(got: int | str, expected: int) -> ValueError:

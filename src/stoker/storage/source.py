@@ -119,6 +119,14 @@ class ByteSourceExtras(Protocol):
         ...
 
     @property
+    def fetches_whole(self) -> bool:
+        """Whether a read by range of an object not cached fetches it whole (or its pieces)
+        into the cache first (``"shard"`` mode), where a reader that reads a shard's samples
+        by range gets them as the download brings them (NOTE [ Reading a shard while it
+        arrives ] in ``cache.py``) instead of a GET each."""
+        ...
+
+    @property
     def lookahead_shards(self) -> int:
         """How many objects past the one being read are fetched ahead (readers: 0 without)."""
         ...
