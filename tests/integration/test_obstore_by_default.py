@@ -125,6 +125,9 @@ def bare_env(monkeypatch, tmp_path):
     ("s3", KEYS, {}, "fsspec"),  # no region: botocore follows the bucket's redirect
     ("s3", KEYS, {"AWS_DEFAULT_REGION": "eu-west-1", "AWS_REGION": "us-east-2"}, "fsspec"),
     ("s3", KEYS | ENDPOINT | {"requester_pays": True}, {}, "fsspec"),  # s3fs's alone
+    ("s3", KEYS | ENDPOINT, {"AWS_CA_BUNDLE": "/etc/ssl/certs/ca.crt"}, "obstore"),  # http://
+    ("s3", KEYS | {"client_kwargs": {"endpoint_url": "https://s3.example"}},
+     {"AWS_CA_BUNDLE": "/etc/ssl/certs/ca.crt"}, "fsspec"),  # TLS: botocore's bundle
 ])
 def test_auto_picks_obstore_only_where_it_reads_what_s3fs_would(
         bare_env, protocol, options, env, want) -> None:

@@ -37,19 +37,6 @@ SHARDS, PER_SHARD, BATCH = 4, 16, 8
 N = SHARDS * PER_SHARD
 
 
-@pytest.fixture(scope="module", autouse=True)
-def obstore_runtime() -> None:
-    """obstore's runtime (its threads, epoll and event fds) starts on a process's first
-    request and lives as long as the process, like the stdlib's helper processes: started
-    here, before each test's leak check takes its baseline."""
-    import obstore
-    from obstore.store import MemoryStore
-
-    store = MemoryStore()
-    obstore.put(store, "warm", b"x")
-    assert bytes(obstore.get(store, "warm").bytes()) == b"x"
-
-
 @pytest.fixture
 def s3(tmp_path: Path):
     with records_on_server(tmp_path, SHARDS, PER_SHARD) as server:

@@ -118,8 +118,9 @@ def test_a_read_that_keeps_failing_names_the_object(s3, tmp_path) -> None:
 
 
 def test_a_missing_object_is_not_retried_and_says_so(s3, tmp_path) -> None:
+    # s3fs's message (obstore's: test_remote_obstore)
     source = open_source("s3://bucket/data/nope.bin", storage_options=s3.storage_options,
-                         retry=FAST_RETRY)
+                         retry=FAST_RETRY, client="fsspec")
     try:
         with pytest.raises(FileNotFoundError) as info:
             source.read_range("s3://bucket/data/nope.bin", 0, 10)
@@ -291,13 +292,13 @@ def test_a_forked_child_prefetches_with_threads_of_its_own(s3, tmp_path) -> None
 
 
 def test_s3_sources_dropped_without_close_stop_their_loop_threads(s3, tmp_path, caplog) -> None:
-    """NOTE [ A source dropped without close ]: collecting a source closes its S3 client on
+    """NOTE [ A source dropped without close ] (s3fs): collecting a source closes its S3 client on
     its own loop and stops the loop thread; nothing is logged (no session closed on another
     source's loop, no task destroyed pending)."""
     threads = []
     with caplog.at_level(logging.ERROR, logger="asyncio"):
         for _ in range(3):
-            source = _remote(s3, tmp_path, fetch="range").source
+            source = _remote(s3, tmp_path, fetch="range", client="fsspec").source
             assert source.read_range(s3.urls[0], 0, 8) == (0).to_bytes(8, "little")
             threads.append(source._handle.thread)  # type: ignore[attr-defined]
             del source
@@ -337,7 +338,7 @@ def _release_in_child(source: Any, conn: Any) -> None:
 
 
 def test_a_forked_child_dropping_its_copy_leaves_the_parents_loop_running(s3, tmp_path) -> None:
-    source: Any = _remote(s3, tmp_path, fetch="range").source
+    source: Any = _remote(s3, tmp_path, fetch="range", client="fsspec").source
     first = source.get_whole(s3.urls[0])
     assert _in_forked_child(_release_in_child, source) is True
     try:
@@ -367,7 +368,7 @@ def test_a_forked_child_creates_its_s3_client_from_the_parents_parsed_models(
 ) -> None:
     """NOTE [ S3 clients after fork ]: a worker's S3 client reuses the service models its
     parent parsed (no JSON file is read again), and reads the same bytes."""
-    source = _remote(s3, tmp_path, fetch="range").source
+    source = _remote(s3, tmp_path, fetch="range", client="fsspec").source
     first = source.get_whole(s3.urls[0])  # type: ignore[attr-defined]
     data, parsed = _in_forked_child(_read_in_child, source, s3.urls[1])
     source.close()  # type: ignore[attr-defined]

@@ -25,7 +25,8 @@ proxies, CA bundles, endpoint variables and follows a bucket's region redirects;
 does not (and reads ``AWS_*`` variables botocore ignores). So auto picks s3fs when credentials
 are neither in ``storage_options`` (key and secret, or anon) nor in ``AWS_ACCESS_KEY_ID`` and
 ``AWS_SECRET_ACCESS_KEY``; when any other ``AWS_*`` variable than those, ``AWS_SESSION_TOKEN``
-and the region's is set, or a proxy variable; when the region is given nowhere (botocore would
+and the region's is set (``AWS_CA_BUNDLE`` too, unless the endpoint is plain ``http://``), or a
+proxy variable; when the region is given nowhere (botocore would
 find the bucket's; obstore would sign for us-east-1), unless an endpoint is given and there is
 no ``~/.aws/config`` (both then sign for us-east-1). The batches are the same with either
 client: only the requests' CPU and the first batch's time differ (``docs/benchmarks.md``).
@@ -48,6 +49,7 @@ _STARTED_IN: list[int] = []
 # the fork (NOTE [ The obstore client ]); _SEEN_AT_FORK carries the parent's look to the child.
 _INHERITED_RUNTIME = False
 _SEEN_AT_FORK = False
+_STREAM_CHUNK = 256 << 10  # bytes a download writes at a time (~2.5 ms at 100 MB/s)
 _RUNTIME_THREAD = "tokio-rt"  # tokio's threads: "tokio-rt-worker" (comm: 15 characters)
 # AWS_* variables botocore and obstore read alike (the region's are checked to agree).
 _SAME_IN_BOTH = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
@@ -113,7 +115,11 @@ def auto_client(protocol: str, options: dict[str, Any]) -> str:
     except ValueError:  # an option only s3fs takes
         return "fsspec"
     env = os.environ
-    if any(k.startswith("AWS_") and k not in _SAME_IN_BOTH for k in env) or any(
+    # A CA bundle matters only to TLS: over plain http:// (a server of one's own) both
+    # clients read the same.
+    same = _SAME_IN_BOTH | ({"AWS_CA_BUNDLE"} if str(config.get("endpoint", "")).startswith(
+        "http://") else set())
+    if any(k.startswith("AWS_") and k not in same for k in env) or any(
             env.get(k) or env.get(k.lower()) for k in _PROXIES):
         return "fsspec"
     if not config.get("skip_signature"):
@@ -276,7 +282,9 @@ class ObstoreFiles:
             expected = result.meta["size"]
             got = 0
             with open(local, "wb") as f:
-                for chunk in result:
+                # Small chunks: readers read the file as it arrives (NOTE [ Reading a shard
+                # while it arrives ] in cache.py); iterating gives 10 MiB ones.
+                for chunk in result.stream(min_chunk_size=_STREAM_CHUNK):
                     got += f.write(chunk)
             if got != expected:
                 raise OSError(f"body cut short: {got} of {expected} bytes")
