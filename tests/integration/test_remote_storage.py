@@ -275,8 +275,10 @@ def _in_forked_child(target: Any, *args: Any) -> Any:
 
 def _prefetch_in_child(source: Any, url: str, conn: Any) -> None:
     source.prefetch([url])
-    source._prefetcher.close()  # waits for the download
+    # Its threads run the download (close() would cancel it if it had not started yet).
+    source._prefetcher._executor.shutdown(wait=True)
     conn.send(source.local_path(url) is not None)
+    source._prefetcher.close()
 
 
 def test_a_forked_child_prefetches_with_threads_of_its_own(s3, tmp_path) -> None:

@@ -168,7 +168,11 @@ class Prefetcher:
 
     def forget_after_fork(self) -> None:
         """In a forked child: close the inherited pins (the parent keeps its own locks), drop
-        the parent's threads without touching them (NOTE [ Remote handles after fork ])."""
+        the parent's threads without touching them (NOTE [ Remote handles after fork ]).
+        Once a process: a second call (the source opening its filesystem in the child after a
+        prefetch there started threads) would drop this process's own threads and claims."""
+        if self._pid == os.getpid():
+            return
         for fd, _ in self._pins.values():
             os.close(fd)
         self._reset()
@@ -462,9 +466,18 @@ class Prefetcher:
         cache = self.source.cache
         assert cache is not None
         try:
-            if cache.cached(path):
+            size = self.source.known_size(path)
+            if size is None:
+                if not cache.cached(path):
+                    self._fill(path)
                 return
-            self._fill(path)
+            # Never waits for another's download (its reader reads it as it arrives: NOTE
+            # [ Reading a shard while it arrives ] in cache.py): a thread blocked on that lock
+            # kept a worker from exiting until the download ended (1.3 s for a 64 MB shard).
+            claim = cache.claim(path)  # None: cached, or being downloaded
+            if claim is not None:
+                cache.fill_claimed(path, claim, size,
+                                   lambda file: self.source.get_into(path, file))
         except Exception:  # NOTE [ Shard prefetch order ]: the read that needs it reports
             pass
         finally:
