@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import stoker
 
 # Loaded on first use, never by ``import stoker``.
@@ -89,9 +91,24 @@ def test_formats_pack_is_the_function_whichever_is_imported_first() -> None:
 
 
 def test_accelerate_is_watched_without_loading_the_integration() -> None:
+    # obstore too: NOTE [ The obstore client ] (the fork hook loads when obstore does)
     out = _fresh("""
         import stoker
-        out = [type(f).__name__ for f in sys.meta_path if type(f).__module__.startswith("stoker")]
+        out = sorted(f.target for f in sys.meta_path
+                     if type(f).__module__.startswith("stoker"))
         out.append("stoker.integrations.accelerate" in sys.modules)
+        out.append("stoker.storage.obstore_files" in sys.modules)
     """)
-    assert out == ["_Watch", False]
+    assert out == ["accelerate.data_loader", "obstore", False, False]
+
+
+def test_importing_obstore_after_stoker_registers_the_fork_hook() -> None:
+    """NOTE [ The obstore client ]: whoever imports obstore, the hook that tells forked
+    workers whether its runtime ran in their parent is registered before any fork."""
+    pytest.importorskip("obstore", reason="obstore is an optional extra")
+    out = _fresh("""
+        import stoker
+        import obstore
+        out = ["stoker.storage.obstore_files" in sys.modules]
+    """)
+    assert out == [True]
