@@ -266,8 +266,11 @@ class TarShards(Dataset[Any]):
         pieces of large ones (NOTE [ Pieces of large objects ] in ``storage/remote.py``). A
         shard whose index is not read here yet is left to the reader of its sample."""
         pieces_of = extra(self.source, ByteSourceExtras.pieces_of)
-        if pieces_of is None:
-            return [self.shards[s].path for s in shard_ids]
+        paths = [self.shards[s].path for s in shard_ids]
+        if pieces_of is None or all(
+                len(pieces_of(shard.path, 0, shard.size_bytes)) == 1
+                for shard in (self.shards[s] for s in shard_ids)):
+            return paths  # whole shards (the default): no sample's span is needed
         names: dict[str, None] = {}
         for i in indices:
             s, j = self._position(i)

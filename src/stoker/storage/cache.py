@@ -111,21 +111,6 @@ _PARTIAL = ".partial"
 _ARRIVAL_POLL_S = (0.001, 0.01)
 
 
-def _held_by_another(lock: str) -> bool:
-    """Whether a download holds the object's lock (taken and given back at once if not)."""
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # and with it the shared lock, if it was taken
-    return False
-
-
 # Between an object's URL and a piece's number in the name a piece is cached under (NOTE
 # [ Pieces of large objects ] in ``remote.py``): a NUL, which no object key holds.
 PIECE_MARK = "\0piece:"
@@ -217,7 +202,7 @@ class ShardCache:
                         return None
                 elif os.path.exists(final):  # complete: the caller pins it
                     return None
-                if not _held_by_another(lock):  # nobody downloads it
+                if unheld(lock):  # nobody downloads it
                     return None
             finally:
                 if fd >= 0:
