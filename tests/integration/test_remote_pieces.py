@@ -222,13 +222,15 @@ class Megabytes(Dataset):
         return {"cls": i, "bin": bytes([i]) * (1 << 20)}
 
 
-@pytest.mark.parametrize("reader", ["TarShards", "TarShardStream"])
+@pytest.mark.parametrize("reader", ["TarShards", "TarShardStream", "bare TarShardStream"])
 def test_a_sample_is_read_while_its_shard_is_still_arriving(tmp_path, reader) -> None:
     """NOTE [ Reading a shard while it arrives ] (storage/cache.py): with the server capped at
     1 MB/s the 8 MiB shard (over 2 MiB: streamed to disk, not read whole first) takes ~8 s to
     arrive; its first sample is read from the download in flight (the main process's claim
     for TarShards, the stream's own prefetch thread), long before the shard is cached whole.
-    Then the cap goes and the rest is read: one GET."""
+    Then the cap goes and the rest is read: one GET. A stream over the bare shard (no pack's
+    index) parses its tar headers as they arrive (NOTE [ A bare shard read as it arrives ] in
+    formats/tar_arriving.py)."""
     from stoker.formats import TarShardStream
 
     out = tmp_path / "packed"
@@ -246,7 +248,8 @@ def test_a_sample_is_read_while_its_shard_is_still_arriving(tmp_path, reader) ->
                 dataset.stoker_fetch_for_batch([0])  # the main process's download
                 first = dataset[0]
             else:
-                stream = TarShardStream(url, source=source, shuffle_buffer=0)
+                shards = url if reader == "TarShardStream" else "s3://bucket/p/shard-000000.tar"
+                stream = TarShardStream(shards, source=source, shuffle_buffer=0)
                 shard = stream.shards[0]
                 s3.faults.bandwidth_bps = 1e6
                 samples = iter(stream)

@@ -528,15 +528,20 @@ def test_the_main_process_downloads_the_shards_its_workers_wait_for(
         assert not any(c for _, c in got)  # no worker opened a client
 
 
+@pytest.mark.parametrize("large", [False, True])
 def test_the_main_process_downloads_the_shards_of_a_stream_ahead_of_its_workers(
-    s3, tmp_path
+    s3, tmp_path, monkeypatch, large
 ) -> None:
     """NOTE [ The main process fetches for its workers ], iterable: a stream over a remote
     pack through 2 workers, each told how many samples were asked of it; the main process
     keeps ahead of where each worker can have read (its buffer's policy), so no worker makes
-    an S3 client, each shard is downloaded once, and the stream is the local one's."""
-    from stoker.formats import TarShards, TarShardStream, pack
+    an S3 client, each shard is downloaded once, and the stream is the local one's. With
+    shards read as they arrive and large enough to need none fetched ahead (NOTE [ A stream
+    of pieces ]), the workers fetch none ahead either: they made their own clients for that."""
+    from stoker.formats import TarShards, TarShardStream, pack, tar_stream
 
+    if large:  # the forked workers see it too
+        monkeypatch.setattr(tar_stream, "_LARGE_SHARD", 1)
     packed = tmp_path / "packed"
     pack(Numbers(), str(packed), samples_per_shard=4, workers=1, progress=False)
     s3.upload_dir(str(packed), "bucket", "tars")

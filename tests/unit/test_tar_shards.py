@@ -143,6 +143,28 @@ def _no_end(shard: Path, offset: int, size: int) -> str:
     )
 
 
+def test_scan_samples_gives_each_sample_before_the_damage_after_it(shards: list[Path]) -> None:
+    """NOTE [ A bare shard read as it arrives ] (formats/tar_arriving.py): parsed through a
+    file, each sample comes with its members' places once the header after it is read; on a
+    header with a wrong checksum the samples before it have come, then the whole scan's error."""
+    from stoker.formats._common import ViewFile
+    from stoker.formats.tar_index import scan_samples
+
+    raw = bytearray(shards[2].read_bytes())
+    table = TarShards(str(shards[2])).table(0)
+    got = list(scan_samples(ViewFile(memoryview(bytes(raw))), len(raw), str(shards[2])))
+    assert [key for key, _ in got] == [k for k, _ in SAMPLES[5:]]
+    for (_key, members), (_, fields) in zip(got, SAMPLES[5:], strict=True):
+        assert {m.field: bytes(raw[m.offset : m.offset + m.length]) for m in members} == fields
+    header = int(table.offsets[table.starts[3]]) - 512  # sample 3's first member
+    raw[header + 148 : header + 156] = b"9999999\0"
+    samples = scan_samples(ViewFile(memoryview(bytes(raw))), len(raw), str(shards[2]))
+    assert [next(samples)[0] for _ in range(2)] == ["dir/s005", "dir/s006"]
+    with pytest.raises(ShardError) as info:
+        next(samples)  # sample 2 is given once the header after it is read: it is not
+    assert str(info.value) == _no_end(shards[2], header, len(raw))
+
+
 class RangeOnly(LocalSource):
     """Local files reached only by read/read_range, as an object store's are."""
 

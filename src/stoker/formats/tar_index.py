@@ -281,51 +281,72 @@ def shard_bytes(source: ByteSource, path: str) -> Iterator[memoryview]:
 
 def scan_bytes(view: memoryview, path: str, meta: dict[str, Any] | None = None) -> ShardTable:
     """Index a whole shard held in memory (``path`` only names it in errors)."""
-    return _scan(ViewFile(view), view, path, meta)
-
-
-def _scan(
-    fileobj: Any, view: memoryview, path: str, meta: dict[str, Any] | None
-) -> ShardTable:
-    size = len(view)
     keys: list[str] = []
     starts: list[int] = []
     fields: list[str] = []
     offsets: list[int] = []
     sizes: list[int] = []
     crcs: list[int] = []
+    for key, members in scan_samples(ViewFile(view), len(view), path):
+        keys.append(key)
+        starts.append(len(fields))
+        for ext, offset, length in members:
+            fields.append(ext)
+            offsets.append(offset)
+            sizes.append(length)
+            crcs.append(crc32(view[offset : offset + length]))
+    starts.append(len(fields))
+    return ShardTable(
+        len(view), np.array(keys, dtype=str), np.array(starts, dtype=np.int64),
+        np.array(fields, dtype=str), np.array(offsets, dtype=np.int64),
+        np.array(sizes, dtype=np.int64), np.array(crcs, dtype=np.uint32), dict(meta or {}),
+    )
+
+
+def scan_samples(fileobj: Any, size: int, path: str) -> Iterator[tuple[str, list[Member]]]:
+    """The samples of a tar shard of ``size`` bytes read through ``fileobj`` (seekable), in
+    order, by WebDataset's rules: each sample's key and its members (field, offset of the
+    data, length), given once the header after its last member (or the end-of-archive
+    marker) has been read. A shard read as it arrives has a sample's bytes by then (NOTE
+    [ A bare shard read as it arrives ] in ``tar_stream.py``). A damaged shard raises where
+    the damage is, after the samples before it."""
+    keys: list[str] = []
+    members: list[Member] = []
     seen: set[str] = set()  # the current sample's fields, and the names its dict has
     fileobj.seek(0)
-    with _open_tar(fileobj, view, path) as tar:
+    with _open_tar(fileobj, path) as tar:
         for member, key, ext in _members(tar, path, keys):
             if not keys or keys[-1] != key:
+                if members:
+                    yield keys[-1], members
                 keys.append(key)
-                starts.append(len(fields))
-                seen = set(RESERVED)
+                members, seen = [], set(RESERVED)
             if ext in seen:
                 raise duplicate_field(path, len(keys) - 1, key, ext)
             seen.add(ext)
             end = member.offset_data + member.size
             if end > size:
                 raise ShardError(_truncated(path, len(keys) - 1, key, end, size))
-            fields.append(ext)
-            offsets.append(member.offset_data)
-            sizes.append(member.size)
-            crcs.append(crc32(view[member.offset_data : end]))
-        _check_end(view, tar.offset, path, keys)
-    starts.append(len(fields))
-    return ShardTable(
-        size, np.array(keys, dtype=str), np.array(starts, dtype=np.int64),
-        np.array(fields, dtype=str), np.array(offsets, dtype=np.int64),
-        np.array(sizes, dtype=np.int64), np.array(crcs, dtype=np.uint32), dict(meta or {}),
-    )
+            members.append(Member(ext, member.offset_data, member.size))
+        _check_end(fileobj, tar.offset, size, path, keys)
+    if members:
+        yield keys[-1], members
 
 
-def _open_tar(fileobj: Any, view: memoryview, path: str) -> tarfile.TarFile:
+class Member(NamedTuple):
+    """A sample's member in a tar shard: its field and where its data is."""
+
+    field: str
+    offset: int
+    length: int
+
+
+def _open_tar(fileobj: Any, path: str) -> tarfile.TarFile:
     try:
         return tarfile.open(fileobj=fileobj, mode="r:")
     except tarfile.TarError as exc:
-        raise not_a_tar(path, bytes(view[:6]), exc) from exc  # a copy: no export left behind
+        fileobj.seek(0)
+        raise not_a_tar(path, bytes(fileobj.read(6)), exc) from exc
 
 
 def _members(tar: tarfile.TarFile, path: str, keys: list[str]) -> Any:
@@ -357,14 +378,15 @@ def _after(keys: list[str]) -> str:
     return f"after sample {len(keys) - 1} (key {keys[-1]!r})" if keys else "at its start"
 
 
-def _check_end(view: memoryview, offset: int, path: str, keys: list[str]) -> None:
+def _check_end(fileobj: Any, offset: int, size: int, path: str, keys: list[str]) -> None:
     """tarfile ends quietly at a header cut short; the end-of-archive marker (two zero
     blocks every tar writer appends) tells a complete shard from one cut at a member."""
-    marker = bytes(view[offset : offset + 2 * tarfile.BLOCKSIZE])  # no export left behind
+    fileobj.seek(offset)
+    marker = bytes(fileobj.read(2 * tarfile.BLOCKSIZE))
     if len(marker) < 2 * tarfile.BLOCKSIZE or any(marker):
         raise ShardError(
             f"{path}: truncated or corrupted tar shard: neither a valid member header nor the "
-            f"end-of-archive marker at byte {offset}, {_after(keys)} (the file has {len(view)} "
+            f"end-of-archive marker at byte {offset}, {_after(keys)} (the file has {size} "
             "bytes); re-create it (stoker pack redoes an unfinished shard)"
         )
 

@@ -65,6 +65,11 @@ class ByteSourceExtras(Protocol):
         shard against its index with it instead of asking ``size``)."""
         ...
 
+    def learn_sizes(self, paths: list[str]) -> None:
+        """Ask the sizes of these objects at once (a listing of their directories), so that
+        ``known_size`` has them; best effort: one not learnt is asked alone when needed."""
+        ...
+
     def expect_sizes(self, sizes: dict[str, int]) -> None:
         """The objects' sizes as a dataset's manifest gives them, so none is asked one by one.
         A reader that finds this treats the source as remote (sizes from the manifest, the
