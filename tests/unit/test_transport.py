@@ -205,3 +205,24 @@ def test_the_bank_frees_what_exceeds_its_cap_and_what_comes_after_close():
     assert bank.nbytes == 0 and _slab_mappings() == 1
     segments.unmap_address(taken[0].address, taken[0].nbytes)
     assert _slab_mappings() == 0
+
+
+def test_a_batch_sent_torchs_way_is_freed_without_the_cyclic_collector() -> None:
+    """NOTE [ No cycle through the pickler ] (transport/torch_way.py): once ``dumps`` has
+    returned and the worker drops the batch, nothing holds it, its storage's shared memory
+    included; with the pickler in a cycle its memo kept both until the collector ran."""
+    import weakref
+
+    from stoker.transport import torch_way
+
+    batch = {"x": torch.ones(4, 256), "y": [torch.arange(3)]}
+    refs = [weakref.ref(batch["x"]), weakref.ref(batch["y"][0])]
+    gc.disable()
+    try:
+        payload, fds, nbytes = torch_way.dumps(batch)
+        torch_way.close(fds)
+        assert nbytes == 4 * 256 * 4 + 3 * 8 + len(payload)
+        del batch
+        assert [r() for r in refs] == [None, None]
+    finally:
+        gc.enable()

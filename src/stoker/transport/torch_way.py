@@ -16,6 +16,7 @@ Under the ``file_system`` sharing strategy torch's reduction runs unchanged (it 
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import threading
@@ -30,28 +31,49 @@ from torch.multiprocessing import reductions as torch_reductions
 _loading = threading.local()  # the fds of the payload being loaded on this thread
 
 
-class _Pickler(ForkingPickler):
-    """``ForkingPickler`` (torch's reductions) whose storages give their fds to ``fds``."""
+# NOTE [ No cycle through the pickler ]
+# A pickler's memo holds every object it pickled, the batch's storages included, until the
+# pickler goes. A pickler whose dispatch table held its own bound method was in a reference
+# cycle, so it went only when the cyclic collector ran: each worker kept the shared memory of
+# the batches it had sent mapped until then (measured: RssShmem of a worker swinging between
+# 90 and 307 MiB, 64 batches of 4.8 MB, on an epoch of Pillow-decoded 224x224 crops; torch's
+# workers hold none). The storage reduction is a partial over what the pickling gathers
+# (``_Sent``), which holds no reference back: the pickler, its memo and the batch go as soon
+# as ``dumps`` returns.
 
-    def __init__(self, file: io.BytesIO, fds: list[int]) -> None:
-        super().__init__(file)
+
+class _Sent:
+    """What one pickling gathers: the storages' fds to send, and their bytes."""
+
+    __slots__ = ("fds", "shared_bytes")
+
+    def __init__(self, fds: list[int]) -> None:
         self.fds = fds
         self.shared_bytes = 0  # the bytes of the storages it sends by fd or name
-        table = dict(self.dispatch_table)
-        table[torch.UntypedStorage] = self._reduce_storage
-        self.dispatch_table = table
 
-    def _reduce_storage(self, storage: torch.UntypedStorage) -> Any:
-        # torch's reduce_storage, but for its fd branch: the fd travels with the batch
-        self.shared_bytes += storage.nbytes()
-        if (storage.is_cuda or storage.device.type == "meta"
-                or get_sharing_strategy() == "file_system" or storage.size() == 0):
-            return torch_reductions.reduce_storage(storage)
-        fd, size = storage._share_fd_cpu_()
-        cache_key = torch_reductions.fd_id(fd)
-        self.fds.append(os.dup(fd))  # the storage (and its fd) may be gone before sending
-        torch_reductions.shared_cache[cache_key] = torch_reductions.StorageWeakRef(storage)
-        return (_rebuild_storage_fd, (type(storage), len(self.fds) - 1, size))
+
+def _reduce_storage(sent: _Sent, storage: torch.UntypedStorage) -> Any:
+    # torch's reduce_storage, but for its fd branch: the fd travels with the batch
+    sent.shared_bytes += storage.nbytes()
+    if (storage.is_cuda or storage.device.type == "meta"
+            or get_sharing_strategy() == "file_system" or storage.size() == 0):
+        return torch_reductions.reduce_storage(storage)
+    fd, size = storage._share_fd_cpu_()
+    cache_key = torch_reductions.fd_id(fd)
+    sent.fds.append(os.dup(fd))  # the storage (and its fd) may be gone before sending
+    torch_reductions.shared_cache[cache_key] = torch_reductions.StorageWeakRef(storage)
+    return (_rebuild_storage_fd, (type(storage), len(sent.fds) - 1, size))
+
+
+class _Pickler(ForkingPickler):
+    """``ForkingPickler`` (torch's reductions) whose storages give their fds to ``sent``
+    (NOTE [ No cycle through the pickler ])."""
+
+    def __init__(self, file: io.BytesIO, sent: _Sent) -> None:
+        super().__init__(file)
+        table = dict(self.dispatch_table)
+        table[torch.UntypedStorage] = functools.partial(_reduce_storage, sent)
+        self.dispatch_table = table
 
 
 def dumps(obj: Any) -> tuple[bytes, list[int], int]:
@@ -59,15 +81,14 @@ def dumps(obj: Any) -> tuple[bytes, list[int], int]:
     sends, then closes them), and its size: the shared storages' bytes plus the payload's
     (arrays and other data pickled by value), counted while pickling."""
     buf = io.BytesIO()
-    fds: list[int] = []
-    pickler = _Pickler(buf, fds)
+    sent = _Sent([])
     try:
-        pickler.dump(obj)
+        _Pickler(buf, sent).dump(obj)
     except BaseException:
-        close(fds)
+        close(sent.fds)
         raise
     payload = buf.getvalue()
-    return payload, fds, pickler.shared_bytes + len(payload)
+    return payload, sent.fds, sent.shared_bytes + len(payload)
 
 
 def loads(payload: bytes, fds: list[int]) -> Any:
