@@ -26,14 +26,7 @@ under 1 MiB counts as flat), and the last sample is at least max(64 MiB, 20 % of
 above the first. 64 MiB keeps small datasets quiet. Then:
 
 * ``steady``: the growth without its largest single step still reaches that threshold: it is
-  spread over many samples. Warn, naming the largest Python container if there is one; with
-  none, only once the series has twice ``min_samples`` samples. A worker's memory can rise for
-  its first tens of seconds and fall back: a stream's shuffle buffer filling while the
-  allocator keeps the decoder's freed blocks (measured: a ``TarShardStream`` of 65 KB JPEGs
-  decoded with Pillow, buffer 1,000, rose 71 -> 278 MiB over the first 5 samples, 14 s, then
-  swung between 94 and 365 MiB to the epoch's end). It warned, with no container to name;
-  the longer series has the falls that keep it quiet. A cache that ``__getitem__`` fills
-  keeps rising, and warns a few samples later.
+  spread over many samples. Warn, naming the largest Python container if there is one.
 * ``jump``: most of the growth happened between two samples and has held for at least two
   more. A one-off jump on its own never warns (a worker that loads one big object). But with
   ``shuffle=True`` copy-on-read *is* a jump: random reads touch every page of a list within
@@ -261,9 +254,6 @@ class MemoryWatch:
         if verdict is None:
             return False
         finding = self._suspect()
-        unexplained = finding is None or finding.est_bytes < NOTEWORTHY_CONTAINER_BYTES
-        if verdict == "steady" and unexplained and series.count < 2 * self._rule.min_samples:
-            return False  # no container to name: more samples first (NOTE above)
         if verdict == "jump":
             growth = series.values[-1] - series.values[0]
             if finding is None or finding.est_bytes < JUMP_EXPLAINED_FRACTION * growth:
