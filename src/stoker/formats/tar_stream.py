@@ -370,7 +370,7 @@ class TarShardStream(IterableDataset[Any]):
         buffer: list[dict[str, Any]] = []
         mine = self._mine(info)
         learn_sizes = extra(self.source, ByteSourceExtras.learn_sizes)
-        if learn_sizes is not None and len(self._tables) < len(mine) and extra_value(
+        if learn_sizes is not None and not self._tables and extra_value(
                 self.source, ByteSourceExtras.fetches_whole, False):
             learn_sizes(mine)  # shards no pack indexes: NOTE [ A bare shard read as it arrives ]
         plan = extra(self.source, ByteSourceExtras.plan)
