@@ -267,3 +267,31 @@ def test_a_sample_is_read_while_its_shard_is_still_arriving(tmp_path, reader) ->
     assert [int(s["cls"]) for s in [first, *rest]] == list(range(8))
     assert all(s["bin"] == bytes([int(s["cls"])]) * (1 << 20) for s in [first, *rest])
     assert gets == 1
+
+
+def test_a_bare_shard_larger_than_the_cache_is_read_by_one_get(tmp_path) -> None:
+    """NOTE [ A bare shard read as it arrives ]: a shard that cannot be cached is not parsed
+    through the cache (a range request per tar header): it is read whole, as before."""
+    from stoker.formats import TarShardStream
+
+    out = tmp_path / "packed"
+    pack(Megabytes(), str(out), samples_per_shard=8, workers=1, progress=False)
+    with S3Server() as s3:
+        s3.client().create_bucket(Bucket="bucket")
+        s3.upload_dir(str(out), "bucket", "p")
+        source = open_source("s3://bucket/p/shard-000000.tar",
+                             storage_options=s3.storage_options, retry=FAST_RETRY,
+                             cache_dir=str(tmp_path / "cache"), cache_bytes=1 << 20,
+                             fetch="shard")
+        try:
+            got = list(TarShardStream("s3://bucket/p/shard-000000.tar", source=source,
+                                      shuffle_buffer=0))
+        finally:
+            source.close()
+        gets = s3.faults.gets_by_path.get("/bucket/p/shard-000000.tar")
+        client = s3.client()
+        for key in client.list_objects_v2(Bucket="bucket")["Contents"]:
+            client.delete_object(Bucket="bucket", Key=key["Key"])
+    assert [int(s["cls"]) for s in got] == list(range(8))
+    assert all(s["bin"] == bytes([int(s["cls"])]) * (1 << 20) for s in got)
+    assert gets == 1

@@ -178,7 +178,9 @@ class TarShardStream(IterableDataset[Any]):
         size = known_size(path) if known_size is not None else None
         if size is None:  # not listed (a few shards: no listing is made for them)
             size = self.source.size(path)
-        return size >= _LARGE_SHARD
+        cache = extra_value(self.source, ByteSourceExtras.cache, None)
+        # One that cannot be cached would be read by a range request per tar header.
+        return _LARGE_SHARD <= size <= (cache.budget_bytes if cache is not None else 0)
 
     def _samples(self, path: str) -> Iterator[dict[str, Any]]:
         """The shard's samples, once the whole of it is checked against its index (a shard
