@@ -295,3 +295,38 @@ def test_a_bare_shard_larger_than_the_cache_is_read_by_one_get(tmp_path) -> None
     assert [int(s["cls"]) for s in got] == list(range(8))
     assert all(s["bin"] == bytes([int(s["cls"])]) * (1 << 20) for s in got)
     assert gets == 1
+
+
+def test_a_worker_stopped_mid_download_exits_without_finishing_it(tmp_path) -> None:
+    """NOTE [ A download gives up at exit ] (storage/exit_watch.py): a stream's worker reads a
+    bare 8 MiB shard as it arrives over a 2 MB/s link. Stopped after its first batch, it exits
+    without finishing the download (~4 s more, within the loader's 5 s wait for a worker to
+    exit, which it used to spend waiting): the shard is not cached, no partial file is left."""
+    from stoker.formats import TarShardStream
+
+    out = tmp_path / "packed"
+    pack(Megabytes(), str(out), samples_per_shard=8, workers=1, progress=False)
+    url = "s3://bucket/p/shard-000000.tar"
+    with S3Server() as s3:
+        s3.client().create_bucket(Bucket="bucket")
+        s3.upload_dir(str(out), "bucket", "p")
+        source = open_source(url, storage_options=s3.storage_options, retry=FAST_RETRY,
+                             cache_dir=str(tmp_path / "cache"), cache_bytes=10**8,
+                             fetch="shard")
+        try:
+            s3.faults.bandwidth_bps = 2e6
+            loader = stoker.DataLoader(TarShardStream(url, source=source, shuffle_buffer=0),
+                                       batch_size=1, num_workers=1, timeout=60)
+            batches = iter(loader)
+            first = next(batches)
+            del batches  # the worker stops: its download in flight with it
+            cached = source.cache.cached(url)
+            partials = sorted(p.name for p in (tmp_path / "cache").rglob("*.partial"))
+            s3.faults.bandwidth_bps = 0
+        finally:
+            source.close()
+        client = s3.client()
+        for key in client.list_objects_v2(Bucket="bucket")["Contents"]:
+            client.delete_object(Bucket="bucket", Key=key["Key"])
+    assert int(first["cls"][0]) == 0
+    assert not cached and partials == []

@@ -35,6 +35,8 @@ THIRD_PARTY = {
     ("engine/stats.py", "_autograd"): "torch.profiler's enabled check",
     ("sampling/global_rngs.py", "_rand"): "numpy's global RandomState",
     ("sampling/global_rngs.py", "_bit_generator"): "numpy's global RandomState's generator",
+    ("storage/exit_watch.py", "_register_atexit"): "the hook concurrent.futures' pools exit "
+                                                   "by: NOTE [ A download gives up at exit ]",
     ("storage/remote.py", "_strip_protocol"): "fsspec's path normalisation",
     ("transport/slab_reader.py", "_utils"): "torch's sparse-tensor validation after rebuild",
     ("transport/slab_reader.py", "_sparse_tensors_to_validate"): "as torch's unpickler does",

@@ -179,3 +179,15 @@ def test_open_source_takes_remote_options_for_any_path_and_refuses_unknown_ones(
     assert local.read_range(str(tmp_path / "a.bin"), 1, 2) == b"bc"
     with pytest.raises(TypeError, match="cache_size"):
         open_source(str(tmp_path), cache_size=1)
+
+
+def test_a_download_stopped_by_its_process_exiting_is_not_retried() -> None:
+    """NOTE [ A download gives up at exit ] (storage/exit_watch.py): as raised, and as a client
+    wraps it, never retried (each try would only back off before the process can exit)."""
+    from stoker.storage.exit_watch import DownloadAborted
+
+    aborted = DownloadAborted("the process is exiting: its downloads in flight stop")
+    wrapped = OSError("get_file failed")
+    wrapped.__cause__ = aborted
+    assert not is_transient(aborted) and not is_transient(wrapped)
+    assert is_transient(OSError("connection reset"))

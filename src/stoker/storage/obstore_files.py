@@ -276,7 +276,10 @@ class ObstoreFiles:
             return b""
         return self._call(path, self._obstore.get_range, start=start, end=end)
 
-    def get_file(self, path: str, local: str) -> None:
+    def get_file(self, path: str, local: str, callback: Any = None) -> None:
+        """``path`` written into ``local`` front to back; ``callback.relative_update`` (fsspec's)
+        after each chunk (NOTE [ A download gives up at exit ] in ``exit_watch.py``)."""
+
         def stream(store: Any, key: str) -> int:
             result = self._obstore.get(store, key)
             expected = result.meta["size"]
@@ -286,6 +289,8 @@ class ObstoreFiles:
                 # while it arrives ] in cache.py); iterating gives 10 MiB ones.
                 for chunk in result.stream(min_chunk_size=_STREAM_CHUNK):
                     got += f.write(chunk)
+                    if callback is not None:
+                        callback.relative_update(len(chunk))
             if got != expected:
                 raise OSError(f"body cut short: {got} of {expected} bytes")
             return got

@@ -47,6 +47,7 @@ import threading
 from typing import Any, Literal
 
 from stoker.storage.cache import PIECE_MARK, ShardCache
+from stoker.storage.exit_watch import exit_callback
 from stoker.storage.fsspec_handle import Handle, close_handle, open_filesystem
 from stoker.storage.retry import ReadRequest, RetryPolicy, read_with_retries
 from stoker.storage.source import ByteSource, LocalSource
@@ -472,7 +473,8 @@ class RemoteSource:
                     return f.write(data)
             # A body cut short raises (its Content-Length). Front to back: readers read what
             # has arrived (NOTE [ Reading a shard while it arrives ] in cache.py).
-            handle.fs.get_file(path, file, **_front_to_back(handle.fs))
+            handle.fs.get_file(path, file, callback=exit_callback(),  # NOTE [ A download
+                               **_front_to_back(handle.fs))  # gives up at exit ]
             got = os.path.getsize(file)
             if size is not None and got != size:  # a whole other object: not retried
                 raise _changed(got, size)

@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from stoker.errors import RemoteReadError
 from stoker.storage.cache import disk_full
+from stoker.storage.exit_watch import DownloadAborted
 
 T = TypeVar("T")
 
@@ -95,12 +96,13 @@ def _exiting(exc: BaseException) -> bool:
     """The process is exiting: its thread pools take no new work, so no request can start
     (aiohttp looks a host up on one, for each new connection). Seen when a worker was stopped
     while its prefetch threads opened connections: every try failed alike, and the worker
-    lived on through the backoff, ~5 s, before it could exit."""
+    lived on through the backoff, ~5 s, before it could exit. Or a download stopped by its
+    process's exit (NOTE [ A download gives up at exit ] in ``exit_watch.py``)."""
     seen: BaseException | None = exc
     for _ in range(8):  # the error a client wrapped it in, and that one's cause
         if seen is None:
             return False
-        if _SHUT_DOWN in str(seen):
+        if _SHUT_DOWN in str(seen) or isinstance(seen, DownloadAborted):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
