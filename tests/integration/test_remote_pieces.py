@@ -3,7 +3,9 @@
 shuffled batch waits for the pieces holding its samples instead of whole shards. The epoch
 equals the local one (samples crossing a piece boundary included, CRCs checked), every piece
 is downloaded exactly once, by the main process when it fetches for its workers, through
-injected faults; resume is exact; small objects stay whole."""
+injected faults; resume is exact; small objects stay whole. And large shards read while they
+arrive (NOTE [ Reading a shard while it arrives ], [ A bare shard read as it arrives ]), and a
+worker's download in flight given up when it exits (NOTE [ A download gives up at exit ])."""
 
 from __future__ import annotations
 
