@@ -43,4 +43,7 @@ def exit_callback() -> Any:
     return _Check()
 
 
-threading._register_atexit(_EXITING.set)  # type: ignore[attr-defined]
+try:
+    threading._register_atexit(_EXITING.set)  # type: ignore[attr-defined]
+except RuntimeError:  # first imported while the process exits: it is exiting
+    _EXITING.set()
