@@ -167,6 +167,7 @@ _INTERNAL_SIGNALS = {
     "stoker.transport.slab_writer.SlabFull",  # a batch outgrows its slab: a bigger one is made
     "stoker.storage.retry.TruncatedRead",  # a short body: retried; the final error chains it
     "stoker.storage.retry.RangeIgnored",  # a whole object for a range: the final error chains it
+    "stoker.storage.exit_watch.DownloadAborted",  # a download in flight as its process exits
 }
 
 
