@@ -308,7 +308,7 @@ def scan_samples(fileobj: Any, size: int, path: str) -> Iterator[tuple[str, list
     order, by WebDataset's rules: each sample's key and its members (field, offset of the
     data, length), given once the header after its last member (or the end-of-archive
     marker) has been read. A shard read as it arrives has a sample's bytes by then (NOTE
-    [ A bare shard read as it arrives ] in ``tar_stream.py``). A damaged shard raises where
+    [ A bare shard read as it arrives ] in ``tar_arriving.py``). A damaged shard raises where
     the damage is, after the samples before it."""
     keys: list[str] = []
     members: list[Member] = []

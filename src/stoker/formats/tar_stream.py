@@ -337,7 +337,7 @@ class TarShardStream(IterableDataset[Any]):
         # Large shards read as they arrive need none ahead of the buffer's reach (about a
         # shard past the reader): each would take a share of the bandwidth from the shard the
         # first batch waits for (NOTE [ A stream of pieces ]).
-        large = self._large(mine[done]) if done < len(mine) else False
+        large = pieces is not None and self._tables[mine[done]].size_bytes >= _LARGE_SHARD
         ahead = 0 if large else extra_value(self.source, ByteSourceExtras.lookahead_shards, 0)
         fetch(mine[done : reading + 1 + ahead])
 
