@@ -208,6 +208,14 @@ def _open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
+def _target(fd: str) -> str:
+    """What an fd is (``socket:[inode]``, a path, ``anon_inode:[eventpoll]``), for the error."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return "(closed meanwhile)"
+
+
 def test_sources_dropped_without_close_leave_no_thread_or_fd_behind(served) -> None:
     """NOTE [ A source dropped without close ]: collecting a source stops its loop thread
     (and the loop's executor thread) and closes its connections and the loop's fds."""
@@ -226,5 +234,6 @@ def test_sources_dropped_without_close_leave_no_thread_or_fd_behind(served) -> N
     assert [t.name for t in threading.enumerate() if t.name.startswith("asyncio_")] == []
     gc.collect()  # the filesystems, let go by their loop threads
     served.join_handlers()  # the server's ends of the closed connections (same process)
-    assert _open_fds() <= fds
+    left = {fd: _target(fd) for fd in _open_fds() - fds}
+    assert left == {}
 
