@@ -29,7 +29,7 @@ ENV = "STOKER_BEYOND_TORCH"
 Behaviour = Literal[
     "per_batch_seeding", "inline_gathers", "batched_getitem", "deep_prefetch",
     "move_stragglers", "epoch_autopilot", "shared_lists", "slab_transport", "keep_slabs",
-    "thread_caps",
+    "thread_caps", "gc_freeze",
 ]
 
 # name -> what it does and what a program could tell (the promise it asks the user to make).
@@ -66,7 +66,13 @@ BEHAVIOURS: dict[str, str] = {
         "them when the epoch ends"),
     "thread_caps": (
         "cap the BLAS and OpenMP pools in workers to one thread and set *_NUM_THREADS there "
-        "(torch caps only its own pool); a worker's os.environ and its BLAS threads differ"),
+        "(torch caps only its own pool), and OpenCV's to one thread with OpenCL off; a "
+        "worker's os.environ, its BLAS threads and cv2.getNumThreads() differ"),
+    "gc_freeze": (
+        "freeze the main process's objects (gc.freeze) while workers are forked, so a worker's "
+        "collections do not copy the parent's pages: in workers, objects made before iter() are "
+        "never collected and gc.get_objects() leaves them out; in the main process they move "
+        "to the oldest generation"),
 }
 ALL: frozenset[str] = frozenset(BEHAVIOURS)
 

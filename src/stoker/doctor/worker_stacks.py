@@ -1,13 +1,14 @@
 """The workers' Python stacks, sampled while the doctor measures a loader (Linux).
 
 NOTE [ Sampling the workers' stacks ]
-    A stoker worker routes ``faulthandler`` to an in-memory log and registers ``SIGUSR1`` to
-    dump every thread's stack there (``workers/diagnostics.py``: how a stuck worker is shown).
-    The doctor reuses it from outside the loader, through the operating system only: every
-    ``interval_s`` it lists this process's children, keeps those whose ``/proc/<pid>/status``
-    says SIGUSR1 is caught and that hold the log (a ``/memfd:stoker-worker-stacks`` fd, opened
-    here through ``/proc/<pid>/fd``), signals them and reads what each appended. A process
-    that does not catch SIGUSR1 is never signalled (its default action would kill it).
+    A stoker worker routes ``faulthandler`` to an in-memory log and registers ``DUMP_SIGNAL`` (a
+    real-time signal, NOTE [ The stack signal ]) to dump every thread's stack there
+    (``workers/diagnostics.py``: how a stuck worker is shown). The doctor reuses it from outside
+    the loader, through the operating system only: every ``interval_s`` it lists this process's
+    children, keeps those whose ``/proc/<pid>/status`` says that signal is caught and that hold
+    the log (a ``/memfd:stoker-worker-stacks`` fd, opened here through ``/proc/<pid>/fd``),
+    signals them and reads what each appended. A process that does not catch it is never
+    signalled (its default action would kill it).
 
     The dump is written by faulthandler's C handler wherever the worker is, holding the GIL or
     not, so a sample is not biased towards code that releases the GIL (a sampler thread inside
@@ -22,13 +23,14 @@ NOTE [ Sampling the workers' stacks ]
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from typing import IO
 
+from stoker.workers.diagnostics import DUMP_SIGNAL
+
 _LOG_NAME = "/memfd:stoker-worker-stacks"
-_SIGNAL = signal.SIGUSR1  # workers/diagnostics.py's DUMP_SIGNAL
+_SIGNAL = DUMP_SIGNAL
 _WAIT_S = 0.25  # a dump not written by then is dropped
 _POLL_S = 0.002
 

@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from torch.utils.data._utils.signal_handling import _set_SIGCHLD_handler
+
 from stoker._core.plan import Plan
 from stoker._core.specs import WorkerSpec
 from stoker.engine.loader_state import EngineState
@@ -30,7 +32,7 @@ from stoker.engine.worker_group import WorkerGroup
 from stoker.fastpaths.batched_getitem import compile_batched
 from stoker.fetch.fetchers import source_form
 from stoker.sampling.datapipes import distributed_settings, is_datapipe
-from stoker.workers.launch import gc_frozen_for_fork, start_worker
+from stoker.workers.launch import gc_frozen_for_fork, launch, make_worker, start_worker
 from stoker.workers.spec_once import PickledSpec
 from stoker.workers.thread_caps import pools_quiet_for_fork
 
@@ -81,25 +83,31 @@ def worker_specs(
 
 def start_workers(group: WorkerGroup, ctx: BaseContext, specs: list[WorkerSpec],
                   prime: Callable[[int], None]) -> None:
-    """Start a worker per spec into ``group``; ``prime(worker_id)`` after each fork."""
+    """Start a worker per spec into ``group``; ``prime(worker_id)`` after each fork. Then, as
+    torch's iterator does once its workers run, torch's SIGCHLD handler is set in the main
+    process (NOTE [ The worker's process is torch's ])."""
     method = ctx.get_start_method()
-    with pools_quiet_for_fork(method), gc_frozen_for_fork(method):
+    asked = "gc_freeze" in specs[0].fetch.beyond if specs else False
+    with pools_quiet_for_fork(method), gc_frozen_for_fork(method, asked):
         if method == "fork" or len(specs) == 1:
             for spec in specs:
                 group.workers.append(start_worker(ctx, spec))
                 prime(spec.worker_id)  # NOTE [ Tasks before the next fork ]
-            return
-        _spawn_side_by_side(group, ctx, specs)
+        else:
+            _spawn_side_by_side(group, ctx, specs)
+    _set_SIGCHLD_handler()
 
 
 def _spawn_side_by_side(group: WorkerGroup, ctx: BaseContext, specs: list[WorkerSpec]) -> None:
     # spawn/forkserver: the spec is pickled once for all workers (NOTE [ Pickle once ]);
     # each child imports torch and unpickles, seconds each, so start them side by side
-    # (a fork must not happen in a thread).
+    # (a fork must not happen in a thread). The process objects are made here, in order,
+    # so they are named as torch's (NOTE [ The worker's process is torch's ]).
     once = PickledSpec(specs[0])
     try:
+        made = [make_worker(ctx, spec, once) for spec in specs]
         with ThreadPoolExecutor(max_workers=min(len(specs), 8)) as pool:
-            futures = [pool.submit(start_worker, ctx, spec, once) for spec in specs]
+            futures = [pool.submit(launch, new) for new in made]
     finally:
         once.close()
     # Keep every worker that started (shutdown stops them), then report a failed start.

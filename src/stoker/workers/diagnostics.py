@@ -2,9 +2,17 @@
 
 Each worker points ``faulthandler`` at an in-memory log (``segments.create_log``) and sends its
 fd to the main process at start-up. A fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGABRT) dumps
-every thread's stack there before the worker dies; ``SIGUSR1`` dumps them on request without
-stopping it (that is how a stalled worker is shown). Both work when the worker is stuck in
-native code holding the GIL: the dump is done by faulthandler's C signal handler.
+every thread's stack there before the worker dies (then torch's own handler, installed first as
+torch's worker installs it, runs as in torch's worker); ``DUMP_SIGNAL`` dumps them on request
+without stopping it (that is how a stalled worker is shown). Both work when the worker is stuck
+in native code holding the GIL: the dump is done by faulthandler's C signal handler.
+
+NOTE [ The stack signal ]
+The request is a real-time signal, ``SIGRTMAX - 2``, not ``SIGUSR1``: what a worker does on
+SIGUSR1 is a program's (a job scheduler sends it before a time limit; Lightning handles it; by
+default it ends the process), and torch's worker leaves it alone. No program or scheduler sends
+that real-time signal to a data-loading worker; Python's signal table (``signal.getsignal``)
+does not see faulthandler's handler, and an ``exec`` resets it, so children inherit nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import time
 
 from stoker.transport import segments
 
-DUMP_SIGNAL = signal.SIGUSR1
+DUMP_SIGNAL = signal.SIGRTMAX - 2  # NOTE [ The stack signal ]
 _DUMP_WAIT_S = 1.0
 _POLL_S = 0.02
 

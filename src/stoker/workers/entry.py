@@ -5,12 +5,31 @@
 ``workers.main_loop.Worker``. This module also keeps the main process's ends of the worker
 sockets, which a forked worker closes so that the main process's death reaches every worker
 as end-of-file.
+
+NOTE [ The worker's process is torch's ]
+What a dataset can see of the process it runs in is what torch's ``_worker_loop`` gives it
+(the audit: docs/same_as_torch.md, "The process and the voice"). Each worker first installs
+torch's own C handlers for SIGBUS, SIGSEGV, SIGFPE and SIGTERM (a SIGTERM from the parent
+exits quietly) and names its thread ``pt_data_worker`` (``ps``, ``top``, ``/proc/<pid>/comm``),
+as torch's worker does; its process object is made in worker-id order without a name, so
+``multiprocessing.current_process().name`` is ``Process-N`` as under torch. SIGINT keeps the
+disposition the worker inherited, as in torch's worker: an ignored SIGINT would survive
+``exec`` into every program the dataset starts (a tool started with ``subprocess.run`` would
+no longer stop on Ctrl-C), so a Ctrl-C reaches the worker as ``KeyboardInterrupt``, which
+ends it quietly wherever it lands, as torch's does; the main process gets its own and stops
+the rest. After the workers start, the main process gets torch's SIGCHLD handler, as torch's
+iterator sets it (stoker registers no pids with it: deaths are reported by stoker's own
+watch). stoker's own additions are invisible to a program that succeeds: faulthandler writes
+to an in-memory log (crash reports; ``faulthandler.is_enabled()`` is True, the one trace),
+stacks are asked for with a real-time signal (NOTE [ The stack signal ]), and the parent
+watch is a bare ``_thread`` thread, outside ``threading``'s registry and its name counter
+(only ``/proc/self/task`` counts it; torch's worker has its queue's feeder thread).
 """
 
 from __future__ import annotations
 
+import _thread
 import os
-import signal
 import threading
 import weakref
 from multiprocessing.connection import Connection
@@ -19,6 +38,8 @@ from typing import Any
 # Every worker seeds numpy's global RNG (torch's contract): loaded once here, in the main process
 # before it forks, not in each worker (NOTE [ Import only what the loader needs ]).
 import numpy.random  # noqa: F401
+import torch.multiprocessing
+from torch.utils.data._utils.signal_handling import _set_worker_signal_handlers
 
 from stoker._core.specs import WorkerSpec
 from stoker.fastpaths.torch_collate_patch import collate_into_slabs_in_this_worker
@@ -79,14 +100,18 @@ def _watch_parent(main_pid: int) -> None:
 def worker_main_once(handle: Any, worker_id: int, conn: Connection) -> None:
     """Entry point of a spawn/forkserver worker whose spec was pickled once for all workers
     (NOTE [ Pickle once ] in ``stoker.workers.spec_once``)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        spec = handle.load(worker_id)
-    except Exception as exc:  # e.g. a __setstate__ that raises: the user gets this error
-        doing = "unpickling the dataset and the loader's functions"
-        _answer_with(capture(exc, worker_id, doing), conn)
+        _set_up_as_torch()
+        try:
+            spec = handle.load(worker_id)
+        except Exception as exc:  # e.g. a __setstate__ that raises: the user gets this error
+            doing = "unpickling the dataset and the loader's functions"
+            _answer_with(capture(exc, worker_id, doing), conn)
+            return
+    except KeyboardInterrupt:  # NOTE [ The worker's process is torch's ]
+        conn.close()
         return
-    worker_main(spec, conn)
+    worker_main(spec, conn, set_up=False)
 
 
 def _answer_with(error: RemoteError, conn: Connection) -> None:
@@ -105,18 +130,40 @@ def _answer_with(error: RemoteError, conn: Connection) -> None:
         conn.close()
 
 
-def worker_main(spec: WorkerSpec, conn: Connection) -> None:
+def _set_up_as_torch() -> None:
+    """What torch's ``_worker_loop`` does to its process before anything else (NOTE [ The
+    worker's process is torch's ])."""
+    _set_worker_signal_handlers()
+    torch.multiprocessing._set_thread_name("pt_data_worker")
+
+
+def worker_main(spec: WorkerSpec, conn: Connection, set_up: bool = True) -> None:
     """Entry point of a worker process."""
-    # Ctrl-C goes to the whole process group; the main process handles it and stops us.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        if set_up:
+            _set_up_as_torch()
+        worker = _prepare(spec, conn)
+    except KeyboardInterrupt:  # NOTE [ The worker's process is torch's ]
+        conn.close()
+        return
+    _serve(worker, spec, conn)
+
+
+def _prepare(spec: WorkerSpec, conn: Connection) -> Worker:
     segments.close_inherited()
     close_inherited_parent_ends()
-    threading.Thread(target=_watch_parent, args=(spec.parent_pid,), daemon=True).start()
-    cap_worker_threads(1, forked=spec.forked, every_pool="thread_caps" in spec.fetch.beyond)
-    if spec.fetch.fast_paths and "slab_transport" in spec.fetch.beyond:
+    # A bare thread: not in threading.enumerate(), no "Thread-N" number taken from the
+    # names a dataset's own threads get (NOTE [ The worker's process is torch's ]).
+    _thread.start_new_thread(_watch_parent, (spec.parent_pid,))
+    beyond = spec.fetch.beyond
+    cap_worker_threads(1, forked=spec.forked, every_pool="thread_caps" in beyond)
+    if spec.fetch.fast_paths and "slab_transport" in beyond:
         collate_into_slabs_in_this_worker()  # NOTE [ torch's collate in stoker workers ]
     apply_in_worker(spec.shared_lists)  # before any user code runs here
-    worker = Worker(spec, conn)
+    return Worker(spec, conn)
+
+
+def _serve(worker: Worker, spec: WorkerSpec, conn: Connection) -> None:
     try:
         log_fd = diagnostics.install_in_worker()
         msg.send(conn, msg.Hello(has_log=log_fd is not None))

@@ -80,15 +80,18 @@ class WorkerProcess:
 
 
 @contextlib.contextmanager
-def gc_frozen_for_fork(start_method: str | None) -> Iterator[None]:
-    """Move the parent's objects out of the collector's reach while workers are forked.
+def gc_frozen_for_fork(start_method: str | None, asked: bool) -> Iterator[None]:
+    """Move the parent's objects out of the collector's reach while workers are forked
+    (beyond torch: ``gc_freeze``, NOTE [ Same as torch unless asked ]).
 
     A full collection in a forked worker touches every tracked object of the parent and so
     copies their pages into the worker (measured: 39 MiB for a parent with 500k dicts, 0.9
-    MiB with this). ``gc.freeze`` has no effect on the parent's own collections after
-    ``gc.unfreeze``.
+    MiB with this). What a program can tell: in the workers, objects made before ``iter()``
+    are never collected (cyclic garbage among them keeps its finalizers) and
+    ``gc.get_objects()`` leaves them out; in the main process they all move to the oldest
+    generation. A program that froze its objects itself is left as it is.
     """
-    if start_method != "fork":
+    if start_method != "fork" or not asked or gc.get_freeze_count():
         yield
         return
     gc.freeze()
@@ -105,27 +108,48 @@ def default_context() -> BaseContext:
     return multiprocessing.get_context()
 
 
-def start_worker(ctx: BaseContext, spec: WorkerSpec, once: Any = None) -> WorkerHandle:
-    """Start one worker; ``once`` (a ``spec_once.PickledSpec``) carries the spec instead of
-    pickling it for this worker alone."""
+@dataclass
+class NewWorker:
+    """A worker's process object and socket ends, made but not started (``make_worker``)."""
+
+    worker_id: int
+    process: Any
+    parent_end: Connection
+    child_end: Connection
+
+
+def make_worker(ctx: BaseContext, spec: WorkerSpec, once: Any = None) -> NewWorker:
+    """A worker's process, not yet started; ``once`` (a ``spec_once.PickledSpec``) carries the
+    spec instead of pickling it for this worker alone. Made in worker-id order, in the thread
+    that iterates, so the processes are named and numbered as torch's (``Process-N``: NOTE
+    [ The worker's process is torch's ])."""
     parent_end, child_end = ctx.Pipe(duplex=True)
     target, args = (
         (worker_main, (spec, child_end))
         if once is None
         else (worker_main_once, (once.handle(), spec.worker_id, child_end))
     )
-    process = ctx.Process(  # type: ignore[attr-defined]
-        target=target, args=args, daemon=True, name=f"stoker-worker-{spec.worker_id}"
-    )
-    parent_ends.add(parent_end)  # a forked worker closes its copies
+    process = ctx.Process(target=target, args=args)  # type: ignore[attr-defined]
+    process.daemon = True
+    return NewWorker(spec.worker_id, process, parent_end, child_end)
+
+
+def launch(new: NewWorker) -> WorkerHandle:
+    """Start a worker ``make_worker`` made."""
+    parent_ends.add(new.parent_end)  # a forked worker closes its copies
     try:
-        process.start()
+        new.process.start()
     except BaseException:
-        parent_end.close()
-        child_end.close()
+        new.parent_end.close()
+        new.child_end.close()
         raise
-    child_end.close()
-    return WorkerHandle(spec.worker_id, process, parent_end)
+    new.child_end.close()
+    return WorkerHandle(new.worker_id, new.process, new.parent_end)
+
+
+def start_worker(ctx: BaseContext, spec: WorkerSpec, once: Any = None) -> WorkerHandle:
+    """Make and start one worker."""
+    return launch(make_worker(ctx, spec, once))
 
 
 def stop_workers(workers: list[WorkerHandle], drain: Any = None) -> None:

@@ -55,16 +55,14 @@ def start(st: WorkerState) -> None:
     make the first fetcher; an error is kept for the first task (``init_error``)."""
     spec = st.spec
     seed = seed_worker_rngs(spec.base_seed, spec.worker_id)
-    rank, world = 0, 1
     if spec.dist is not None:
         # Spawned workers inherit neither the process group nor torchrun's variables.
         from stoker.distributed.context import set_context
 
         set_context(spec.dist)
-        rank, world = spec.dist.rank, spec.dist.world_size
     if spec.datapipe_seed is not None:  # a DataPipe graph: stoker.sampling.datapipes
         seed_shufflers(spec.fetch.dataset, spec.datapipe_seed)
-    set_worker_info(spec.worker_id, spec.num_workers, seed, spec.fetch.dataset, rank, world)
+    set_worker_info(spec.worker_id, spec.num_workers, seed, spec.fetch.dataset)
     try:
         if spec.datapipe_ranks is not None:
             shard(spec.fetch.dataset, spec.num_workers, spec.worker_id, *spec.datapipe_ranks)

@@ -3,17 +3,19 @@
 A forked worker inherits the parent's memory but none of its threads: a thread pool the parent
 already started (OpenCV's, GNU OpenMP's) looks alive to the library in the child and can
 deadlock the first parallel call there. Even when it does not, N workers × all cores threads
-oversubscribe the machine. Like torch (which only sets its own intra-op threads to 1), stoker
-sets one thread per pool, but for every pool it can reach: torch, OpenCV, and the OpenMP /
-BLAS runtimes already loaded; the ``*_NUM_THREADS``
+oversubscribe the machine. By default a worker sets only torch's intra-op threads to 1, as
+torch's does; asked for (``thread_caps``), stoker sets one thread per pool, for every pool it
+can reach: torch, OpenCV, and the OpenMP / BLAS runtimes already loaded; the ``*_NUM_THREADS``
 variables cover libraries the worker loads later. Only the worker is changed; the parent's
-settings are untouched. Pools are found in /proc/self/maps and capped through each library's
-own setter, which is what threadpoolctl does, at a hundredth of its cost.
+settings are untouched. Pools are found in /proc/self/maps and capped through each library's own
+setter, which is what threadpoolctl does, at a hundredth of its cost.
 
 OpenCV cannot be fixed from inside the child: ``cv2.setNumThreads`` there destroys the
 inherited pool's condition variables, whose waiters do not exist in the child, and hangs (seen
 here in about one fork in seven). So ``pools_quiet_for_fork`` shrinks OpenCV's pool in the
-parent, where its threads exist, for the moment of the fork, and restores it right after.
+parent, where its threads exist, for the moment of the fork, and restores it right after (in
+the parent, and in the worker, which then reads the count torch's worker would read: safety,
+with nothing a program can tell).
 
 NOTE [ OpenBLAS after fork ]
 OpenBLAS shuts its pool down before every fork (an atfork handler) and rebuilds it lazily. Its
@@ -130,11 +132,12 @@ def _cap_native_pools(threads: int, forked: bool) -> list[str]:
 def cap_worker_threads(
     threads: int = 1, forked: bool = False, every_pool: bool = True
 ) -> list[str]:
-    """Limit torch's pool (as torch's workers do) and OpenCV's (a deadlock otherwise) to
-    ``threads``; with ``every_pool`` (beyond torch: ``thread_caps``, NOTE [ Same as torch
-    unless asked ]) also the BLAS/OpenMP runtimes and the ``*_NUM_THREADS`` variables, which
-    a program can read. Returns what was capped. ``forked``: this worker was forked inside
-    ``pools_quiet_for_fork``."""
+    """Limit torch's pool to ``threads``, as torch's workers do; with ``every_pool`` (beyond
+    torch: ``thread_caps``, NOTE [ Same as torch unless asked ]) also OpenCV's (OpenCL off),
+    the BLAS/OpenMP runtimes and the ``*_NUM_THREADS`` variables, all of which a program can
+    read. Without it, a worker forked inside ``pools_quiet_for_fork`` gets back the OpenCV
+    thread count the parent had, in a fresh pool: what torch's worker reads, without the
+    inherited pool that can deadlock it. Returns what was capped."""
     if every_pool:
         for name in _THREAD_ENV:
             os.environ[name] = str(threads)
@@ -143,17 +146,26 @@ def cap_worker_threads(
     cv2 = sys.modules.get("cv2")
     if cv2 is not None:  # only if the user's code imported it; never import it ourselves
         try:
-            cv2.setNumThreads(threads)
-            cv2.ocl.setUseOpenCL(False)
-            capped.append("cv2")
+            if every_pool:
+                cv2.setNumThreads(threads)
+                cv2.ocl.setUseOpenCL(False)
+                capped.append("cv2")
+            elif forked and _cv2_threads_at_fork is not None:
+                cv2.setNumThreads(_cv2_threads_at_fork)
         except Exception:  # an unusual build without these entry points
             pass
     return capped + (_cap_native_pools(threads, forked) if every_pool else [])
 
 
+# OpenCV's thread count in the parent while workers are forked with its pool quiet: a forked
+# worker restores it (``cap_worker_threads``).
+_cv2_threads_at_fork: int | None = None
+
+
 @contextlib.contextmanager
 def pools_quiet_for_fork(start_method: str | None) -> Iterator[None]:
     """Around forking workers: no OpenCV pool threads exist while the children are made."""
+    global _cv2_threads_at_fork
     if start_method == "fork":
         pool_setters()  # found here once, inherited by every worker
     cv2 = sys.modules.get("cv2") if start_method == "fork" else None
@@ -164,8 +176,10 @@ def pools_quiet_for_fork(start_method: str | None) -> Iterator[None]:
             cv2.setNumThreads(1)
         except Exception:
             saved = None
+    _cv2_threads_at_fork = saved
     try:
         yield
     finally:
+        _cv2_threads_at_fork = None
         if saved is not None and cv2 is not None:
             cv2.setNumThreads(saved)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 
 import lightning as L
 import torch
@@ -21,13 +22,20 @@ import stoker
 N = 16
 
 
+
+def in_stoker_worker() -> bool:
+    """Whether this fetch runs in a stoker worker process (in a worker, with stoker's code on
+    the stack): the worker's ``get_worker_info()`` is torch's own record, so only the stack
+    tells."""
+    return get_worker_info() is not None and any(
+        "/stoker/" in frame.filename for frame in traceback.extract_stack())
+
 class Samples(Dataset):
     def __len__(self) -> int:
         return N
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        info = get_worker_info()  # stoker's carries shard_id; torch's does not
-        return {"i": torch.tensor(i), "engine": torch.tensor(int(hasattr(info, "shard_id")))}
+        return {"i": torch.tensor(i), "engine": torch.tensor(int(in_stoker_worker()))}
 
 
 class Module(L.LightningModule):

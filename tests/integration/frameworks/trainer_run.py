@@ -1,14 +1,15 @@
 """A tiny-model ``transformers.Trainer`` on a stoker loader: train 4 steps saving at step 2,
 then resume from that checkpoint (Trainer calls Accelerate's ``skip_first_batches``).
 
-Every sample says whether it was fetched in a stoker worker (stoker's ``get_worker_info()``
-carries ``shard_id``; torch's does not); the model records it per batch. Output: out/rank0.json.
+Every sample says whether it was fetched in a stoker worker (stoker's worker loop is on the
+stack); the model records it per batch. Output: out/rank0.json.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import traceback
 
 import torch
 from torch import nn
@@ -20,16 +21,23 @@ import stoker
 N = 16
 
 
+
+def in_stoker_worker() -> bool:
+    """Whether this fetch runs in a stoker worker process (in a worker, with stoker's code on
+    the stack): the worker's ``get_worker_info()`` is torch's own record, so only the stack
+    tells."""
+    return get_worker_info() is not None and any(
+        "/stoker/" in frame.filename for frame in traceback.extract_stack())
+
 class Samples(Dataset):
     def __len__(self) -> int:
         return N
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        info = get_worker_info()
         return {
             "x": torch.full((4,), float(i)),
             "labels": torch.tensor(float(i)),
-            "engine": torch.tensor(1.0 if hasattr(info, "shard_id") else 0.0),
+            "engine": torch.tensor(1.0 if in_stoker_worker() else 0.0),
         }
 
 
