@@ -22,6 +22,8 @@ import os
 import signal
 import time
 
+from torch.utils.data._utils.signal_handling import _set_worker_signal_handlers
+
 from stoker.transport import segments
 
 DUMP_SIGNAL = signal.SIGRTMAX - 2  # NOTE [ The stack signal ]
@@ -34,6 +36,13 @@ def install_in_worker() -> int | None:
     fd = segments.create_log()
     if fd is None:
         return None  # pragma: no cover - non-Linux: stacks go to stderr as usual
+    if faulthandler.is_enabled():
+        # Enabled in the parent (pytest does it): enable() would only change the file, and
+        # torch's handlers, set first, would run alone on a crash. Disabling restores what
+        # faulthandler replaced in the parent, which drops torch's handlers: set them again,
+        # so that faulthandler's dump chains to them as in a fresh worker.
+        faulthandler.disable()
+        _set_worker_signal_handlers()
     faulthandler.enable(file=fd, all_threads=True)
     faulthandler.register(DUMP_SIGNAL, file=fd, all_threads=True, chain=False)
     return fd
