@@ -106,7 +106,9 @@ def _spawn_side_by_side(group: WorkerGroup, ctx: BaseContext, specs: list[Worker
     once = PickledSpec(specs[0])
     try:
         made = [make_worker(ctx, spec, once) for spec in specs]
-        with ThreadPoolExecutor(max_workers=min(len(specs), 8)) as pool:
+        # named: an unnamed executor takes a number from the ones a program's own get
+        with ThreadPoolExecutor(max_workers=min(len(specs), 8),
+                                thread_name_prefix="stoker-start") as pool:
             futures = [pool.submit(launch, new) for new in made]
     finally:
         once.close()

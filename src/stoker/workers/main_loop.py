@@ -97,8 +97,9 @@ class Inbox:
             return self._recv()
         if not self._reader_started:
             self._reader_started = True
-            reader = threading.Thread(
-                target=_read_socket, args=(self.conn, self.events), daemon=True
+            reader = threading.Thread(  # named: no "Thread-N" taken from the dataset's threads
+                target=_read_socket, args=(self.conn, self.events), daemon=True,
+                name="stoker-socket-reader",
             )
             reader.start()
         return self.events.get()
