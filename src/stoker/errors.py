@@ -16,7 +16,8 @@
      │    (the last two are ValueErrors too)
      ├── RemoteTraceback                the worker-side traceback, chained as ``__cause__``
      └── Warning
-          └── UserWarning
+          └── UserWarning               (the ``category`` of stoker's log records; no longer
+               │                         issued through ``warnings``)
                ├── StallWarning         no batch for ``stall_warning_s``; the loader waits on
                └── CopyOnReadWarning    a worker's private memory grows steadily
     KeyboardInterrupt
@@ -210,7 +211,11 @@ class BatchDeviceError(StokerError, ValueError):
 class StallWarning(UserWarning):
     """No batch arrived for longer than ``stall_warning_s``; the loader keeps waiting.
 
-    The message names the late worker, its samples and its current Python stack.
+    The report names the late worker, its samples and its current Python stack. It is a
+    WARNING record on the ``stoker.engine.worker_group`` logger, not a ``warnings`` warning:
+    the run may still succeed, and torch's DataLoader says nothing there (a ``-W error`` run
+    must not stop on it). The record carries this class as its ``category`` attribute (a
+    ``logging.Filter`` can pick it out).
 
     What to do: if the stack shows a sample stuck (a network read without a timeout, a lock),
     fix that; if such slow batches are expected, raise ``stall_warning_s`` or pass ``None``;
@@ -221,8 +226,11 @@ class StallWarning(UserWarning):
 class CopyOnReadWarning(UserWarning):
     """A DataLoader worker's private memory grows steadily (most often copy-on-read).
 
-    A ``UserWarning`` rather than a ``ResourceWarning``: Python's default filters hide every
-    ``ResourceWarning``, and this one is meant to be seen.
+    Said once per loader as a WARNING record on the ``stoker.profile.memory_watch`` logger
+    (shown on stderr when logging is not configured) and kept in ``loader.stats().advice``;
+    not through ``warnings``, where torch's DataLoader says nothing (a ``-W error`` run must
+    not stop on it). The record carries this class as its ``category`` attribute (a
+    ``logging.Filter`` can pick it out).
 
     What to do: keep the list the message names in a shared container
     (``stoker.sharing.SharedStrList`` and its kin, the exact line is in the message), or pass

@@ -79,9 +79,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         names turns on those: ``"per_batch_seeding"``, ``"inline_gathers"``,
         ``"batched_getitem"``, ``"deep_prefetch"``, ``"move_stragglers"``,
         ``"epoch_autopilot"``, ``"shared_lists"``, ``"slab_transport"``, ``"keep_slabs"``,
-        ``"thread_caps"``. Each
-        changes something a program can observe (NOTE [ Same as torch unless asked ] says
-        what; the audit table in docs/same_as_torch.md lists every mechanism).
+        ``"thread_caps"``, ``"gc_freeze"``. Each changes something a program can observe
+        (NOTE [ Same as torch unless asked ] says what; the audit table in
+        docs/same_as_torch.md lists every mechanism).
     seeding: ``None`` (default): torch's seeding (each worker seeded once at start with base
         seed + worker id), or per batch when ``beyond_torch`` names ``"per_batch_seeding"``.
         ``"per_batch"`` reseeds ``random``, numpy's global RNG and torch's default generator
@@ -96,7 +96,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     shard: split a map-style dataset across ``torch.distributed`` ranks (or torchrun's
         ``RANK``/``WORLD_SIZE``) without a sampler: each rank reads its share of every epoch's
         order (shuffled when ``shuffle=True``). IterableDatasets shard themselves with
-        ``get_worker_info().shard_id``/``num_shards`` or ``stoker.distributed.shard_iterable``.
+        ``stoker.distributed.shard_info()`` (``shard_id``/``num_shards``) or
+        ``stoker.distributed.shard_iterable``.
     on_error: ``"raise"`` (torch's behaviour) or ``"skip"``: a sample whose fetch raises is left
         out of its batch (a batch may come out smaller; one with no sample left is not
         yielded), logged once on the ``stoker`` logger and counted; more than ``skip_budget``
@@ -335,7 +336,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 inline.restore_iterator_state(resume)
                 self._stoker_inline_iter = weakref.ref(inline)
             return inline
-        self.check_worker_number_rationality()
+        # torch's own check, from a frame at torch's call in its _get_iterator: its warning is
+        # attributed, filtered and counted as torch's (NOTE [ torch's voice ]).
+        from stoker._core.torch_voice import WORKER_COUNT_AT_ITER, call_as_torch
+
+        call_as_torch(WORKER_COUNT_AT_ITER, self.check_worker_number_rationality)
         from stoker.engine.process_iter import ProcessIterator
 
         return ProcessIterator(plan, engine, resume)

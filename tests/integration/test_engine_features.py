@@ -257,28 +257,49 @@ def test_worker_exit_code_is_reported():
         list(stoker.DataLoader(Dies("exit"), batch_size=4, num_workers=2))
 
 
-def test_stall_warning_names_the_worker_samples_and_stack():
+class _Told(logging.Handler):
+    """Keeps the records of one logger and sets ``seen`` at the first."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        self.seen.set()
+
+
+def test_stall_report_names_the_worker_samples_and_stack():
+    # A WARNING record on stoker's logger, not a warnings warning (issue 44): the run goes on
+    # and succeeds, and torch says nothing there.
     event = multiprocessing.get_context("fork").Event()
     loader = stoker.DataLoader(Stuck(event), batch_size=2, num_workers=2, stall_warning_s=0.3)
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    told = _Told()
+    logger = logging.getLogger("stoker.engine.worker_group")
+    logger.addHandler(told)
 
-        def release_when_warned():
-            deadline = threading.Event()
-            for _ in range(3000):
-                if any("no batch for" in str(w.message) for w in seen):
-                    break
-                deadline.wait(0.01)
-            event.set()
+    def release_when_told():
+        told.seen.wait(timeout=30)
+        event.set()
 
-        helper = threading.Thread(target=release_when_warned)
-        helper.start()
-        batches = list(loader)
+    helper = threading.Thread(target=release_when_told)
+    helper.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            batches = list(loader)
+    finally:
+        event.set()
         helper.join(timeout=60)
+        logger.removeHandler(told)
     assert torch.cat(batches).tolist() == list(range(8))
-    stall = [str(w.message) for w in seen if "no batch for" in str(w.message)]
-    assert stall, "no stall warning"
-    assert "holds sample indices [2, 3" in stall[0] and "in __getitem__" in stall[0]
+    stall = [r for r in told.records if "no batch for" in r.getMessage()]
+    assert stall, "no stall report"
+    assert (stall[0].levelno, getattr(stall[0], "category", None)) == (
+        logging.WARNING, stoker.StallWarning)
+    text = stall[0].getMessage()
+    assert "holds sample indices [2, 3" in text and "in __getitem__" in text
 
 
 # -- stats -------------------------------------------------------------------------------------

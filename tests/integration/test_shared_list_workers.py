@@ -8,6 +8,7 @@ Worker memory is the USS (private memory) each worker has, read by the main proc
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import sys
 import warnings
@@ -212,7 +213,7 @@ def test_spawned_workers_map_the_segment_instead_of_copying_it() -> None:
 SAMPLE_EVERY_BATCHES = 25
 
 
-def test_memory_watch_names_the_list_on_real_workers() -> None:
+def test_memory_watch_names_the_list_on_real_workers(caplog: pytest.LogCaptureFixture) -> None:
     """MemoryWatch driven as the loader will drive it: sample(worker_pids) after each batch.
     The rule is scaled to this small dataset (the default floor is 64 MiB).
 
@@ -221,12 +222,17 @@ def test_memory_watch_names_the_list_on_real_workers() -> None:
     twice the last one's duration) the number of reads was the epoch's time over the cost of
     reading /proc/<pid>/smaps_rollup, which grows with the resident memory of the process
     that forked the workers: late in a full run (a large pytest process, a busy machine) a
-    worker got 4 reads, under ``min_samples``, and no warning came."""
+    worker got 4 reads, under ``min_samples``, and no warning came.
+
+    The advice is a WARNING record on the watch's logger and the text given to ``tell`` (the
+    loader's stats), never a ``warnings`` warning (issue 44)."""
     dataset = PathsDataset(make_paths(N_PATHS), auto_share=False)
     rule = GrowthRule(min_samples=5, min_growth_bytes=4 * MIB)
     batches_seen = 0
+    told: list[str] = []
     watch = MemoryWatch(
-        dataset, rule, interval_s=SAMPLE_EVERY_BATCHES, clock=lambda: float(batches_seen)
+        dataset, rule, interval_s=SAMPLE_EVERY_BATCHES, clock=lambda: float(batches_seen),
+        tell=told.append,
     )
     loader = DataLoader(
         dataset,
@@ -237,18 +243,20 @@ def test_memory_watch_names_the_list_on_real_workers() -> None:
         timeout=BLOCK_TIMEOUT_S,
     )
     pids: tuple[int, ...] = ()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with caplog.at_level(logging.WARNING, "stoker.profile.memory_watch"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("error")
         for pid, _, _ in loader:
             if len(pids) < 2:
                 pids = tuple(sorted({*pids, *pid.tolist()}))
             watch.sample(pids)
             batches_seen += 1
     del loader
-    found = [w for w in caught if issubclass(w.category, CopyOnReadWarning)]
+    found = [r for r in caplog.records if getattr(r, "category", None) is CopyOnReadWarning]
     series_mib = {p: [round(v / MIB, 1) for v in s.values] for p, s in watch._series.items()}
-    assert len(found) == 1, ([str(w.message) for w in caught], series_mib)
-    text = str(found[0].message)
+    assert len(found) == 1, ([r.getMessage() for r in caplog.records], series_mib)
+    text = found[0].getMessage()
+    assert told == [text]
     assert "The largest Python container on the dataset is dataset.paths (list[str], 300,000" in (
         text
     )
@@ -258,4 +266,4 @@ def test_memory_watch_names_the_list_on_real_workers() -> None:
         "    self.paths = stoker.formats.SharedStrList(self.paths)\n"
         "Set STOKER_MEMORY_WATCH=0 to turn this check off."
     )
-    assert found[0].filename == __file__
+    assert (found[0].name, found[0].levelno) == ("stoker.profile.memory_watch", logging.WARNING)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import warnings
 
@@ -68,19 +69,22 @@ class _Unpicklable(_Picklable):
         self.transform = lambda x: x
 
 
-def test_cuda_initialised_parent_switches_fork_to_forkserver(monkeypatch):
+def test_cuda_initialised_parent_switches_fork_to_forkserver(monkeypatch, caplog):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     fork = multiprocessing.get_context("fork")
     loader = stoker.DataLoader(_Picklable(), num_workers=2)
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    # Said on stoker's logger, not through warnings (issue 44): the run goes on and succeeds.
+    with caplog.at_level(logging.WARNING, "stoker.engine.cuda_safety"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("error")
         ctx = safe_context(None, fork, loader)
     assert ctx.get_start_method() == "forkserver"
-    assert [str(w.message) for w in seen] == [
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [(
+        "stoker.engine.cuda_safety",
         "stoker: CUDA is already initialised in this process and forked workers cannot use it; "
         "starting them with 'forkserver' instead (the dataset is pickled to each worker). Pass "
         "multiprocessing_context='forkserver' (or 'spawn') to choose this explicitly."
-    ]
+    )]
     explicit = multiprocessing.get_context("fork")
     assert safe_context(explicit, fork, loader) is explicit  # the user's choice stands
 
@@ -131,12 +135,17 @@ def test_dataset_generators_are_reseeded_per_batch_whatever_the_executor():
     assert len(set(reference[:, 1].tolist())) == 16  # no repeats across workers or batches
 
 
-def test_torch_seeding_warns_about_dataset_generators_copied_into_workers():
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        draws = _draws(num_workers=2, seeding="per_worker")
-    message = [str(w.message) for w in seen if "identical copy" in str(w.message)]
-    assert message == [
+def test_torch_seeding_tells_of_dataset_generators_copied_into_workers(caplog):
+    # Told on stoker's logger and in stats().advice, not through warnings (issue 44).
+    gen = torch.Generator().manual_seed(3)
+    loader = stoker.DataLoader(_OwnsGenerators(), batch_size=4, generator=gen, num_workers=2,
+                               seeding="per_worker")
+    with caplog.at_level(logging.WARNING, "stoker.sampling.dataset_rngs"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("error")
+        draws = torch.cat(list(loader))
+    message = [r.getMessage() for r in caplog.records if r.name == "stoker.sampling.dataset_rngs"]
+    assert message == list(loader.stats().advice) == [
         "stoker: dataset.rng is a numpy.random._generator.Generator created before the workers "
         "started; each of the 2 workers gets an identical copy, so the random draws from it "
         "repeat across workers, as under torch. Draw from stoker.sample_rng() in __getitem__ "

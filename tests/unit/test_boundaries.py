@@ -26,11 +26,14 @@ USES_LOADER = ("doctor/", "cli/", "testing/")
 THIRD_PARTY = {
     ("formats/pack.py", "_exit"): "os._exit: a forked pack worker ends without atexit handlers",
     ("workers/entry.py", "_exit"): "os._exit: a worker process ends as torch's workers end",
+    ("workers/entry.py", "_set_thread_name"): "torch's worker names its thread pt_data_worker "
+                                              "(NOTE [ The worker's process is torch's ])",
     ("integrations/accelerate.py", "_getframe"): "the adapter that rebuilt the loader, from "
                                                  "the stack (NOTE [ Accelerate keeps stoker ])",
     ("integrations/accelerate.py", "_auto_collation"): "torch's DataLoader property read on a "
                                                        "loader Accelerate rebuilds",
-    ("profile/memory_watch.py", "_getframe"): "the user's line that built the dataset",
+    ("_core/torch_voice.py", "_getframe"): "the first frame outside stoker, where torch's "
+                                           "__next__ attributes its warning",
     ("engine/stats.py", "_C"): "torch.profiler's enabled check (torch._C._autograd)",
     ("engine/stats.py", "_autograd"): "torch.profiler's enabled check",
     ("sampling/global_rngs.py", "_rand"): "numpy's global RandomState",

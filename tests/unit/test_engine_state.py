@@ -39,3 +39,19 @@ def test_iterators_write_what_they_learn_into_the_loaders_engine_state():
     twin = copy.deepcopy(loader)
     assert twin._engine is not loader._engine and twin.stats().batches == 0
     assert twin._engine.progress is None
+
+
+def test_advice_stays_with_the_loader_when_its_worker_count_changes():
+    """LoaderStats.advice (issue 44): kept across ``fit_workers``, and what the memory watch
+    made before the change tells lands in the stats read after it."""
+    state = EngineState(TensorDataset(torch.arange(8)), num_workers=2, collect_stats=True)
+    assert state.stats.advise("a generator every worker copies")
+    assert not state.stats.advise("a generator every worker copies")  # once
+    watch = state.memory_watch
+    state.fit_workers(3)
+    watch._tell("worker memory keeps growing")
+    assert state.stats.snapshot().advice == (
+        "a generator every worker copies", "worker memory keeps growing")
+    off = EngineState(TensorDataset(torch.arange(8)), num_workers=0, collect_stats=False)
+    off.stats.advise("said with the stats off")
+    assert off.stats.snapshot().advice == ("said with the stats off",)

@@ -4,6 +4,7 @@ own copies."""
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import pytest
@@ -98,22 +99,24 @@ def test_stokers_own_copies_need_no_gate() -> None:
 
 
 def test_a_refusal_is_told_once_and_everything_is_copied_instead(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(host_pins, "_told_refusal", False)
     gpu = FakeDevice(refuse="cudaHostRegister returned error 1 (invalid argument)")
     pins = HostPins(gpu, user_copies=True)
-    with pytest.warns(UserWarning) as record:
+    # Told on stoker's logger, never through warnings (issue 44): under "error" one would raise.
+    with caplog.at_level(logging.WARNING, "stoker.device.host_pins"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("error")
         pins.pin(slab_tensor().data_ptr(), 64)
-    assert str(record[0].message) == (
+        HostPins(gpu, user_copies=True).pin(slab_tensor().data_ptr(), 64)  # said once
+    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [(
+        "stoker.device.host_pins", logging.WARNING,
         "stoker: could not page-lock its shared-memory slabs in place (cudaHostRegister "
         "returned error 1 (invalid argument)), so pin_memory=True copies each batch into "
         "pinned memory as torch's DataLoader does (a second copy of every batch on the CPU). "
         "Registering host memory can be refused in containers limiting locked memory, or "
         "under a driver without host registration; batches are correct either way."
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        HostPins(gpu, user_copies=True).pin(slab_tensor().data_ptr(), 64)  # said once
+    )]
     assert pins.refused is not None and not pins.covers(slab_tensor())
     assert pins.gate([(0, 1)]) == [(0, 1)]  # nothing registered: torch's copies, no gate

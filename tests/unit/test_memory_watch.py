@@ -1,12 +1,16 @@
 """MemoryWatch: the steady-growth decision on synthetic USS series, sampling cadence, the
-warning text, and find_largest_python_container. No processes, no sleeps: a fake clock and a
-fake USS reader."""
+advice's text and channel (a WARNING record on its logger and the loader's stats, never a
+``warnings`` warning: issue 44), and find_largest_python_container. No processes, no sleeps:
+a fake clock and a fake USS reader."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -125,6 +129,28 @@ class Slotted:
         self.me = self  # a cycle: the walk must not loop
 
 
+LOGGER = "stoker.profile.memory_watch"
+
+
+@contextlib.contextmanager
+def told(caplog: pytest.LogCaptureFixture, expect: bool = True) -> Iterator[list[str]]:
+    """The texts the watch says in the block, filled when it ends: its WARNING records, each
+    with ``CopyOnReadWarning`` as its ``category``. Nothing goes through ``warnings`` (under
+    "error" a warning would raise); ``expect``: something is said (as ``pytest.warns``), else
+    nothing."""
+    texts: list[str] = []
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=LOGGER), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield texts
+    for r in caplog.records:
+        if r.name == LOGGER:
+            assert (r.levelno, getattr(r, "category", None)) == (logging.WARNING,
+                                                                 CopyOnReadWarning)
+            texts.append(r.getMessage())
+    assert bool(texts) == expect, texts
+
+
 def _growth(watch: MemoryWatch, clock: list[float], pid: int, values: list[int], workers: int):
     results = []
     for k, v in enumerate(values):
@@ -136,18 +162,20 @@ def _growth(watch: MemoryWatch, clock: list[float], pid: int, values: list[int],
 RAMP = mib(12, 30, 50, 70, 90, 110, 130, 155)
 
 
-def test_warning_names_the_attribute_and_the_fix() -> None:
+def test_advice_names_the_attribute_and_the_fix(caplog: pytest.LogCaptureFixture) -> None:
     clock = [0.0]
-    watch = MemoryWatch(PathsDataset(200_000), clock=lambda: clock[0], read_uss=lambda p: None)
-    with pytest.warns(CopyOnReadWarning) as record:
+    stats: list[str] = []
+    watch = MemoryWatch(PathsDataset(200_000), clock=lambda: clock[0], read_uss=lambda p: None,
+                        tell=stats.append)
+    with told(caplog) as record:
         results = _growth(watch, clock, 4242, RAMP, workers=2)
     assert results == [False] * 5 + [True, False, False]  # +98 MiB, +78 without one step
     assert len(record) == 1
-    assert record[0].filename == __file__
+    assert stats == record  # the loader's stats get the same text
     est = find_largest_python_container(watch._dataset)
     assert est is not None
     size = f"{est[2] / MIB:.1f}"
-    assert str(record[0].message) == (
+    assert record[0] == (
         "stoker: DataLoader worker memory keeps growing: the private memory (USS) of worker "
         "pid 4242 rose from 12.0 MiB to 110.0 MiB in 12.5 s (6 samples), and each of the 2 "
         "workers can grow the same way. The likely cause is copy-on-read: a forked worker that "
@@ -161,42 +189,41 @@ def test_warning_names_the_attribute_and_the_fix() -> None:
     )
 
 
-def test_a_jump_warns_only_when_a_container_explains_it() -> None:
+def test_a_jump_is_told_only_when_a_container_explains_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     jump = mib(14, 100, 105, 105, 105)  # a list read in random order: copied in a second
     clock = [0.0]
     quiet = MemoryWatch(Shared(10), clock=lambda: clock[0], read_uss=lambda p: None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with told(caplog, expect=False):
         assert _growth(quiet, clock, 1, jump, workers=2) == [False] * 5
     big = PathsDataset(600_000)  # ~55 MiB of str: explains a 91 MiB jump (at least half)
     loud = MemoryWatch(big, clock=lambda: clock[0], read_uss=lambda p: None)
-    with pytest.warns(CopyOnReadWarning) as record:
+    with told(caplog) as record:
         assert _growth(loud, clock, 1, jump, workers=2) == [False] * 4 + [True]
-    assert "dataset.paths (list[str], 600,000 items" in str(record[0].message)
+    assert "dataset.paths (list[str], 600,000 items" in record[0]
     small = PathsDataset(200_000)  # ~18 MiB: does not
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with told(caplog, expect=False):
         watch = MemoryWatch(small, clock=lambda: clock[0], read_uss=lambda p: None)
         assert _growth(watch, clock, 1, jump, workers=2) == [False] * 5
 
 
-def test_warns_once_per_watch() -> None:
+def test_tells_once_per_watch(caplog: pytest.LogCaptureFixture) -> None:
     clock = [0.0]
     watch = MemoryWatch(PathsDataset(10), clock=lambda: clock[0], read_uss=lambda p: None)
-    with pytest.warns(CopyOnReadWarning):
+    with told(caplog):
         _growth(watch, clock, 1, RAMP, workers=2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with told(caplog, expect=False):
         assert _growth(watch, clock, 2, RAMP, workers=2) == [False] * len(RAMP)
     assert watch.warned
 
 
-def test_warning_without_a_container() -> None:
+def test_advice_without_a_container(caplog: pytest.LogCaptureFixture) -> None:
     clock = [0.0]
     watch = MemoryWatch(Shared(1000), clock=lambda: clock[0], read_uss=lambda p: None)
-    with pytest.warns(CopyOnReadWarning) as record:
+    with told(caplog) as record:
         _growth(watch, clock, 7, mib(20, 60, 100, 140, 180), workers=1)
-    assert str(record[0].message) == (
+    assert record[0] == (
         "stoker: DataLoader worker memory keeps growing: the private memory (USS) of worker "
         "pid 7 rose from 20.0 MiB to 180.0 MiB in 10.0 s (5 samples), and every worker can "
         "grow the same way. The dataset holds no Python container of 1 MiB or more, so this is "
@@ -206,13 +233,13 @@ def test_warning_without_a_container() -> None:
     )
 
 
-def test_warning_for_a_dict_inside_a_subset() -> None:
+def test_advice_for_a_dict_inside_a_subset(caplog: pytest.LogCaptureFixture) -> None:
     clock = [0.0]
     dataset = Subset(Records(50_000), [0, 1, 2])
     watch = MemoryWatch(dataset, clock=lambda: clock[0], read_uss=lambda p: None)
-    with pytest.warns(CopyOnReadWarning) as record:
+    with told(caplog) as record:
         _growth(watch, clock, 9, RAMP, workers=4)
-    text = str(record[0].message)
+    text = record[0]
     tail = text[text.index("The largest") :]
     est = find_largest_python_container(dataset)
     assert est is not None
@@ -282,14 +309,13 @@ def test_slow_reads_stretch_the_interval() -> None:
     assert len(reader.reads) == 2
 
 
-def test_new_workers_start_new_series() -> None:
+def test_new_workers_start_new_series(caplog: pytest.LogCaptureFixture) -> None:
     """Non-persistent workers: each epoch's workers are new pids; old series are dropped, so
     growth is never computed across two different processes."""
     clock = [0.0]
     reader = FakeReader(clock)
     watch = MemoryWatch(PathsDataset(10), interval_s=1.0, clock=lambda: clock[0], read_uss=reader)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with told(caplog, expect=False):
         for epoch, base in enumerate((10, 80, 150, 220, 290, 360)):  # each epoch +0 inside
             pid = 1000 + epoch
             reader.uss = {pid: base * MIB}
@@ -300,11 +326,11 @@ def test_new_workers_start_new_series() -> None:
     assert not watch.warned
 
 
-def test_sample_warns_on_growth_and_then_stops_reading() -> None:
+def test_sample_tells_of_growth_and_then_stops_reading(caplog: pytest.LogCaptureFixture) -> None:
     clock = [0.0]
     reader = FakeReader(clock)
     watch = MemoryWatch(PathsDataset(10), interval_s=1.0, clock=lambda: clock[0], read_uss=reader)
-    with pytest.warns(CopyOnReadWarning):
+    with told(caplog):
         for v in RAMP:
             reader.uss = {5: v}
             clock[0] += 1.0
@@ -338,7 +364,7 @@ def test_long_series_are_thinned_keeping_first_and_last() -> None:
     watch = MemoryWatch(Shared(10), clock=lambda: clock[0], read_uss=lambda p: None)
     for k in range(1000):
         clock[0] = float(k)
-        watch.record(1, MIB * (50 + (k % 2)))  # flat: never warns
+        watch.record(1, MIB * (50 + (k % 2)))  # flat: never told
     series = watch._series[1]
     assert len(series.values) <= 65 and series.count == 1000
     assert series.values[0] == 50 * MIB and series.values[-1] == 51 * MIB

@@ -80,6 +80,11 @@ class LoaderStats:
     # what the loader did beyond torch (NOTE [ Same as torch unless asked ]), with what it
     # implies (device= and keep_slabs use slab_transport)
     beyond_torch: tuple[str, ...] = ()
+    # What stoker advises about this loader that torch does not say (a generator every worker
+    # copies, worker memory growing by copy-on-read), each text once, in the order given; the
+    # same texts go to the ``stoker.*`` loggers, never through ``warnings`` (NOTE [ torch's
+    # voice ] in ``_core/torch_voice.py``).
+    advice: tuple[str, ...] = ()
     summary: str = ""
 
     def __str__(self) -> str:
@@ -91,7 +96,7 @@ class LoaderStats:
         Every field that is a number (bools as 0/1), plus ``samples_per_s`` (samples over
         wait + loop time), ``wait_share`` (the share of that time ``next()`` blocked: above
         ~0.1 the loop is input-bound) and ``concurrency_max``; the verdict text and the
-        tuner's decisions are left out. For example::
+        tuner's decisions and the advice are left out. For example::
 
             stats = loader.stats().as_dict()
             writer.add_scalars("loader", stats, step)                    # TensorBoard

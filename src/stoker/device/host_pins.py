@@ -10,7 +10,8 @@ then report ``is_pinned()`` and copies from them are asynchronous, with no copy 
 Memory stays bounded: only the slabs the engine keeps anyway are registered. Tensors of a
 batch that do not live in a slab (empty ones, or a batch sent without shared memory) are
 pinned the torch way, by copying; so is everything when the driver refuses to register (said
-once, with its reason).
+once, with its reason, on the ``stoker.device.host_pins`` logger: batches are right either way,
+so not through ``warnings``, NOTE [ torch's voice ] in ``_core/torch_voice.py``).
 
 What torch's pinned buffers get from its caching host allocator, a registered slab needs from
 us: it must not be written again (a worker collating the next batch into it), unregistered or
@@ -34,14 +35,15 @@ for the last copy stoker queued from that slab.
 from __future__ import annotations
 
 import collections
+import logging
 import threading
-import warnings
 from typing import Any
 
 import torch
 
 from stoker.device.backend import DeviceBackend, Event
 
+log = logging.getLogger(__name__)
 _told_refusal = False
 _told_lock = threading.Lock()
 
@@ -52,13 +54,12 @@ def _tell_refusal(why: str) -> None:
         if _told_refusal:
             return
         _told_refusal = True
-    warnings.warn(
-        f"stoker: could not page-lock its shared-memory slabs in place ({why}), so "
+    log.warning(
+        "stoker: could not page-lock its shared-memory slabs in place (%s), so "
         "pin_memory=True copies each batch into pinned memory as torch's DataLoader does (a "
         "second copy of every batch on the CPU). Registering host memory can be refused in "
         "containers limiting locked memory, or under a driver without host registration; "
-        "batches are correct either way.",
-        stacklevel=2,
+        "batches are correct either way.", why,
     )
 
 

@@ -2,40 +2,43 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from stoker._core.torch_voice import PIN_SINGLE_PROCESS, PIN_WORKERS, warn_as_torch
 from stoker.device.tree import map_batch
 
 
-def pin_target(pin_memory: bool, pin_memory_device: str) -> str | None:
-    """The accelerator to pin for, or None; warns exactly where torch's DataLoader warns."""
+def pin_target(pin_memory: bool, pin_memory_device: str, workers: bool) -> str | None:
+    """The accelerator to pin for, or None. Warns what torch's iterator warns when it starts,
+    attributed where torch's are (``workers``: torch's worker iterator's line, else its
+    single-process one; NOTE [ torch's voice ])."""
+    site = PIN_WORKERS if workers else PIN_SINGLE_PROCESS
     if pin_memory and pin_memory_device:
-        warnings.warn(
+        warn_as_torch(
             "pin_memory_device is deprecated, the current accelerator will be used as the device,"
             f"ignore pin_memory_device='{pin_memory_device}'.",
-            stacklevel=4,
+            site,
         )
     if not pin_memory:
         return None
     if not torch.accelerator.is_available():
-        warnings.warn(
+        warn_as_torch(
             "'pin_memory' argument is set as true but no accelerator is found, "
             "then device pinned memory won't be used.",
-            stacklevel=4,
+            site,
         )
         return None
     acc = torch.accelerator.current_accelerator()
     if acc is None:
         return None
     if acc.type == "mps":
-        warnings.warn(
+        warn_as_torch(
             "'pin_memory' argument is set as true but not supported on MPS now, "
             "device pinned memory won't be used.",
-            stacklevel=4,
+            site,
         )
         return None
     return acc.type

@@ -32,6 +32,7 @@ def run_from_dict(d: dict[str, Any]) -> Run:
     stats["tuner"] = tuple(TunerEvent(**t) for t in stats["tuner"])
     stats["worker_times"] = tuple(tuple(w) for w in stats.get("worker_times", ()))
     stats["beyond_torch"] = tuple(stats.get("beyond_torch", ()))
+    stats["advice"] = tuple(stats.get("advice", ()))
     return Run(
         label=d["label"], overrides=dict(d["overrides"]), samples_per_s=d["samples_per_s"],
         batches=d["batches"], samples=d["samples"], seconds=d["seconds"],

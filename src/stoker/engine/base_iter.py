@@ -1,22 +1,23 @@
 """What every loader iterator shares: its epoch cursor (``engine.cursor``: position, seeds,
-resume), handing out batches (pinning, the device feed, the stats), warnings."""
+resume), handing out batches (pinning, the device feed, the stats), torch's warnings (NOTE
+[ torch's voice ]) and stoker's advice."""
 
 from __future__ import annotations
 
 import functools
 import time
-import warnings
 from typing import Any
 
 from torch.utils.data import IterableDataset
 
 from stoker._core.plan import Plan
 from stoker._core.specs import FetchSpec
+from stoker._core.torch_voice import warn_at_caller
 from stoker.engine.cursor import Delivery, EpochCursor
 from stoker.engine.loader_state import EngineState
 from stoker.engine.skips import SkipLedger
 from stoker.engine.stats import PIN, WAIT, profiling, stage_range
-from stoker.sampling.dataset_rngs import find_dataset_rngs, warn_shared_rngs
+from stoker.sampling.dataset_rngs import find_dataset_rngs, tell_shared_rngs
 
 
 def resolve_collate(collate_fn: Any) -> Any:
@@ -89,7 +90,8 @@ class BaseIterator:
         self._num_workers = plan.num_workers
         self._timeout = plan.timeout
         self._seeding = plan.seeding
-        self._pin_type = pin_target(plan.pin_memory, plan.pin_memory_device)
+        self._pin_type = pin_target(plan.pin_memory, plan.pin_memory_device,
+                                    workers=plan.num_workers > 0)
         self._pin = self._pin_type is not None
         self._feed: Any = None
         self._pins: Any = None  # NOTE [ Slabs pinned in place ]; set by iterators with slabs
@@ -102,7 +104,8 @@ class BaseIterator:
         per_batch = self._seeding == "per_batch"
         self._dataset_rngs = find_dataset_rngs(self._dataset) if per_batch else []
         if not per_batch and self._num_workers > 1:
-            warn_shared_rngs(self._dataset, find_dataset_rngs(self._dataset), self._num_workers)
+            tell_shared_rngs(self._dataset, find_dataset_rngs(self._dataset), self._num_workers,
+                             self._stats.advise)
         self._open_epoch(plan, resume, first=True)
         self._feed = make_feed(plan, engine.stats, self)
 
@@ -239,6 +242,8 @@ class BaseIterator:
         return EndOfData(rank=rank, step=step, num_batches=self._steps_target or 0)
 
     def _warn_length(self) -> None:
+        """torch's warning, at the same step, attributed to the code that called ``next()``
+        (torch's ``stacklevel=2`` in its ``__next__``: NOTE [ torch's voice ])."""
         message = (
             f"Length of IterableDataset {self._dataset} was reported to be {self._len_reported}"
             f"(when accessing len(dataloader)), but {self._num_yielded} samples have been fetched. "
@@ -250,4 +255,4 @@ class BaseIterator:
                 "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
                 "for examples."
             )
-        warnings.warn(message, stacklevel=3)
+        warn_at_caller(message)

@@ -4,14 +4,16 @@ A forked child cannot use a CUDA context its parent created ("CUDA error: initia
 error"), and a dataset holding CUDA tensors drags CUDA into every worker. So, before workers
 start: a dataset with accelerator tensors is refused with the fix; and when CUDA is already
 initialised and workers would be forked by default, they are started with ``forkserver``
-instead, after checking that the dataset pickles (it must, there), with a precise error if not.
+instead, after checking that the dataset pickles (it must, there), with a precise error if not;
+that switch is said on the ``stoker.engine.cuda_safety`` logger, not through ``warnings``: the
+run goes on and succeeds (NOTE [ torch's voice ] in ``_core/torch_voice.py``).
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import multiprocessing
-import warnings
 from multiprocessing.context import BaseContext
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -20,6 +22,8 @@ import torch
 
 from stoker._core.walk import iter_attributes
 from stoker.errors import CudaInWorkersError
+
+log = logging.getLogger(__name__)
 
 
 def find_device_tensors(dataset: Any, device_types: frozenset[str]) -> list[tuple[str, str]]:
@@ -77,10 +81,9 @@ def safe_context(requested: BaseContext | None, default: BaseContext, plan: Any)
             "open files or locks), or create and iterate the DataLoader before CUDA is first "
             "used, or use num_workers=0."
         )
-    warnings.warn(
+    log.warning(
         "stoker: CUDA is already initialised in this process and forked workers cannot use it; "
         "starting them with 'forkserver' instead (the dataset is pickled to each worker). Pass "
-        "multiprocessing_context='forkserver' (or 'spawn') to choose this explicitly.",
-        stacklevel=5,
+        "multiprocessing_context='forkserver' (or 'spawn') to choose this explicitly."
     )
     return multiprocessing.get_context("forkserver")

@@ -25,12 +25,12 @@ from stoker.sharing.auto_share import ListSharing
 from stoker.transport.slab_bank import SlabBank
 
 
-def _memory_watch(dataset: Any) -> Any:
-    """A watch of the workers' memory; its module loads with the first loader that has
-    workers (NOTE [ Import only what the loader needs ])."""
+def _memory_watch(dataset: Any, stats: StatsAccumulator) -> Any:
+    """A watch of the workers' memory, telling its advice to ``stats``; its module loads with
+    the first loader that has workers (NOTE [ Import only what the loader needs ])."""
     from stoker.profile.memory_watch import MemoryWatch
 
-    return MemoryWatch(dataset)
+    return MemoryWatch(dataset, tell=stats.advise)
 
 
 _LOCAL = ("progress", "stats", "memory_watch", "list_sharing", "slab_bank")
@@ -58,7 +58,8 @@ class EngineState:
         """The process-local parts, as a new loader has them."""
         self.progress: Any = None  # the live ``EpochProgress`` of the last epoch begun
         self.stats = (StatsAccumulator if self.collect_stats else NoStats)(self.num_workers)
-        self.memory_watch = _memory_watch(self.dataset) if self.num_workers > 0 else None
+        self.memory_watch = (
+            _memory_watch(self.dataset, self.stats) if self.num_workers > 0 else None)
         self.list_sharing = ListSharing(self.fast_paths)
         self.slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
         finalize_here(self, self.slab_bank.close)
@@ -72,7 +73,7 @@ class EngineState:
         old = self.stats
         self.stats = type(old)(num_workers).carry_over(old)
         if num_workers > 0 and self.memory_watch is None:
-            self.memory_watch = _memory_watch(self.dataset)
+            self.memory_watch = _memory_watch(self.dataset, self.stats)
 
     def add_stats_hook(self, hook: Any) -> None:
         self.stats.hooks = (*self.stats.hooks, hook)

@@ -202,11 +202,20 @@ class StatsAccumulator:
         # The per-batch timeline: None (the default) records nothing (profile/events.py).
         self.events: EventRecorder | None = None
         self.hooks: tuple[StatsHook, ...] = ()  # told of every batch handed out
+        self.advice: list[str] = []  # LoaderStats.advice; one list for the loader's life
 
     def carry_over(self, old: StatsAccumulator) -> StatsAccumulator:
-        """Take ``old``'s hooks and timeline (a new accumulator for another worker count)."""
-        self.hooks, self.events = old.hooks, old.events
+        """Take ``old``'s hooks, timeline and advice (a new accumulator for another worker
+        count); the advice list itself, so what holds ``old.advise`` still adds to it."""
+        self.hooks, self.events, self.advice = old.hooks, old.events, old.advice
         return self
+
+    def advise(self, text: str) -> bool:
+        """Keep ``text`` for ``LoaderStats.advice`` (once); whether it is new."""
+        if text in self.advice:
+            return False
+        self.advice.append(text)
+        return True
 
     def entered_next(self) -> float:
         if self._steal_at_start is None:
@@ -290,6 +299,7 @@ class StatsAccumulator:
             worker_times=tuple(self.worker_times[w] for w in sorted(self.worker_times)),
             cpu_idle_share=idle,
             queue_measured=self.clock.measured and self.clock.sampled_s > 0,
+            advice=tuple(self.advice),
         )
         return replace(stats, summary=summarize(stats))
 
@@ -329,7 +339,7 @@ class NoStats(StatsAccumulator):
         pass
 
     def snapshot(self) -> LoaderStats:
-        return LoaderStats(num_workers=self.num_workers,
+        return LoaderStats(num_workers=self.num_workers, advice=tuple(self.advice),
                            summary="stoker: stats are off (collect_stats=False).")
 
 

@@ -28,10 +28,10 @@ anything in /dev/shm. Batches the user still holds stay valid: their mappings ou
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import time
-import warnings
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from stoker.errors import LoaderTimeoutError, StallWarning
@@ -194,13 +194,15 @@ def describe_stall(group: WorkerGroup, book: TaskBook, with_stacks: bool) -> str
 
 
 def warn_stall(group: WorkerGroup, book: TaskBook, waited_s: float) -> None:
+    """The stall report: a WARNING on the ``stoker.engine.worker_group`` logger, not through
+    ``warnings``: the loader keeps waiting and the run may well succeed, where torch says
+    nothing (NOTE [ torch's voice ] in ``_core/torch_voice.py``). The record's ``category``
+    is ``stoker.StallWarning``."""
     detail = describe_stall(group, book, with_stacks=True)
-    warnings.warn(
-        f"stoker: no batch for {waited_s:.0f} s; {detail}. The loader keeps waiting. If this is "
-        "expected (very slow samples), raise stall_warning_s or pass stall_warning_s=None; to "
-        "fail instead of waiting, set timeout=<seconds>.",
-        StallWarning,
-        stacklevel=5,
+    logging.getLogger(__name__).warning(
+        "stoker: no batch for %.0f s; %s. The loader keeps waiting. If this is expected (very "
+        "slow samples), raise stall_warning_s or pass stall_warning_s=None; to fail instead of "
+        "waiting, set timeout=<seconds>.", waited_s, detail, extra={"category": StallWarning},
     )
 
 

@@ -3,9 +3,12 @@
 A forked worker that reads the items of a big Python list writes their reference counts, and
 the kernel copies every page written into that worker: each worker's private memory (USS)
 climbs towards the size of the list during its first epoch. ``MemoryWatch`` samples the
-workers' USS from the main process and, when one grows steadily, warns once with the
+workers' USS from the main process and, when one grows steadily, says so once with the
 dataset's largest Python container and the shared container to keep it in
-(``stoker.sharing``).
+(``stoker.sharing``): a WARNING on the ``stoker.profile.memory_watch`` logger and the text in
+``loader.stats().advice``. Not through ``warnings``: torch's DataLoader says nothing there, and
+a run that succeeds under torch must not stop under ``-W error`` (NOTE [ torch's voice ] in
+``_core/torch_voice.py``); the record's ``category`` is ``stoker.CopyOnReadWarning``.
 
 NOTE [ Memory watch sampling ]
 No thread: the loader calls ``watch.sample(worker_pids)`` after every batch it hands out. That
@@ -16,8 +19,8 @@ forked worker maps every page of its parent, so a read costs about 10-25 ms per 
 parent's resident memory. The next sample is therefore due after ``interval_s`` or after 100
 times the last read's duration, whichever is longer: sampling takes about 1 % of the main
 process's time. The exception is a worker seen for the first time: it is read at once, so
-its series starts before copy-on-read has begun. Nothing is sampled after the warning, or
-with STOKER_MEMORY_WATCH=0.
+its series starts before copy-on-read has begun. Nothing is sampled after the advice is given,
+or with STOKER_MEMORY_WATCH=0.
 
 NOTE [ Memory watch decision ]
 One USS series per worker pid, from its first sample (``GrowthRule``). It *grows* when it has
@@ -26,21 +29,20 @@ under 1 MiB counts as flat), and the last sample is at least max(64 MiB, 20 % of
 above the first. 64 MiB keeps small datasets quiet. Then:
 
 * ``steady``: the growth without its largest single step still reaches that threshold: it is
-  spread over many samples. Warn, naming the largest Python container if there is one.
+  spread over many samples. Tell, naming the largest Python container if there is one.
 * ``jump``: most of the growth happened between two samples and has held for at least two
-  more. A one-off jump on its own never warns (a worker that loads one big object). But with
+  more. A one-off jump on its own is never told (a worker that loads one big object). But with
   ``shuffle=True`` copy-on-read *is* a jump: random reads touch every page of a list within
   a second or two, faster than the sampling (measured: one worker went 14 -> 187 -> 196 MiB
-  on the 2,000,000-path list). So a jump warns only when the dataset holds a Python container
+  on the 2,000,000-path list). So a jump is told only when the dataset holds a Python container
   at least half the size of the growth, which it then names.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -53,11 +55,11 @@ from stoker.profile.memory_suspect import (
 
 MIB = 2**20
 ENV_SWITCH = "STOKER_MEMORY_WATCH"
-NOTEWORTHY_CONTAINER_BYTES = MIB  # smaller containers are not named in the warning
-JUMP_EXPLAINED_FRACTION = 0.5  # a jump warns if a container is at least this x the growth
+NOTEWORTHY_CONTAINER_BYTES = MIB  # smaller containers are not named in the advice
+JUMP_EXPLAINED_FRACTION = 0.5  # a jump is told if a container is at least this x the growth
 _MAX_POINTS = 64  # per worker; older points are thinned out, keeping the first and the last
 _MAX_OVERHEAD = 0.01  # fraction of the main process's time spent reading USS
-_STOKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+log = logging.getLogger(__name__)
 
 
 
@@ -171,9 +173,10 @@ _UNSET: Any = object()
 
 
 class MemoryWatch:
-    """Samples workers' USS from the main process and warns once when one grows steadily.
+    """Samples workers' USS from the main process and tells once when one grows steadily:
+    a WARNING on this module's logger, and the same text to ``tell`` (the loader's stats).
 
-    One per DataLoader (so a loader warns once, across epochs and worker restarts). See
+    One per DataLoader (so a loader tells once, across epochs and worker restarts). See
     NOTE [ Memory watch sampling ] for the cost: ``max_overhead`` is the fraction of the
     caller's time that reading USS may take. ``clock`` and ``read_uss`` are for tests.
     """
@@ -187,8 +190,10 @@ class MemoryWatch:
         max_overhead: float = _MAX_OVERHEAD,
         clock: Callable[[], float] = time.monotonic,
         read_uss: Callable[[int], int | None] | None = None,
+        tell: Callable[[str], object] | None = None,
     ) -> None:
         self._dataset = dataset
+        self._tell = tell
         self._rule = rule
         self._interval_s = interval_s
         self._max_overhead = max_overhead
@@ -241,7 +246,7 @@ class MemoryWatch:
     def record(
         self, pid: int, uss_bytes: int, *, now: float | None = None, num_workers: int = 1
     ) -> bool:
-        """Add one USS sample of worker ``pid``; warn (once) and return True when it grows
+        """Add one USS sample of worker ``pid``; tell (once) and return True when it grows
         (NOTE [ Memory watch decision ])."""
         at = self._clock() if now is None else now
         series = self._series.get(pid)
@@ -261,7 +266,9 @@ class MemoryWatch:
         self.warned = True
         text = growth_message(pid, series.values, at - series.first_at, series.count, num_workers)
         text += " " + advice(finding)
-        warnings.warn(text, CopyOnReadWarning, stacklevel=_stacklevel_outside_stoker())
+        if self._tell is not None:
+            self._tell(text)
+        log.warning("%s", text, extra={"category": CopyOnReadWarning})
         return True
 
     def _suspect(self) -> ContainerFinding | None:
@@ -269,14 +276,6 @@ class MemoryWatch:
         if self._finding is _UNSET:
             self._finding = largest_container(self._dataset)
         return self._finding
-
-
-def _stacklevel_outside_stoker() -> int:
-    """The ``stacklevel`` for the caller's ``warnings.warn`` that points at the user's code."""
-    level, frame = 1, sys._getframe(1)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_STOKER_DIR):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 # -- the message ---------------------------------------------------------------------------------
@@ -298,7 +297,7 @@ def growth_message(
 
 
 def advice(finding: ContainerFinding | None) -> str:
-    """What the warning says after the measurement: the suspect and the fix, or why none."""
+    """What the advice says after the measurement: the suspect and the fix, or why none."""
     switch = f"Set {ENV_SWITCH}=0 to turn this check off."
     if finding is None or finding.est_bytes < NOTEWORTHY_CONTAINER_BYTES:
         return (

@@ -5,15 +5,18 @@ np.random.default_rng(0)`` draws the same numbers in every worker: augmentations
 across workers, and change with ``num_workers``. With ``seeding="per_batch"`` stoker reseeds
 such generators before each batch from (base seed, epoch, position), like the global RNGs; in
 the main process their states are put back afterwards. With ``seeding="per_worker"`` (torch's
-behaviour) it warns once, naming the attribute and the fix.
+behaviour) it says so, naming the attribute and the fix: on the ``stoker.sampling.dataset_rngs``
+logger (once per dataset) and in ``loader.stats().advice``, not through ``warnings``, which
+torch does not use for it (NOTE [ torch's voice ] in ``_core/torch_voice.py``).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import sys
-import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,6 +25,8 @@ import torch
 from stoker._core.walk import iter_attributes
 from stoker.sampling.datapipes import is_datapipe
 from stoker.sampling.seeds import mix_seed
+
+log = logging.getLogger(__name__)
 
 
 def _rng_types() -> tuple[type, ...]:
@@ -91,23 +96,29 @@ def restore_states(rngs: list[tuple[str, Any]], states: list[Any]) -> None:
             rng.set_state(state)
 
 
-_warned: weakref.WeakSet[Any] = weakref.WeakSet()
+_told: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def warn_shared_rngs(dataset: Any, rngs: list[tuple[str, Any]], num_workers: int) -> None:
-    """seeding="per_worker": every worker gets an identical copy of these generators."""
-    try:
-        if not rngs or dataset in _warned:
-            return
-        _warned.add(dataset)
-    except TypeError:
-        pass
+def tell_shared_rngs(
+    dataset: Any, rngs: list[tuple[str, Any]], num_workers: int, advise: Callable[[str], object]
+) -> None:
+    """seeding="per_worker": every worker gets an identical copy of these generators. Said to
+    ``advise`` (the loader's stats) and, once per dataset, as a WARNING on this module's logger."""
+    if not rngs:
+        return
     path, rng = rngs[0]
-    warnings.warn(
+    text = (
         f"stoker: {path} is a {type(rng).__module__}.{type(rng).__name__} created before the "
         f"workers started; each of the {num_workers} workers gets an identical copy, so the "
         "random draws from it repeat across workers, as under torch. Draw from "
         "stoker.sample_rng() in __getitem__ instead, or pass seeding='per_batch' (or "
-        "beyond_torch={'per_batch_seeding'}), which reseeds it per batch.",
-        stacklevel=5,
+        "beyond_torch={'per_batch_seeding'}), which reseeds it per batch."
     )
+    advise(text)
+    try:
+        if dataset in _told:
+            return
+        _told.add(dataset)
+    except TypeError:  # not weak-referenceable: said every time rather than never
+        pass
+    log.warning("%s", text)

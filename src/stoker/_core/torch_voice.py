@@ -1,0 +1,141 @@
+"""Warnings torch's DataLoader gives, given as torch gives them (issue 44).
+
+NOTE [ torch's voice ]
+With default arguments, on a run that succeeds, stoker issues through ``warnings`` exactly
+what torch 2.13's DataLoader issues there, and nothing else: the same category and text, as
+many times, at the same moment, and *attributed as torch attributes them*: the ``filename``
+and ``lineno`` of the frame torch's ``warnings.warn(..., stacklevel=2)`` lands in, the module
+name that ``warnings.filterwarnings(module=...)`` matches, and that module's
+``__warningregistry__``, so the default once-per-location filter is shared with torch's own
+warnings (a warning torch's loader gave at that place is not given again by stoker's, and the
+other way round). torch's
+sites and what stoker does for each (the audit in docs/same_as_torch.md):
+
+* from a method of the loader (``check_worker_number_rationality``, called by torch's
+  ``DataLoader.__init__`` and ``_get_iterator``): stoker's ``DataLoader.__init__`` runs
+  torch's, so that call is torch's own; for ``_get_iterator`` stoker calls torch's method
+  through ``call_as_torch`` from a frame that stands at torch's call, so torch's own
+  ``warnings.warn`` attributes it there (text, line, module, registry by construction).
+* from ``_BaseDataLoaderIter.__init__`` (``pin_memory`` without an accelerator,
+  ``pin_memory_device`` deprecated, MPS): ``warn_as_torch`` gives stoker's copy of the text with
+  ``warnings.warn_explicit`` at the line of ``super().__init__(loader)`` in torch's
+  single-process or worker iterator, whichever torch would have made.
+* from ``_BaseDataLoaderIter.__next__`` (an IterableDataset longer than its ``__len__``):
+  torch's ``stacklevel=2`` lands in the code that called ``next()`` (the user's loop), so
+  ``warn_at_caller`` attributes it to the first frame outside stoker.
+
+torch's lines are read from torch's own source (an ``ast`` walk of the function that makes
+the call, once, when first needed), never written down here: another torch release moves
+them. stoker's own advice (generators every worker copies, copy-on-read growth, stalls) is
+not torch's and goes to ``logging`` and ``loader.stats().advice`` instead, never through
+``warnings`` (NOTE [ Same as torch unless asked ]). Warnings stay warnings only on failure
+paths and in stoker's own APIs (resume, ``on_error="skip"``, ``TarShards``, the cache, the
+Accelerate integration), each with its reason in docs/same_as_torch.md.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import sys
+import types
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+_STOKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+@dataclass(frozen=True)
+class TorchSite:
+    """Where in torch's ``torch/utils/data/dataloader.py`` a warning is attributed: the call
+    to ``call`` (a method name) inside ``owner.function``."""
+
+    owner: str
+    function: str
+    call: str
+
+
+# The frame torch's ``warnings.warn(..., stacklevel=2)`` lands in, for each of its sites.
+WORKER_COUNT_AT_ITER = TorchSite("DataLoader", "_get_iterator", "check_worker_number_rationality")
+PIN_SINGLE_PROCESS = TorchSite("_SingleProcessDataLoaderIter", "__init__", "__init__")
+PIN_WORKERS = TorchSite("_MultiProcessingDataLoaderIter", "__init__", "__init__")
+
+
+def _torch_module() -> types.ModuleType:
+    from torch.utils.data import dataloader
+
+    return dataloader
+
+
+@functools.cache
+def torch_line(site: TorchSite) -> int:
+    """The line of ``site``'s call in torch's source; the function's first line when this
+    torch has no such call there (another release: attributed near, never failing)."""
+    module = _torch_module()
+    function = getattr(getattr(module, site.owner), site.function)
+    fallback = int(function.__code__.co_firstlineno)
+    try:
+        with open(function.__code__.co_filename, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return fallback
+    for owner in ast.walk(tree):
+        if not (isinstance(owner, ast.ClassDef) and owner.name == site.owner):
+            continue
+        for fn in owner.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name == site.function:
+                for node in ast.walk(fn):
+                    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                            and node.func.attr == site.call):
+                        return int(node.lineno)
+    return fallback
+
+
+def _filename(site: TorchSite) -> str:
+    module = _torch_module()
+    return str(getattr(getattr(module, site.owner), site.function).__code__.co_filename)
+
+
+def warn_as_torch(message: str, site: TorchSite, category: type[Warning] = UserWarning) -> None:
+    """Issue ``message`` as torch's ``warnings.warn(message, stacklevel=2)`` in the function
+    ``site`` calls would: at ``site``'s line of torch's file, for torch's module, in torch's
+    module's registry (made there if missing, as ``warnings.warn`` makes it)."""
+    module_globals = vars(_torch_module())
+    registry = module_globals.setdefault("__warningregistry__", {})
+    warnings.warn_explicit(
+        message, category, _filename(site), torch_line(site),
+        module=module_globals["__name__"], registry=registry, module_globals=module_globals,
+    )
+
+
+@functools.cache
+def _trampoline(site: TorchSite) -> types.FunctionType:
+    """``lambda fn: fn()`` whose frame stands at ``site``: torch's file, the line of the call
+    there and torch's module globals (so its name and ``__warningregistry__``)."""
+    compiled = compile("def _at(fn):\n    fn()\n", _filename(site), "exec")
+    code = next(c for c in compiled.co_consts if isinstance(c, types.CodeType))
+    code = code.replace(co_firstlineno=torch_line(site) - 1, co_name=site.function)
+    return types.FunctionType(code, vars(_torch_module()), site.function)
+
+
+def call_as_torch(site: TorchSite, fn: Callable[[], object]) -> None:
+    """Call ``fn()`` from a frame at ``site``: what torch's own method called there warns
+    with ``stacklevel=2`` is attributed, filtered and registered as when torch calls it."""
+    _trampoline(site)(fn)
+
+
+def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """Issue ``message`` from the first frame outside stoker (the code that called the
+    iterator's ``__next__``), as torch's ``__next__`` does with ``stacklevel=2``."""
+    warnings.warn(message, category, stacklevel=stacklevel_outside_stoker())
+
+
+def stacklevel_outside_stoker() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` made by this function's caller that lands on
+    the first frame outside the stoker package."""
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_STOKER_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
