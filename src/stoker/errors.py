@@ -8,7 +8,7 @@
      │         ├── LoaderTimeoutError   no batch within ``timeout`` seconds (torch's message)
      │         ├── SkipBudgetExceeded   on_error="skip" skipped more samples than allowed
      │         ├── MixedDeviceError     a batch's samples are on different devices
-     │         ├── CudaInWorkersError   the loader would carry CUDA into worker processes
+     │         ├── CudaInWorkersError   cuda_forkserver: a dataset that does not pickle
      │         ├── RemoteReadError      an object-store read failed for good (an OSError too)
      │         ├── ShardError           a shard or record file is not what its index says
      │         ├── DeviceUnavailableError  device= names a device this process cannot use
@@ -181,15 +181,13 @@ class RemoteReadError(OSError, StokerError):
 
 
 class CudaInWorkersError(StokerError):
-    """The loader would carry CUDA into worker processes, where it cannot work.
+    """Workers cannot start where CUDA is: ``beyond_torch`` asks for ``cuda_forkserver``, CUDA
+    is already initialised here, so workers start with ``forkserver``, and the dataset (or
+    ``collate_fn``, ``worker_init_fn``) does not pickle (the message says what does not).
 
-    Either the dataset holds a CUDA tensor (the message names the attribute), or CUDA is
-    already initialised here, so workers must start with ``forkserver``, and the dataset does
-    not pickle (the message says what does not).
-
-    What to do: keep the dataset's tensors on the CPU and move batches to the GPU in the
-    training loop (or with ``DataLoader(device=...)``); define the dataset's classes and
-    functions at module level, or create and iterate the loader before CUDA's first use.
+    What to do: define the dataset's classes and functions at module level, or leave
+    ``cuda_forkserver`` off (workers are forked as torch forks them, and must not use CUDA:
+    keep the dataset's tensors on the CPU and move batches to the GPU in the training loop).
     """
 
 

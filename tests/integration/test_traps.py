@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import stoker
-from stoker.engine.cuda_safety import CudaInWorkersError, refuse_device_tensors, safe_context
+from stoker.engine.cuda_safety import CudaInWorkersError, safe_context
 
 FIX = (
     "Keep every sample on one device: return CPU tensors from __getitem__ (move GPU-made data "
@@ -41,19 +41,60 @@ def test_mixed_devices_name_the_devices_and_samples(executor):
     assert isinstance(info.value, RuntimeError)  # what torch users already catch
 
 
-def test_dataset_holding_accelerator_tensors_is_refused_before_workers_start():
-    dataset = _images_and_pseudo_labels()
-    with pytest.raises(CudaInWorkersError) as info:
-        refuse_device_tensors(dataset, 2, device_types=frozenset({"meta"}))
-    assert str(info.value) == (
-        "DataLoader(num_workers=2) cannot hand dataset.datasets[1].tensors[0] to worker "
-        "processes: it is a tensor on meta, and workers cannot use CUDA (they fail with 'CUDA "
-        "error: initialization error'). Keep dataset tensors on the CPU "
-        "(dataset.datasets[1].tensors[0] = dataset.datasets[1].tensors[0].cpu()) and move each "
-        "batch to the GPU in the training loop with batch.to(device, non_blocking=True) "
-        "(pin_memory=True makes that copy asynchronous); or use num_workers=0."
-    )
-    refuse_device_tensors(torch.utils.data.TensorDataset(torch.ones(2)), 2)  # CPU: fine
+class _HoldsMeta(torch.utils.data.Dataset):
+    """A dataset holding a tensor on another device that ``__getitem__`` never touches: correct
+    under torch, whose forked workers never call into that device."""
+
+    def __init__(self):
+        self.labels = torch.ones(4, device="meta")
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return i
+
+
+def test_a_dataset_holding_device_tensors_runs_as_under_torch():
+    # Issue 44: refused before the workers started (a CudaInWorkersError) where torch's run
+    # succeeds; now loaded as torch loads it.
+    got = [b.tolist() for b in stoker.DataLoader(_HoldsMeta(), batch_size=2, num_workers=2)]
+    want = [b.tolist() for b in torch.utils.data.DataLoader(_HoldsMeta(), batch_size=2,
+                                                            num_workers=2)]
+    assert got == want == [[0, 1], [2, 3]]
+
+
+class _UsesCudaInWorker(torch.utils.data.Dataset):
+    """What a worker sees when it touches CUDA its parent initialised: torch's error text."""
+
+    def __init__(self):
+        self.labels = torch.ones(4, device="meta")
+        self.on_cuda = [torch.ones(1, device="meta")]
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        raise RuntimeError("Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
+                           "multiprocessing, you must use the 'spawn' start method")
+
+
+def test_cuda_in_a_worker_keeps_torchs_error_with_the_fix(monkeypatch):
+    from stoker.workers import remote_errors
+
+    # The dataset's tensors are on 'meta' here: count them as CUDA's for the note.
+    real = torch.Tensor.device
+    monkeypatch.setattr(torch.Tensor, "device", property(
+        lambda t: torch.device("cuda") if real.__get__(t).type == "meta" else real.__get__(t)))
+    loader = stoker.DataLoader(_UsesCudaInWorker(), batch_size=2, num_workers=1)
+    with pytest.raises(RuntimeError) as info:
+        list(loader)
+    assert type(info.value) is RuntimeError  # torch's type, as torch re-raises it
+    notes = getattr(info.value, "__notes__", [])
+    assert remote_errors.CUDA_HINT + (
+        " The dataset holds CUDA tensors: dataset.labels (and 1 more); keep them on the CPU "
+        "(dataset.labels = dataset.labels.cpu())."
+    ) in notes
 
 
 class _Picklable(torch.utils.data.Dataset):
@@ -69,41 +110,46 @@ class _Unpicklable(_Picklable):
         self.transform = lambda x: x
 
 
-def test_cuda_initialised_parent_switches_fork_to_forkserver(monkeypatch, caplog):
+def test_cuda_initialised_parent_forks_workers_as_torch_does(monkeypatch, caplog):
+    # Issue 44: stoker started them with forkserver (pickling the dataset, other process
+    # names) where torch forks them; that is now asked for by name.
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     fork = multiprocessing.get_context("fork")
-    loader = stoker.DataLoader(_Picklable(), num_workers=2)
-    # Said on stoker's logger, not through warnings (issue 44): the run goes on and succeeds.
-    with caplog.at_level(logging.WARNING, "stoker.engine.cuda_safety"), \
-            warnings.catch_warnings():
+    plan = stoker.DataLoader(_Unpicklable(), num_workers=2).plan()
+    with caplog.at_level(logging.DEBUG, "stoker"), warnings.catch_warnings():
         warnings.simplefilter("error")
-        ctx = safe_context(None, fork, loader)
-    assert ctx.get_start_method() == "forkserver"
-    assert [(r.name, r.getMessage()) for r in caplog.records] == [(
-        "stoker.engine.cuda_safety",
-        "stoker: CUDA is already initialised in this process and forked workers cannot use it; "
-        "starting them with 'forkserver' instead (the dataset is pickled to each worker). Pass "
-        "multiprocessing_context='forkserver' (or 'spawn') to choose this explicitly."
-    )]
-    explicit = multiprocessing.get_context("fork")
-    assert safe_context(explicit, fork, loader) is explicit  # the user's choice stands
+        assert safe_context(None, fork, plan) is fork
+    assert caplog.records == []
 
 
-def test_cuda_initialised_parent_with_unpicklable_dataset_says_why(monkeypatch):
+def test_cuda_forkserver_switches_fork_to_forkserver(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    loader = stoker.DataLoader(_Unpicklable(), num_workers=2)
+    fork = multiprocessing.get_context("fork")
+    plan = stoker.DataLoader(_Picklable(), num_workers=2,
+                             beyond_torch={"cuda_forkserver"}).plan()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert safe_context(None, fork, plan).get_start_method() == "forkserver"
+    explicit = multiprocessing.get_context("fork")
+    assert safe_context(explicit, fork, plan) is explicit  # the user's choice stands
+
+
+def test_cuda_forkserver_with_unpicklable_dataset_says_why(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    plan = stoker.DataLoader(_Unpicklable(), num_workers=2,
+                             beyond_torch={"cuda_forkserver"}).plan()
     with pytest.raises(CudaInWorkersError) as info:
-        safe_context(None, multiprocessing.get_context("fork"), loader)
+        safe_context(None, multiprocessing.get_context("fork"), plan)
     text = str(info.value)
     assert text.startswith(
-        "CUDA is already initialised in this process, so workers cannot be forked and stoker "
-        "must start them with 'forkserver', which pickles what they need; but the dataset does "
-        "not pickle ("
+        "CUDA is already initialised in this process and beyond_torch asks for "
+        "'cuda_forkserver', so stoker starts workers with 'forkserver', which pickles what "
+        "they need; but the dataset does not pickle ("
     )
     assert text.endswith(
         "). Define the dataset class and functions at module level (no lambdas, open files or "
-        "locks), or create and iterate the DataLoader before CUDA is first used, or use "
-        "num_workers=0."
+        "locks), or leave 'cuda_forkserver' off to fork the workers as torch does (they must "
+        "then not use CUDA), or use num_workers=0."
     )
 
 

@@ -29,7 +29,7 @@ ENV = "STOKER_BEYOND_TORCH"
 Behaviour = Literal[
     "per_batch_seeding", "inline_gathers", "batched_getitem", "deep_prefetch",
     "move_stragglers", "epoch_autopilot", "shared_lists", "slab_transport", "keep_slabs",
-    "thread_caps", "gc_freeze",
+    "thread_caps", "gc_freeze", "cuda_forkserver",
 ]
 
 # name -> what it does and what a program could tell (the promise it asks the user to make).
@@ -73,6 +73,11 @@ BEHAVIOURS: dict[str, str] = {
         "collections do not copy the parent's pages: in workers, objects made before iter() are "
         "never collected and gc.get_objects() leaves them out; in the main process they move "
         "to the oldest generation"),
+    "cuda_forkserver": (
+        "start workers with forkserver instead of fork once CUDA is initialised in the main "
+        "process, so they may use CUDA: the dataset, collate_fn and worker_init_fn are pickled "
+        "to each worker (CudaInWorkersError if they do not pickle), and the workers are "
+        "ForkServerProcess-N"),
 }
 ALL: frozenset[str] = frozenset(BEHAVIOURS)
 

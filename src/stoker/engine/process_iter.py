@@ -39,7 +39,7 @@ from stoker._core.dataset_hooks import (
 )
 from stoker._core.plan import Plan
 from stoker.engine.base_iter import BaseIterator
-from stoker.engine.cuda_safety import refuse_device_tensors, safe_context
+from stoker.engine.cuda_safety import safe_context
 from stoker.engine.loader_state import EngineState
 from stoker.engine.prefetch_depth import depth_for
 from stoker.engine.stats import UNPACK, stage_range
@@ -104,7 +104,6 @@ class ProcessIterator(BaseIterator):
         self._may_move = by_position and "move_stragglers" in beyond and self._num_workers > 1
         self._stall = StallClock(self._timeout, plan.stall_warning_s)
         self._step_samples = plan.batch_size or 1
-        refuse_device_tensors(self._dataset, self._num_workers)
         ctx = safe_context(plan.multiprocessing_context, default_context(), plan)
         self._group = WorkerGroup(self._num_workers)
         self._group.reader.pins = self._host_pins()  # NOTE [ Slabs pinned in place ]

@@ -28,6 +28,10 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+from torch.utils.data import get_worker_info
+
+from stoker._core.walk import iter_attributes
 from stoker.errors import RemoteTraceback, WorkerError
 from stoker.fetch.fetchers import UNKNOWN, failed_index
 
@@ -207,6 +211,20 @@ CUDA_HINT = (
 )
 
 
+def _cuda_tensors_held() -> str:
+    """The dataset's CUDA tensors, named for ``CUDA_HINT``: the likely cause."""
+    info = get_worker_info()
+    if info is None:
+        return ""
+    found = [path for path, value in iter_attributes(info.dataset)
+             if isinstance(value, torch.Tensor) and value.device.type == "cuda"]
+    if not found:
+        return ""
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return (f" The dataset holds CUDA tensors: {found[0]}{more}; keep them on the CPU "
+            f"({found[0]} = {found[0]}.cpu()).")
+
+
 def capture(exc: BaseException, worker_id: int, doing: str) -> RemoteError:
     """Package ``exc`` (being handled now) for the trip to the main process.
 
@@ -214,7 +232,7 @@ def capture(exc: BaseException, worker_id: int, doing: str) -> RemoteError:
     """
     where = f"in DataLoader worker {worker_id} (pid {os.getpid()}) while {doing}"
     if any(marker in str(exc) for marker in _CUDA_IN_WORKER):
-        add_note(exc, CUDA_HINT)
+        add_note(exc, CUDA_HINT + _cuda_tensors_held())
     tb_text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     fields = (type(exc).__qualname__, tb_text, where)
     pickled_type = _round_trip(type(exc))
