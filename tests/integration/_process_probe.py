@@ -11,14 +11,17 @@ both loaders. ``tests/integration/test_worker_process_as_torch.py`` compares the
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import gc
 import json
 import multiprocessing
 import os
+import resource
 import signal
 import subprocess
 import sys
 import threading
+import warnings
 
 import torch
 import torch.utils.data
@@ -50,6 +53,12 @@ def read(path: str) -> str:
         return f.read()
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 class Cycle:
     """Cyclic garbage the main process leaves behind before iter(): its finalizer counts."""
 
@@ -63,6 +72,9 @@ class Cycle:
 
 
 class Probe(torch.utils.data.Dataset):
+    def __init__(self) -> None:
+        self.parent_environ = dict(os.environ)
+
     def __len__(self) -> int:
         return 2
 
@@ -93,6 +105,15 @@ class Probe(torch.utils.data.Dataset):
             "cycles_finalized_here": Cycle.finalized.count(os.getpid()),
             "torch_threads": torch.get_num_threads(),
             "argv": sys.argv,
+            "environ_changed": sorted(k for k in set(os.environ) | set(self.parent_environ)
+                                      if os.environ.get(k) != self.parent_environ.get(k)),
+            "rlimits": [resource.getrlimit(getattr(resource, name))
+                        for name in ("RLIMIT_NOFILE", "RLIMIT_CORE", "RLIMIT_NPROC")],
+            "cwd": os.getcwd(),
+            "umask": _umask(),
+            "stdin": os.readlink(f"/proc/self/fd/{sys.stdin.fileno()}"),
+            "faulthandler": faulthandler.is_enabled(),
+            "warning_filters": len(warnings.filters),
         }
         return json.dumps(seen, sort_keys=True)
 

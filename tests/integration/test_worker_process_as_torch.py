@@ -47,8 +47,11 @@ def test_a_dataset_sees_torchs_worker_process(method, stoker_only):
     for seen in stokers["workers"]:
         extra = set(seen.pop("caught")) - set(torchs["workers"][0]["caught"])
         assert extra <= STOKER_ALSO_CAUGHT, f"caught beyond torch's: {sorted(extra)}"
+        # faulthandler on, into the log a crash report reads: the row's one trace
+        assert seen.pop("faulthandler") is True
     for seen in torchs["workers"]:
         seen.pop("caught")
+        assert seen.pop("faulthandler") is False  # a fresh interpreter's
     assert stokers == torchs
     worker = torchs["workers"][0]
     # what the comparison covers, as torch gives it
