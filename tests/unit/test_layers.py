@@ -12,7 +12,7 @@ import stoker
 LAYERS = [
     ["errors"], ["_core"], ["transport"], ["collate"], ["sampling"], ["sharing"], ["fetch"],
     ["fastpaths"], ["distributed"], ["storage"], ["formats"], ["workers"], ["profile"],
-    ["device"], ["image"], ["engine"],
+    ["device"], ["image"], ["vision"], ["engine"],
     ["loader", "mix", "testing", "stateful"],
     ["integrations", "doctor", "cli"],
 ]
