@@ -191,18 +191,23 @@ def test_a_datasets_image_column() -> None:
     images = [Image.open(io.BytesIO(_jpeg(i, (90, 120)))) for i in range(4)]
     table = hf.Dataset.from_dict({"image": images, "label": [0, 1, 0, 1]}).cast_column(
         "image", hf.Image())
-    compose = T.Compose([T.RandomResizedCrop(48), T.ToTensor()])
+    raw = table.cast_column("image", hf.Image(decode=False))
+    compose = T.Compose([T.RandomResizedCrop(128), T.ToTensor()])
 
     def transform(batch: dict) -> dict:
-        batch["pixel_values"] = [compose(image) for image in batch["image"]]
-        return batch
+        return {"pixel_values": [compose(image) for image in batch["image"]],
+                "label": batch["label"]}
 
-    decoded = table.with_transform(transform)
-    raw = table.cast_column("image", hf.Image(decode=False)).with_transform(transform)
+    table.set_transform(transform)  # each value a PIL image: runs as written
+    raw.set_transform(transform)  # each value {"bytes": ..., "path": ...}: decoded fused
+    stored = raw.with_format(None)[0]["image"]
+    assert set(stored) == {"bytes", "path"} and stored["bytes"][:3] == b"\xff\xd8\xff"  # JPEG
     for i in range(4):
         torch.manual_seed(i)
-        from_pil = decoded[i]["pixel_values"]
+        from_pil = table[i]["pixel_values"]
+        after = torch.get_rng_state()
         torch.manual_seed(i)
-        from_bytes = raw[i]["pixel_values"]  # {"bytes", "path"}: decoded fused
-        assert from_pil.shape == from_bytes.shape == (3, 48, 48)
-        assert torch.equal(from_pil, from_bytes)  # small images: decoded at full scale
+        from_bytes = raw[i]["pixel_values"]
+        assert torch.equal(after, torch.get_rng_state())
+        assert from_pil.shape == from_bytes.shape == (3, 128, 128)
+        assert torch.equal(from_pil, from_bytes)  # crops of 90 x 120 to 128: full scale
