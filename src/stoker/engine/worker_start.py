@@ -88,14 +88,23 @@ def start_workers(group: WorkerGroup, ctx: BaseContext, specs: list[WorkerSpec],
     process (NOTE [ The worker's process is torch's ])."""
     method = ctx.get_start_method()
     asked = "gc_freeze" in specs[0].fetch.beyond if specs else False
+    failed: BaseException | None = None  # the sampler's, while priming
     with pools_quiet_for_fork(method), gc_frozen_for_fork(method, asked):
         if method == "fork" or len(specs) == 1:
             for spec in specs:
                 group.workers.append(start_worker(ctx, spec))
-                prime(spec.worker_id)  # NOTE [ Tasks before the next fork ]
+                if failed is None:
+                    try:
+                        prime(spec.worker_id)  # NOTE [ Tasks before the next fork ]
+                    except BaseException as exc:
+                        failed = exc
         else:
             _spawn_side_by_side(group, ctx, specs)
+    # torch starts every worker and sets its handler before its first prefetch draws from
+    # the sampler: a sampler that raises there leaves the same process behind.
     _set_SIGCHLD_handler()
+    if failed is not None:
+        raise failed
 
 
 def _spawn_side_by_side(group: WorkerGroup, ctx: BaseContext, specs: list[WorkerSpec]) -> None:
