@@ -1,7 +1,7 @@
 """What a dataset sees of the process it runs in, and what the main process is left with,
 under one loader in a fresh interpreter (issue 44). Run as::
 
-    STOKER_PROBE_LOADER=torch|stoker python _process_probe.py fork|spawn
+    STOKER_PROBE_LOADER=torch|stoker python _process_probe.py default|fork|spawn
 
 and it prints one JSON object. A fresh interpreter per run, so that process numbers
 (``Process-N``) and torch's once-per-process SIGCHLD handler start from the same place for
@@ -129,7 +129,8 @@ def main(method: str) -> None:
     gc.disable()  # the cycles stay uncollected in the main process until the workers start
     garbage = [Cycle() for _ in range(5)]
     del garbage
-    loader = loader_cls(Probe(), batch_size=None, num_workers=2, multiprocessing_context=method,
+    context = None if method == "default" else method
+    loader = loader_cls(Probe(), batch_size=None, num_workers=2, multiprocessing_context=context,
                         timeout=120)
     seen = [json.loads(s) for s in loader]
     gc.enable()

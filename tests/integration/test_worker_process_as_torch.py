@@ -41,7 +41,7 @@ def _probe(loader: str, method: str) -> dict:
     return json.loads(_run(loader, "_process_probe.py", method).stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["default", "fork", "spawn"])
 def test_a_dataset_sees_torchs_worker_process(method, stoker_only):
     torchs, stokers = _probe("torch", method), _probe("stoker", method)
     for seen in stokers["workers"]:
@@ -60,6 +60,10 @@ def test_a_dataset_sees_torchs_worker_process(method, stoker_only):
     assert worker["comm"] == worker["thread_comm"] == "pt_data_worker"
     assert worker["info_type"] == "torch.utils.data._utils.worker.WorkerInfo"
     assert torchs["main_sigchld"].startswith("torch.utils.data._utils.signal_handling.")
+    # multiprocessing_context=None: the generic Process class, named Process-N (the fuzzer
+    # found ForkProcess-N: stoker's default was the fork context)
+    assert worker["process_name"] == {"default": "Process-1", "fork": "ForkProcess-1",
+                                      "spawn": "SpawnProcess-1"}[method]
 
 
 def _wait_for(path: Path, proc: subprocess.Popen) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
-from typing import Any
+from typing import Any, cast
 
 from stoker._core.specs import WorkerSpec
 from stoker.workers import protocol as msg
@@ -102,10 +102,11 @@ def gc_frozen_for_fork(start_method: str | None, asked: bool) -> Iterator[None]:
 
 
 def default_context() -> BaseContext:
-    """``fork`` where it exists (instant start, datasets need not pickle); else the default."""
-    if "fork" in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context()
+    """torch's default: the ``multiprocessing`` module itself, whose ``Process`` is the generic
+    one (workers named ``Process-N``, not ``ForkProcess-N``) and whose start method is the
+    process-wide one (``fork`` on Linux before Python 3.14, or what the program set with
+    ``multiprocessing.set_start_method``): NOTE [ The worker's process is torch's ]."""
+    return cast(BaseContext, multiprocessing)
 
 
 @dataclass
