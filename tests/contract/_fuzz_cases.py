@@ -4,7 +4,9 @@ worker_init_fns are in ``_fuzz_callables``).
 Everything is module-level and picklable (workers may be forked, spawned or forkserved; this
 directory is on the sys.path they inherit). The code is written the way users write it: it
 reads ``get_worker_info()``, draws from ``random``/numpy/torch, logs its calls into a list,
-keeps counters and tags, raises odd exceptions. In the main process (``num_workers=0``) the
+keeps counters and tags, raises odd exceptions, looks at the process it runs in
+(``_fuzz_env``: signals, names, limits, environment; the main process's environment at build
+time is the dataset's ``parent_env``). In the main process (``num_workers=0``) the
 log is the ``Log`` the test loop writes to as well, so the order of the user's side effects
 against the loop's progress is part of the record.
 """
@@ -19,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _fuzz_env import OBS_ENV, observe, stdio_targets
 from _fuzz_spec import DatasetSpec, Leaf, Node, Ref, Tree
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
@@ -250,8 +253,13 @@ class _SampleMaker:
         self.init_obs = "none"
         self.iter_obs = "none"
         self.calls = 0
+        self.parent_env = dict(os.environ)  # what the rt observation compares with
+        self.parent_stdio = stdio_targets()
+        self.gen = np.random.default_rng(0) if spec.gen else None
 
     def _observe(self, name: str) -> Any:
+        if name in OBS_ENV:
+            return observe(name, self)
         info = get_worker_info()
         if name == "wid":
             return -1 if info is None else info.id

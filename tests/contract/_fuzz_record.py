@@ -7,13 +7,18 @@ tuples, lists and dicts, so that ``==`` compares two runs and ``describe_differe
 where they part:
 
 * construction: the exception (type, message) or none; ``len(loader)`` before (if asked) and
-  after the epochs; the warnings raised in the main process, per phase;
+  after the epochs; the warnings issued in the main process, per phase, under the case's
+  warning filters (``Case.warn``): category, text, the file and line they are attributed to
+  (what ``filterwarnings(module=...)`` and the once-per-location registry go by), repeats;
+  under ``error`` a warning is an exception, recorded where it stopped the run; exceptions
+  that reached ``sys.unraisablehook`` or ``threading.excepthook`` (``_fuzz_env``);
 * per epoch: each reassignment's outcome; every batch (container types, namedtuple and
   subclass types with their attributes, dtypes, shapes, strides, storage offsets and sizes,
   shared-memory flags, values; aliasing between the batch's array leaves and with the
   dataset's own arrays), received in order (sorted where torch's order depends on timing);
   the exceptions (type, attributes, message features) and how the epoch ended; whether held
-  batches changed later; the main process's RNG draws after the epoch;
+  batches changed later; the main process's RNG draws after the epoch; its signal handlers
+  and masks once the first batch is in (the workers run) and after the epoch;
 * the log of side effects the main process saw, interleaved with the loop's progress
   (``len()``, ``__getitem__``/``__getitems__``/``__iter__`` calls, sampler steps, collate
   calls, each marked main thread or not).
@@ -37,6 +42,15 @@ import numpy as np
 import torch
 from _fuzz_callables import FuzzCollate, FuzzWorkerInit, build_batch_sampler, build_sampler
 from _fuzz_cases import Log, build_dataset
+from _fuzz_env import (
+    fresh_main_process,
+    loud_failures,
+    plain_warnings,
+    process_counter,
+    quiet_failures,
+    signals,
+    warning_filters,
+)
 from _fuzz_plain import canonical_pids, drop_tracebacks, exc_record, plain_batch
 from _fuzz_spec import (
     BatchSamplerSpec,
@@ -106,26 +120,39 @@ class _Run:
     def build(self, value: Any, attr: str) -> Any:
         return build_value(value, attr, self.case.dataset.n, self.log, self.progress)
 
-    def warnings_since(self) -> list[tuple[str, str]]:
+    def warnings_since(self) -> list[tuple]:
         new = self.caught[self.seen_warnings:]
         self.seen_warnings = len(self.caught)
-        return [(w.category.__qualname__, str(w.message)) for w in new]
+        return plain_warnings(new)
 
     def run(self) -> dict[str, Any]:
-        seed_main(self.case.main_seed)
-        ds = build_dataset(self.case.dataset, self.log, self.progress)
         rec: dict[str, Any] = {"ctor": None, "len_first": None, "epochs": [], "len_end": None}
         warn_always = torch.is_warn_always_enabled()
         torch.set_warn_always(True)  # torch's warn-once warnings: each run sees its own
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        try:
+            with fresh_main_process(self.case.started), loud_failures() as loud:
+                self._run(rec)
+        finally:
+            torch.set_warn_always(warn_always)
+        failed = any(rec.get(k) is not None for k in ("ctor", "build")) or any(
+            e["errors"] for e in rec["epochs"])
+        rec["loud"] = quiet_failures(loud, failed)
+        rec["rng_end"] = main_rng()
+        rec["log"] = list(self.log)
+        return canonical_pids(rec)
+
+    def _run(self, rec: dict[str, Any]) -> None:
+        self.progress["process_base"] = process_counter()  # _fuzz_env's "proc" observation
+        seed_main(self.case.main_seed)
+        ds = build_dataset(self.case.dataset, self.log, self.progress)
+        with warning_filters(self.case.warn) as caught:
             self.caught = caught
             try:  # the user's own objects may refuse the case (RandomSampler of nothing)
                 kwargs = {name: self.build(value, name) for name, value in self.case.args}
             except Exception as exc:
                 rec["build"] = exc_record(exc)
                 drop_tracebacks(exc)
-                return rec
+                return
             try:
                 loader = self.loader_cls(ds, **kwargs)
             except Exception as exc:
@@ -144,10 +171,6 @@ class _Run:
                 rec["len_end"] = _length(loader)
                 del loader
             rec["end_warnings"] = self.warnings_since()
-        torch.set_warn_always(warn_always)
-        rec["rng_end"] = main_rng()
-        rec["log"] = list(self.log)
-        return canonical_pids(rec)
 
     def apply(self, loader: Any, op: Op) -> Any:
         try:
@@ -160,7 +183,8 @@ class _Run:
         return (op.attr, "ok")
 
     def epoch(self, loader: Any, ds: Any, number: int, spec: EpochSpec) -> dict[str, Any]:
-        out: dict[str, Any] = {"ops": [self.apply(loader, op) for op in spec.ops]}
+        out: dict[str, Any] = {"ops": [self.apply(loader, op) for op in spec.ops],
+                               "main_signals": None}
         ds.tag = f"epoch{number}"
         self.log.add("loop", "iter", number)
         batches: list[Any] = []
@@ -196,6 +220,8 @@ class _Run:
                 held.append((batch, plain))
             del batch
             received += 1
+            if received == 1:  # the workers run: what the training loop's process is now
+                out["main_signals"] = signals()
             if spec.stop_after is not None and received >= spec.stop_after:
                 end = "break"
                 break
@@ -204,6 +230,7 @@ class _Run:
                 end = "too many batches"
         out["held_unchanged"] = [plain_batch(b, ds.tables) == p for b, p in held]
         del held, it
+        out["main_signals_after"] = signals()
         self.log.add("loop", "epoch end", number)
         out["batches"] = sorted(batches, key=repr) if self.case.order_free else batches
         out["errors"] = errors

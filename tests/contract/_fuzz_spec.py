@@ -10,7 +10,11 @@ attributes) around ``Leaf`` values (numpy arrays and scalars, tensors, Python sc
 objects default_collate refuses), ``Ref`` leaves (the same object as, or a view of, an earlier
 leaf of the same sample: aliasing) and ``Obs`` leaves (what the user's code observed while
 building the sample: worker info, RNG draws, the thread and process, attributes set on the
-dataset by the main process or by ``worker_init_fn``).
+dataset by the main process or by ``worker_init_fn``, and the process it runs in: signals,
+names, limits, environment, what a program it starts inherits; ``_fuzz_env``).
+
+A ``Case`` also says under which warning filters it runs (``Case.warn``, one of
+``_fuzz_env.WARN_MODES``): what the loader says through ``warnings`` is compared as well.
 """
 
 from __future__ import annotations
@@ -40,9 +44,14 @@ LEAF_KINDS = (
 # What a sample can report about where and how it was built. The worker-dependent ones change
 # with the worker that built the sample; they are left out where torch itself does not fix the
 # worker (in_order=False with two or more workers on a map-style dataset).
-OBS_WORKER_DEPENDENT = ("wid", "seed", "iseed", "py", "np", "th", "pid", "init", "calls")
-OBS_STABLE = ("nw", "ds_is_self", "main_thread", "tag", "prog", "iter")
+# The process's own (``_fuzz_env``): ``sig``, ``names``, ``rt``, ``proc``, ``info``, ``gen`` and
+# ``child``; ``child`` starts a process per sample, so it is drawn for about one case in
+# twenty, not with the others.
+OBS_WORKER_DEPENDENT = ("wid", "seed", "iseed", "py", "np", "th", "pid", "init", "calls",
+                        "proc", "info", "gen")
+OBS_STABLE = ("nw", "ds_is_self", "main_thread", "tag", "prog", "iter", "sig", "names", "rt")
 OBS_NAMES = OBS_WORKER_DEPENDENT + OBS_STABLE
+OBS_RARE = ("child",)
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,7 @@ class DatasetSpec:
     # iterable only: how workers split the items; whether/what __len__ says
     split: str = "shard"  # "shard" | "dup" | "uneven" | "first"
     length: str = "none"  # "none" | "true" | "lie"
+    gen: bool = False  # holds np.random.default_rng(0) (every worker copies it)
 
 
 @dataclass(frozen=True)
@@ -161,6 +171,8 @@ class Case:
     epochs: tuple[EpochSpec, ...]
     len_first: bool = False
     main_seed: int = 0
+    warn: str = "record"  # the warning filters it runs under: a name in _fuzz_env.WARN_MODES
+    started: str = "terminal"  # "background": SIGINT/SIGQUIT/SIGHUP ignored (_fuzz_env.STARTED)
 
     def arg(self, name: str, default: Any = None) -> Any:
         return dict(self.args).get(name, default)

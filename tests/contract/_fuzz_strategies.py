@@ -1,6 +1,7 @@
 """Hypothesis strategies that generate ``Case``s: user-style datasets, samplers, collates and
 loader arguments, mostly valid under torch, sometimes not (torch's construction errors are
-part of the contract too).
+part of the contract too), and the warning filters the case runs under (``record`` for most,
+``error``, ``ignore_torch`` or ``default`` for about one case in three).
 
 Where torch's own result depends on timing, the case leaves out what would make the
 comparison flaky under torch itself (see ``Plan``): with ``in_order=False`` and two or more
@@ -17,9 +18,11 @@ from typing import Any
 
 from _fuzz_callables import COLLATE_OBS
 from _fuzz_cases import EXCEPTIONS
+from _fuzz_env import WARN_MODES
 from _fuzz_known import masked
 from _fuzz_spec import (
     OBS_NAMES,
+    OBS_RARE,
     OBS_STABLE,
     BatchSamplerSpec,
     Case,
@@ -197,6 +200,8 @@ def trees(draw: Any, plan: Plan) -> Tree:
     if n > 1 and rarely(draw, 3):
         picks = draw(st.lists(st.sampled_from((-1, -1, 0, 1, 2, 3)), min_size=n, max_size=n))
         tree = _add_refs(tree, picks, [0])
+    if rarely(draw, 9):  # a process started per sample: about one case in twenty
+        tree = Node("tuple", (tree, Obs(OBS_RARE)))
     return tree
 
 
@@ -278,6 +283,8 @@ def loader_args(draw: Any, plan: Plan) -> tuple[tuple[str, Any], ...]:
         _maybe(draw, args, "prefetch_factor", st.sampled_from((None, 1, 2, 3)))
         if plan.persistent is not None:
             args.append(("persistent_workers", plan.persistent))
+        if rarely(draw, 9):  # the workers are then ForkProcess-N, not Process-N
+            args.append(("multiprocessing_context", "fork"))
     else:
         timeouts = (0,) if masked("timeout_without_workers") else (0, 5.0)
         _maybe(draw, args, "timeout", st.sampled_from(timeouts))
@@ -298,7 +305,8 @@ def _invalid_arg(style: str, num_workers: int) -> st.SearchStrategy[tuple[str, A
         bad += [("shuffle", True), ("sampler", SamplerSpec("seq")),
                 ("batch_sampler", BatchSamplerSpec("variable"))]
     if num_workers == 0:
-        bad += [("prefetch_factor", 2), ("persistent_workers", True)]
+        bad += [("prefetch_factor", 2), ("persistent_workers", True),
+                ("multiprocessing_context", "fork")]
     else:
         bad += [("prefetch_factor", 0)]
     return st.sampled_from(bad)
@@ -366,10 +374,18 @@ def cases(draw: Any) -> Case:
         fault = draw(st.none() | st.none() | faults(n, stop))
     split = draw(st.sampled_from(("shard", "dup", "uneven", "first")))
     length = draw(st.sampled_from(("none", "true", "lie")))
+    gen = rarely(draw, 4)
+    modes = WARN_MODES
+    if not plan.errors_allowed and plan.style == "iter" and length != "none":
+        # torch warns at next() once an iterable outruns its __len__; under "error" that ends
+        # the epoch after a timing-dependent set of batches (see Plan.errors_allowed)
+        modes = tuple(m for m in WARN_MODES if m != "error")
     return Case(
-        dataset=DatasetSpec(plan.style, n, tree, fault, split, length),
+        dataset=DatasetSpec(plan.style, n, tree, fault, split, length, gen),
         args=draw(loader_args(plan)),
         epochs=draw(epochs(plan)),
         len_first=draw(st.booleans()),
         main_seed=draw(st.integers(0, 3)),
+        warn=draw(st.sampled_from(modes + ("record",))),
+        started="background" if rarely(draw, 5) else "terminal",
     )
