@@ -23,15 +23,16 @@ TOOL = r"""
 import os, signal, sys
 out = sys.argv[1]
 signal.alarm(300)
-with open(os.path.join(out, "started.tmp"), "w") as f:
-    f.write(str(os.getpid()))
-os.rename(os.path.join(out, "started.tmp"), os.path.join(out, "started"))
-try:
+with open(os.path.join(out, "saved.tmp"), "w") as f:  # the partial output, ready to keep
+    f.write("partial output")
+try:  # the Ctrl-C comes once "started" exists: from here on it is handled
+    with open(os.path.join(out, "started.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(os.path.join(out, "started.tmp"), os.path.join(out, "started"))
     while True:
         signal.pause()
 except KeyboardInterrupt:  # Python's default SIGINT handling, unless SIGINT came ignored
-    with open(os.path.join(out, "saved.tmp"), "w") as f:
-        f.write("partial output")
+    # one rename: kept well within the 0.25 s subprocess.run gives a child on Ctrl-C
     os.rename(os.path.join(out, "saved.tmp"), os.path.join(out, "saved"))
     sys.exit(130)
 """
