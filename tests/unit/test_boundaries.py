@@ -45,6 +45,14 @@ THIRD_PARTY = {
     ("transport/slab_reader.py", "_sparse_tensors_to_validate"): "as torch's unpickler does",
     ("transport/slab_reader.py", "_validate_loaded_sparse_tensors"): "as torch's unpickler does",
     ("transport/torch_way.py", "_share_fd_cpu_"): "NOTE [ Batches cross as torch's do ]",
+    ("fastpaths/torch_gather.py", "_typed_storage"): "a gathered batch's storage allocated as "
+                                                     "torch's collate_tensor_fn allocates it",
+    ("fastpaths/torch_gather.py", "_new_shared"): "as torch's collate_tensor_fn does in a worker",
+    ("fastpaths/torch_gather.py", "_C"): "torch's mode stacks (NOTE [ torch's own datasets ])",
+    ("fastpaths/torch_gather.py", "_len_torch_function_stack"): "an active TorchFunctionMode "
+                                                                "declines the gathers",
+    ("fastpaths/torch_gather.py", "_len_torch_dispatch_stack"): "an active TorchDispatchMode "
+                                                                "declines the gathers",
     ("workers/spec_once.py", "_extra_reducers"): "torch's reductions registered on "
                                                  "ForkingPickler, copied to a private pickler",
 }

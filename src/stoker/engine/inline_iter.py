@@ -13,6 +13,7 @@ from stoker.errors import MixedDeviceError
 from stoker.fastpaths.batched_getitem import Decline
 from stoker.fastpaths.index_tensor import VectorProbe
 from stoker.fastpaths.switch import tell_not_per_sample
+from stoker.fastpaths.torch_datasets import batched_for
 from stoker.fetch.fetchers import (
     EMPTY,
     IterableFetcher,
@@ -50,7 +51,10 @@ class InlineIterator(BaseIterator):
         # batch still declines where it cannot be exact): no probe batches again.
         self._vector = VectorProbe(self._dataset, vectorisable(self._fetch_spec), direct=False,
                                    trusted=self._engine.vector_trusted is self._dataset,
-                                   source=source_form(self._fetch_spec))
+                                   source=source_form(self._fetch_spec),
+                                   torch_classes=batched_for(
+                                       self._fetch_spec,
+                                       plan.worker_init_fn if plan.num_workers else None))
 
     # -- persistent_workers=True run inline (NOTE [ Gathers need no workers ]) ------------------
     # One iterator for every epoch, as with persistent workers: the base seed is drawn once,
@@ -142,6 +146,7 @@ class InlineIterator(BaseIterator):
         self._stats.fetch_wall_s += time.perf_counter() - t0
         self._stats.fetch_cpu_s += time.thread_time() - c0
         self._stats.batched += 1
+        tell_not_per_sample(self._dataset, self._vector.kind or "")
         return batch
 
     def _next_data(self) -> Any:

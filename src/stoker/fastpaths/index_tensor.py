@@ -93,14 +93,18 @@ class VectorProbe:
 
     def __init__(
         self, dataset: Any, eligible: bool, direct: bool = True, trusted: bool = False,
-        source: bool = False,
+        source: bool = False, torch_classes: Callable[[Any], Any] | None = None,
     ) -> None:
         """``trusted``: the batched form already passed its probes for this dataset (an
         earlier epoch of the same loader): adopt it without probing again. ``source``: the
         form read from the source may be tried (beyond torch: ``batched_getitem``, NOTE [ Same
-        as torch unless asked ]); a declared ``stoker_tensor_index`` needs no more."""
+        as torch unless asked ]); a declared ``stoker_tensor_index`` needs no more.
+        ``torch_classes``: the gathers of torch's own dataset classes, exact by construction
+        (NOTE [ torch's own datasets ]): adopted without probes, before any other."""
         self._dataset = dataset
         self._candidates: list[tuple[str, Callable[[list[int]], Any]]] = []
+        if torch_classes is not None:
+            self._candidates.append(("torch", torch_classes))
         if eligible:
             compiled = compile_batched(dataset) if source else None
             if compiled is not None:
@@ -108,13 +112,14 @@ class VectorProbe:
             if direct and declared_tensor_index(dataset):
                 self._candidates.append(("call", self._call))
         self._left = _PROBES
-        self.adopted = trusted and self.kind == "source"
+        self.adopted = (trusted and self.kind == "source") or self.kind == "torch"
         self._owned_rngs: list[tuple[str, Any]] | None = None  # found at the first probe
         self._decided()
 
     @property
     def kind(self) -> str | None:
-        """Which candidate is being probed or was adopted: "source", "call", or None."""
+        """Which candidate is being probed or was adopted: "torch", "source", "call", or
+        None."""
         return self._candidates[0][0] if self._candidates else None
 
     def _decided(self) -> None:

@@ -7,6 +7,8 @@ copies of NOTE [ Raw RNG snapshots ]):
 
 * the batched ``__getitem__`` read from its source (NOTE [ Batched getitem from source ]): a
   batch computed as array gathers, ``__getitem__`` not called per sample;
+* torch's ``TensorDataset``, ``StackDataset``, ``Subset`` and ``ConcatDataset`` over plain
+  tensors, batched as gathers (NOTE [ torch's own datasets ]);
 * ``dataset[index_tensor]`` for datasets that declare ``stoker_tensor_index = True`` (NOTE
   [ Vectorised fetch ]);
 * loading plain-gather datasets in the calling thread (NOTE [ Gathers need no workers ]);
@@ -42,6 +44,9 @@ def enabled(argument: bool) -> bool:
 
 
 _WHY = {
+    "torch": "it is one of torch's own dataset classes (or a tree of them) over plain CPU "
+             "tensors, whose batch is exactly one gather per tensor (NOTE [ torch's own "
+             "datasets ])",
     "source": "its batched form, read from its source, gave the same batches as calling it per "
               "sample on the probe batches, so each batch is computed as array gathers",
     "call": "its class declares stoker_tensor_index = True and the probe batches matched, so it "

@@ -15,6 +15,7 @@ from typing import Any
 
 from stoker._core.specs import WorkerSpec
 from stoker.fastpaths.index_tensor import VectorProbe
+from stoker.fastpaths.torch_datasets import batched_for
 from stoker.fetch.concurrency import ConcurrencyTuner, declared_thread_safe
 from stoker.fetch.fetchers import make_fetcher, source_form, vectorisable
 from stoker.fetch.thread_pool import SamplePipeline
@@ -101,7 +102,8 @@ def new_fetcher(st: WorkerState) -> None:
     st.fetcher.sample_context = (spec.base_seed, st.epoch)
     if st.vector is None:
         st.vector = VectorProbe(spec.fetch.dataset, vectorisable(spec.fetch),
-                                trusted=spec.vector_trusted, source=source_form(spec.fetch))
+                                trusted=spec.vector_trusted, source=source_form(spec.fetch),
+                                torch_classes=batched_for(spec.fetch, spec.worker_init_fn))
     if st.tuner is None:
         safe = declared_thread_safe(spec.fetch.dataset)
         st.tuner = ConcurrencyTuner(
