@@ -182,7 +182,9 @@ def test_tar_shards_samples(tmp_path) -> None:
         outputs[fuse] = [shards[i] for i in range(6)] + list(stream)
     for (a, la), (b, lb) in zip(outputs[True], outputs[False], strict=True):
         assert a.shape == (3, 160, 160) and la == lb
-        assert torch.equal(a, b)  # crops of 120 x 160 images to 160: decoded at full scale
+        # crops of 120 x 160 images to 160: decoded at full scale, resized by torch (NOTE
+        # [ The fused decode's tensor ending ]) within a level of Pillow's resize
+        assert (a.int() - b.int()).abs().max() <= 1
 
 
 def test_a_datasets_image_column() -> None:

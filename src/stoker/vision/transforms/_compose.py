@@ -73,14 +73,14 @@ class Compose:
         if plan is None:
             return self._apply(_io.decode(source), 0)
         if not isinstance(source, (str, os.PathLike)):
-            image = _fused.run(plan, source)
-            if image is not None:
-                return self._apply(image, plan.consumed)
+            fused = _fused.run(plan, source)
+            if fused is not None:
+                return self._apply(*fused)
             return self._apply(_io.decode(source), 0)
         with open(source, "rb") as f:
-            image = _fused.run(plan, f.read())
-            if image is not None:
-                return self._apply(image, plan.consumed)
+            fused = _fused.run(plan, f.read())
+            if fused is not None:
+                return self._apply(*fused)
             f.seek(0)  # the file object, as pil_loader opens it: torchvision's errors
             decoded = _io.pil_image_module().open(f).convert("RGB")
         return self._apply(decoded, 0)

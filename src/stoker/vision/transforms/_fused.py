@@ -33,10 +33,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from stoker.vision._io import JPEG_START, pil_image_module
 from stoker.vision.transforms import _functional as F
+from stoker.vision.transforms import _fused_tensor as T
 from stoker.vision.transforms._geometry import CenterCrop, RandomResizedCrop, Resize, crop_params
 from stoker.vision.transforms._modes import PIL_FILTERS, InterpolationMode
 
@@ -57,11 +59,14 @@ _simplejpeg: Any = _optional("simplejpeg")
 @dataclass(frozen=True)
 class FusedPlan:
     """The transforms the decode replaces: a ``RandomResizedCrop``, or a ``Resize`` and maybe
-    a ``CenterCrop``; ``consumed`` of them, from the front of the list."""
+    a ``CenterCrop``; ``consumed`` of them, from the front of the list. With an ``ending``, the
+    flips and the tensor conversion after them run on a uint8 tensor (NOTE [ The fused
+    decode's tensor ending ])."""
 
     crop: RandomResizedCrop | None = None
     resize: Resize | None = None
     center: CenterCrop | None = None
+    ending: T.TensorEnding | None = None
 
     @property
     def consumed(self) -> int:
@@ -79,10 +84,12 @@ def plan_for(transforms: Any) -> FusedPlan | None:
         return None
     first = transforms[0]
     if type(first) is RandomResizedCrop and _fusable(first):
-        return FusedPlan(crop=first)
+        return FusedPlan(crop=first, ending=T.ending_for(transforms, 1))
     if type(first) is Resize and _fusable(first):
         second = transforms[1] if len(transforms) > 1 else None
-        return FusedPlan(resize=first, center=second if type(second) is CenterCrop else None)
+        center = second if type(second) is CenterCrop else None
+        ending = T.ending_for(transforms, 1 + (center is not None))
+        return FusedPlan(resize=first, center=center, ending=ending)
     return None
 
 
@@ -106,10 +113,12 @@ def jpeg_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
 
 
 def decode_scaled(
-    data: bytes | bytearray | memoryview, height: int, width: int, need: float
+    data: bytes | bytearray | memoryview, height: int, width: int, need: float,
+    as_array: bool = False,
 ) -> Any:
     """The RGB image decoded at the smallest scale whose sides are at least ``need`` times the
-    full ones (the full image when ``need >= 1``), as a PIL image."""
+    full ones (the full image when ``need >= 1``), as a PIL image (``as_array``: an ``HxWx3``
+    writable uint8 array)."""
     image_module = pil_image_module()
     if _simplejpeg is not None:
         array = _simplejpeg.decode_jpeg(
@@ -117,54 +126,97 @@ def decode_scaled(
             min_height=min(height, math.ceil(height * need)),
             min_width=min(width, math.ceil(width * need)),
         )
-        return image_module.fromarray(array)
+        return array if as_array else image_module.fromarray(array)
     with image_module.open(io.BytesIO(data)) as im:
         if need < 1:
             im.draft("RGB", (math.ceil(width * need), math.ceil(height * need)))
-        return im.convert("RGB")
+        image = im.convert("RGB")
+    return np.array(image) if as_array else image
 
 
-def run(plan: FusedPlan, data: bytes | bytearray | memoryview) -> Any:
-    """The image the plan's transforms would give the decoded ``data``, or None when it is not
-    a JPEG this path decodes (nothing drawn: the caller runs the transforms as written)."""
+def run(plan: FusedPlan, data: bytes | bytearray | memoryview) -> tuple[Any, int] | None:
+    """The image the plan's transforms would give the decoded ``data`` and the index of the
+    first transform still to run on it, or None when it is not a JPEG this path decodes
+    (nothing drawn: the caller runs the transforms as written)."""
     size = jpeg_size(data)
     if size is None:
         return None
     if plan.crop is None:
         try:
-            return _resize_center(plan, data, *size)
+            image = _resize_center(plan, data, *size)
         except (ValueError, OSError):
             return None
+        return None if image is None else _result(plan, image)
     state = torch.get_rng_state()
     box = crop_params(size[0], size[1], plan.crop.scale, plan.crop.ratio)
     try:
-        return _crop_resized(plan.crop, data, size, box)
+        image = _crop_resized(plan, data, size, box)
     except (ValueError, OSError):
         torch.set_rng_state(state)  # the as-written run draws the same box
         return None
+    return _result(plan, image)
 
 
-def _dct_scale(image: Any, height: int, width: int) -> float:
-    """The scale M/8 the image was decoded at (each side ``ceil(side * M/8)``).
+def _result(plan: FusedPlan, image: Any) -> tuple[Any, int]:
+    if plan.ending is None:
+        return image, plan.consumed
+    return T.finish(image, plan.ending), plan.ending.end
+
+
+def _dct_scale(decoded_h: int, decoded_w: int, height: int, width: int) -> float:
+    """The scale M/8 an image was decoded at (each side ``ceil(side * M/8)``).
 
     Not ``decoded / full``: the rounded-up size would misplace a region by up to half a
     decoded pixel at the far edge; every 8 pixels of a side become exactly M."""
-    decoded, full = (image.width, width) if width >= height else (image.height, height)
+    decoded, full = (decoded_w, width) if width >= height else (decoded_h, height)
     return round(decoded * 8 / full) / 8
 
 
 def _crop_resized(
-    crop: RandomResizedCrop, data: Any, size: tuple[int, int], box: tuple[int, int, int, int]
+    plan: FusedPlan, data: Any, size: tuple[int, int], box: tuple[int, int, int, int]
 ) -> Any:
+    crop = plan.crop
+    assert crop is not None
     (height, width), (top, left, h, w) = size, box
     out_h, out_w = crop.size[0], crop.size[1]
-    image = decode_scaled(data, height, width, max(out_h / h, out_w / w))
+    need = max(out_h / h, out_w / w)
+    if plan.ending is not None:
+        return _crop_resized_tensor(crop, data, size, box)
+    image = decode_scaled(data, height, width, need)
     if image.size == (width, height):  # full scale: torchvision's own steps
         image = F.crop(image, top, left, h, w)
         return F.resize(image, [out_h, out_w], crop.interpolation, antialias=crop.antialias)
-    f = _dct_scale(image, height, width)
+    f = _dct_scale(image.height, image.width, height, width)
     region = (left * f, top * f, (left + w) * f, (top + h) * f)
     return image.resize((out_w, out_h), PIL_FILTERS[crop.interpolation], box=region)
+
+
+def _crop_resized_tensor(
+    crop: RandomResizedCrop, data: Any, size: tuple[int, int], box: tuple[int, int, int, int]
+) -> torch.Tensor:
+    """``_crop_resized`` as a uint8 ``CxHxW`` tensor, resized by torch (NOTE [ The fused
+    decode's tensor ending ])."""
+    (height, width), (top, left, h, w) = size, box
+    out_h, out_w = crop.size[0], crop.size[1]
+    mode = crop.interpolation.value
+    if _simplejpeg is not None:  # the scale M/8 that places the crop closely enough
+        need = T.decode_scale(box, size, (out_h, out_w)) / 8
+    else:  # Pillow's draft: 1/2, 1/4, 1/8
+        need = max(out_h / h, out_w / w)
+    array = decode_scaled(data, height, width, need, as_array=True)
+    ah, aw = array.shape[:2]
+    if (ah, aw) == (height, width):
+        return T.resized(array, (top, left, top + h, left + w), (out_h, out_w), mode)
+    f = _dct_scale(ah, aw, height, width)
+    miss, region, (ky, kx) = T.scaled_region(box, f, (out_h, out_w), ah, aw)
+    if miss > T.MISS:  # a draft scale that misplaces it: Pillow's resize takes the box as is
+        image = pil_image_module().fromarray(array).resize(
+            (out_w, out_h), PIL_FILTERS[crop.interpolation],
+            box=(left * f, top * f, (left + w) * f, (top + h) * f))
+        return T.resized(np.array(image), (0, 0, out_h, out_w), (out_h, out_w), mode)
+    out = T.resized(array, region, (out_h + ky, out_w + kx), mode,
+                    (out_h / (h * f), out_w / (w * f)))
+    return out[:, ky:, kx:]
 
 
 def _resize_center(plan: FusedPlan, data: Any, height: int, width: int) -> Any:
@@ -178,11 +230,21 @@ def _resize_center(plan: FusedPlan, data: Any, height: int, width: int) -> Any:
         pad, (top, left) = F.center_crop_box(new_h, new_w, out_h, out_w)
         if any(pad):
             return None  # padded: as written
-    image = decode_scaled(data, height, width, max(new_h / height, new_w / width))
+    need = max(new_h / height, new_w / width)
+    if plan.ending is not None:  # the whole (decoded) image resized, then the centre cut
+        array = decode_scaled(data, height, width, need, as_array=True)
+        ah, aw = array.shape[:2]
+        f = _dct_scale(ah, aw, height, width)
+        scales = None if (ah, aw) == (height, width) else (new_h / (height * f),
+                                                           new_w / (width * f))
+        whole = T.resized(array, (0, 0, ah, aw), (new_h, new_w), resize.interpolation.value,
+                          scales)
+        return whole[:, top:top + out_h, left:left + out_w]
+    image = decode_scaled(data, height, width, need)
     if image.size == (width, height):  # full scale: torchvision's own steps
         image = resize(image)
         return image if plan.center is None else plan.center(image)
-    f = _dct_scale(image, height, width)
+    f = _dct_scale(image.height, image.width, height, width)
     fy, fx = f * height / new_h, f * width / new_w  # decoded pixels per resized pixel
     region = (left * fx, top * fy, (left + out_w) * fx, (top + out_h) * fy)
     return image.resize((out_w, out_h), PIL_FILTERS[resize.interpolation], box=region)
