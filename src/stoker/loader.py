@@ -447,9 +447,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         """Where the time went so far, and whether the loop is input-bound and why.
 
         ``print(loader.stats())`` gives the one-line verdict; the fields hold the figures
-        (see ``LoaderStats``), including every decision of the concurrency tuner.
+        (see ``LoaderStats``), including every decision of the concurrency tuner. On an
+        input-bound torchvision image pipeline it also names the ``stoker.vision`` import,
+        with its gain measured once on this loader's own files (``profile/import_advice.py``).
         """
-        return self._engine.stats.snapshot()
+        from stoker.profile.import_advice import with_import_advice
+
+        return with_import_advice(self._engine.stats.snapshot(), self)
 
     def add_stats_hook(self, hook: StatsHook) -> None:
         """Tell ``hook`` of every batch this loader hands out from now on (``StatsHook``:
@@ -491,7 +495,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         of the next one. ``load_state_dict`` applies it to the next ``iter()``.
         """
         from stoker.engine.loader_resume import loader_state
-        from stoker.engine.state_fit import stamp
+        from stoker.engine.rank_state import stamp
 
         check_generator(self.generator)  # not a torch.Generator: the TypeError iter() raises
         if self._stoker_resume is not None:

@@ -139,3 +139,19 @@ def test_folders(tmp_path: Path) -> None:
         assert getattr(tv_folder, attr) == getattr(our_folder, attr), attr
     assert np.array_equal(np.asarray(tv_folder[1][0]), np.asarray(our_folder[1][0]))
     assert tv_datasets.folder.IMG_EXTENSIONS == datasets.IMG_EXTENSIONS
+
+
+def test_torchvisions_own_pipeline_is_recognised_for_the_import_advice(tmp_path: Path) -> None:
+    from stoker.vision.import_gain import fused_equivalent, measure
+
+    for index, tv_list in enumerate(_pipelines(tv_transforms, T)):
+        ours = fused_equivalent(tv_transforms.Compose(tv_list))
+        assert ours is not None and ours.fused_plan() is not None, index
+        assert [repr(t) for t in ours.transforms] == [repr(t) for t in tv_list], index
+    (tmp_path / "a").mkdir()
+    for i in range(3):
+        _photo(300, 400, seed=i).save(tmp_path / "a" / f"{i}.jpg", "JPEG", quality=90)
+    folder = tv_datasets.ImageFolder(str(tmp_path), tv_transforms.Compose(
+        _pipelines(tv_transforms, T)[0]))
+    gain = measure(folder, budget_s=0.0)
+    assert gain is not None and gain.images == 3 and gain.fused_ms > 0

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from stoker.doctor.decode_gain import Gain
+from stoker.vision.import_gain import ImportGain
 
 MOST = 0.5  # "most of the time in __getitem__"
 MIN_SAMPLES = 5  # fewer samples in __getitem__ say nothing
@@ -82,6 +83,12 @@ def decode_frame(frame: Frame, innermost: bool) -> str | None:
     return None
 
 
+def _on_path(file: str) -> bool:
+    """A frame of stoker's image path: ``stoker.image``, or ``stoker.vision``'s fused decode."""
+    path = file.replace("\\", "/")
+    return "/stoker/image/" in path or "/stoker/vision/transforms/_fused" in path
+
+
 def decode_share(dumps: Iterable[str]) -> DecodeShare:
     samples = decode = on_path = 0
     where: dict[str, int] = {}
@@ -91,7 +98,7 @@ def decode_share(dumps: Iterable[str]) -> DecodeShare:
             continue
         samples += 1
         frames = busy[0][:next(k for k, f in enumerate(busy[0]) if f.func in _GETITEM) + 1]
-        if any("/stoker/image/" in f.file.replace("\\", "/") for f in frames):
+        if any(_on_path(f.file) for f in frames):
             on_path += 1
             continue
         names = [n for k, f in enumerate(frames) if (n := decode_frame(f, k == 0))]
@@ -159,7 +166,41 @@ def find(dumps: Iterable[str], dataset: object, input_bound: bool) -> DecodeFind
         return None
     if not share.decode_bound:
         return DecodeFinding(share, (), summary(share, None, "not decode-bound"))
+    one_import = import_gain(dataset)
+    if one_import is not None:
+        lines = import_lines(share, one_import, input_bound)
+        return DecodeFinding(share, tuple(lines), {**summary(share, None, ""),
+                                                   "import": one_import.as_dict()})
     gain = measure_gain(jpeg_samples(dataset))
     why_not = "" if gain is not None else NOT_FOUND
     return DecodeFinding(share, tuple(report_lines(share, gain, why_not, input_bound)),
                          summary(share, gain, why_not))
+
+
+def import_gain(dataset: object) -> ImportGain | None:
+    """The ``stoker.vision`` import's gain for a torchvision folder pipeline, else None."""
+    if not type(dataset).__module__.startswith(("torchvision.", "stoker.vision.")):
+        return None
+    from stoker.vision.import_gain import measure
+
+    return measure(dataset, budget_s=1.0)
+
+
+def import_lines(share: DecodeShare, gain: ImportGain, input_bound: bool) -> list[str]:
+    """The DECODE block when the dataset is torchvision's folder pipeline: the import."""
+    from stoker.vision.import_gain import IMPORT
+
+    seen = ", ".join(share.where[:3])
+    out = [f"DECODE  {share.share:.0%} of your workers' sampled time in __getitem__ is "
+           f"decoding and resizing images ({seen}; {share.decode} of {share.samples} stack "
+           "samples)",
+           "  your dataset is torchvision's folder pipeline: change one import, and its "
+           "Compose decodes only the crop it keeps (same crops, flips and seeds):",
+           f"    {IMPORT}",
+           f"  measured on {gain.images} of your JPEGs, one core: {gain.ratio:.2f}x your "
+           f"transform ({gain.as_written_ms:.2f} -> {gain.fused_ms:.2f} ms per image)"]
+    if not input_bound:
+        out.append("  (training is not input-bound now: this frees CPU, it does not speed "
+                   "training)")
+    out.append("  see docs/vision.md")
+    return out

@@ -21,6 +21,20 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _figures(s: LoaderStats) -> rules.Figures:
+    worker_type = "thread" if s.threads else "process" if s.num_workers else "auto"
+    return rules.from_stats(s, usable_cores(), worker_type)
+
+
+#: The verdicts where the CPU work of ``__getitem__`` is what the loop waits for.
+CPU_BOUND = frozenset({"cpu", "main_thread", "gil", "oversubscribed"})
+
+
+def kind(s: LoaderStats) -> str | None:
+    """The verdict's kind (``rules.Kind``), or None before the first batch."""
+    return rules.judge(_figures(s)).kind if s.batches else None
+
+
 def summarize(s: LoaderStats) -> str:
     if s.batches == 0:
         return "stoker: no batches yet."
@@ -31,8 +45,7 @@ def summarize(s: LoaderStats) -> str:
             f"{share:.0%} of the time")
     if s.skipped:
         head += f"; {s.skipped} samples skipped"
-    worker_type = "thread" if s.threads else "process" if s.num_workers else "auto"
-    figures = rules.from_stats(s, usable_cores(), worker_type)
+    figures = _figures(s)
     v = rules.judge(figures)
     if v.kind == "consumer":
         return head + ". Not input-bound: the training step is the bottleneck."
