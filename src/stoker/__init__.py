@@ -117,6 +117,11 @@ __version__ = "0.1.0"
 
 # NOTE [ Accelerate keeps stoker ]: the integration loads only if Accelerate does.
 _when_imported("accelerate.data_loader", "stoker.integrations.accelerate:install")
+# NOTE [ Every rank's part ]: frameworks that save one loader state for all ranks.
+_when_imported("accelerate.checkpointing", "stoker.integrations.accelerate_state:install")
+for _connector in ("lightning.pytorch.trainer.connectors.checkpoint_connector",
+                   "pytorch_lightning.trainer.connectors.checkpoint_connector"):
+    _when_imported(_connector, "stoker.integrations.lightning:install")
 # NOTE [ The obstore client ]: whoever imports obstore, stoker's forked workers must know whether
 # its runtime ran in the process they were forked from (the fork hook of obstore_files).
 _when_imported("obstore", "stoker.storage.obstore_files:watch_forks")

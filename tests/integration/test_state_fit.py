@@ -4,6 +4,8 @@ nothing resumes silently wrong."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -127,14 +129,7 @@ def test_tampered_counts_are_refused():
 
 # -- a state belongs to its rank (the context pinned, as stoker's workers pin it) --------------
 
-_PER_RANK = (
-    "torch.distributed.checkpoint keeps one copy of each value that every rank saves under "
-    "the same key, taken from any rank, so dcp.save({'loader': loader}) gives every rank a "
-    "mix of the ranks' states: save each rank's under its own key, "
-    "dcp.save({f'loader_rank{rank}': loader, ...}) and dcp.load({f'loader_rank{rank}': "
-    "loader, ...}) with rank = torch.distributed.get_rank(). With another checkpointer, save "
-    "each rank's loader.state_dict() and load it on the same rank."
-)
+_PER_RANK = "Save each rank's loader.state_dict() and load it on the same rank."
 
 
 @pytest.fixture
@@ -161,18 +156,18 @@ def test_a_state_records_its_rank_and_world_size(place):
 
 
 def test_a_state_of_another_rank_of_the_same_world_size_is_warned_about(place):
-    """Warned, not refused: Lightning loads rank 0's checkpoint on every rank, which is right
-    when the ranks seeded alike; a run that succeeds must not fail."""
+    """Warned, not refused, where it has no part for this rank and no framework's advice
+    applies: it is right when the ranks seeded alike; a run that succeeds must not fail."""
     state = _saved_on(place, 0, 2)
     place(1, 2)
     with pytest.warns(UserWarning) as told:
         _load(state)
     assert [str(w.message) for w in told] == [
-        "load_state_dict: this state was saved by rank 0 of 2, and this process is rank 1 of "
-        "2. A loader's state belongs to the rank that saved it (the base seed and generator "
-        "states it drew, its workers' and dataset's progress): loaded here, rank 1 goes on "
-        "with rank 0's seeds, which is right only if every rank seeded its loader alike. "
-        + _PER_RANK
+        "load_state_dict: this state was saved by rank 0 of 2 and has no part for this "
+        "process, rank 1. A loader's state belongs to the rank that saved it (the base seed and "
+        "generator states it drew, its workers' and dataset's progress): loaded here, rank 1 "
+        "would go on with rank 0's seeds, which is right only if every rank seeded its loader "
+        "alike. " + _PER_RANK
     ]
 
 
@@ -202,3 +197,51 @@ def test_a_state_loads_on_its_own_rank_at_any_world_size_and_without_a_rank(plac
     older = {k: v for k, v in state.items() if k not in ("rank", "world_size", "digest")}
     place(0, 3)
     _load(older)  # saved before stoker recorded ranks
+
+
+# -- NOTE [ Every rank's part ]: a framework's keys, and every rank's part in one state --------
+
+
+def _rest(state: dict, rank: int, place) -> list[list[int]]:
+    """The rest of the epoch on ``rank`` of 2 after loading ``state`` (a fresh loader with
+    another generator: the state decides)."""
+    place(rank, 2)
+    loader = stoker.DataLoader(Numbers(100), batch_size=10, shuffle=True,
+                               generator=torch.Generator().manual_seed(99))
+    loader.load_state_dict(state)
+    return [b.tolist() for b in loader]
+
+
+def test_a_frameworks_keys_are_kept_out_of_the_digest_and_dropped(place):
+    """Accelerate adds ``_iterator_finished`` to the state it saves: not a mix of ranks."""
+    state = _saved_on(place, 1, 2, seed=1)
+    expected = _rest(state, 1, place)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _rest({**state, "_iterator_finished": False}, 1, place) == expected
+    loader = stoker.DataLoader(Numbers(100), batch_size=10, shuffle=True)
+    loader.load_state_dict({**state, "_iterator_finished": False})
+    assert "_iterator_finished" not in loader.state_dict()
+
+
+def test_every_ranks_part_resumes_each_rank_with_its_own_state(place):
+    """Rank 0's state with every rank's part (as stoker saves it under Lightning and
+    Accelerate): each rank takes its own, silently, also from a mix of the ranks' copies (DCP)."""
+    from stoker.engine.rank_state import with_ranks
+
+    states = [_saved_on(place, r, 2, seed=10 + r) for r in (0, 1)]
+    expected = [_rest(states[r], r, place) for r in (0, 1)]
+    assert expected[0] != expected[1]  # seeded apart: another rank's state would show
+    shared = with_ranks(states)
+    assert shared is not None and shared["rank"] == 0
+    assert sorted(shared["ranks"][1]) == ["base_seed", "digest", "rank", "rng"]  # only these
+    per_rank_copy = with_ranks([{**states[0], "rank": 0}, states[1]])
+    mix = {**per_rank_copy, "base_seed": states[1]["base_seed"]}  # DCP: a value from rank 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for rank in (0, 1):
+            assert _rest(shared, rank, place) == expected[rank]
+            assert _rest(mix, rank, place) == expected[rank]
+    edited = {**shared, "ranks": [shared["ranks"][0], {**shared["ranks"][1], "base_seed": 5}]}
+    with pytest.warns(UserWarning, match="has no part for this process, rank 1"):
+        _rest(edited, 1, place)  # a part that does not match its digest is not used

@@ -22,7 +22,8 @@ from stoker.engine.cursor import (
     keeps_main_rngs,
     stateful_sampler_of,
 )
-from stoker.engine.state_fit import check_fields, check_fit, check_rank, describe, stamp
+from stoker.engine.rank_state import check_rank, stamp
+from stoker.engine.state_fit import check_fields, check_fit, describe
 from stoker.engine.worker_streams import StreamsOwner, check_worker_streams, state_fields
 from stoker.sampling.rng_state import RngSnapshot, check_main_rngs
 
@@ -176,7 +177,7 @@ def checked_state(
     the loader's ``len()``, or None."""
     state = check_state(state_dict)
     check_fields(state)  # NOTE [ A state must fit its loader ]
-    check_rank(state)  # before any of it is applied
+    state = check_rank(state)  # this rank's own (NOTE [ Every rank's part ]), before applying
     check_worker_streams(state, facts.num_workers)  # NOTE [ Worker streams resume ]
     check_main_rngs(state.get("rng"))  # NOTE [ Main streams resume ]
     dataset = facts.dataset

@@ -17,30 +17,21 @@ counts are checked against ``len(loader)``, so a hand-edited or corrupted state 
 field's name instead of an internal error, or a wrong resume.
 
 A state also belongs to its rank: the base seed and generator states in it were drawn by the
-process that saved it, and its workers' and dataset's progress are that rank's. Loaded on
-another rank, the epoch would go on with that rank's seeds: the ranks' random augmentations
-(and, with ``generator=None``, their global RNG streams) the same, with no error. That is what
-``torch.distributed.checkpoint`` does to a loader every rank saves under one key: it keeps one
-copy of each value, picking each value's copy on its own (to balance the writes), and loads it
-everywhere, so a rank gets a mix: its own ``rank`` field, say, with another rank's
-``base_seed``. So ``state_dict()`` records ``rank`` and ``world_size``
-(``stoker.distributed.detect()``) and a ``digest`` of all the fields, and ``load_state_dict``
-refuses, saying how to save per-rank state, a multi-rank state whose fields do not match its
-digest (a mix) and a state saved by another rank of the same world size. At another world size
-any one rank's state loads (elastic resume: a ``ShardedSampler``'s position is the same on
-every rank, and the old ranks have no counterparts); so does a state with no rank recorded
-(saved by an older stoker, or where the environment named no consistent rank). A state of one
-process is never mixed: its digest is not checked, and an edited field gets its own error.
+process that saved it, and its workers' and dataset's progress are that rank's. So
+``state_dict()`` records ``rank`` and ``world_size`` (``stoker.distributed.detect()``) and a
+``digest`` of stoker's fields, and ``load_state_dict`` takes this rank's own part where the state
+has every rank's, and otherwise refuses a mix of ranks' states: NOTE [ Every rank's part ] in
+``engine.rank_state``. At another world size any one rank's state loads (elastic resume: a
+``ShardedSampler``'s position is the same on every rank, and the old ranks have no
+counterparts); so does a state with no rank recorded (saved by an older stoker, or where the
+environment named no consistent rank). A state of one process is never mixed: its digest is not
+checked, and an edited field gets its own error.
 """
 
 from __future__ import annotations
 
-import warnings
-import zlib
 from collections.abc import Callable
 from typing import Any
-
-from stoker.distributed.context import detect
 
 # field -> (allowed types, what it should be)
 _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
@@ -61,6 +52,7 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "rank": ((int, type(None)), "the saving process's rank (int >= 0) or None"),
     "world_size": ((int, type(None)), "the saving process's world size (int >= 1) or None"),
     "digest": ((str, type(None)), "the digest state_dict() recorded (str)"),
+    "ranks": ((list,), "every rank's part, as recorded when the state was saved (list)"),
 }
 _COUNTS = ("iterations", "epoch", "batches", "num_workers", "rank", "world_size")
 
@@ -122,91 +114,6 @@ def check_fields(state: dict[str, Any]) -> None:
             f"load_state_dict: state['dataset_kind'] is {state['dataset_kind']!r}, expected "
             "'map' or 'iterable'. Pass the dict returned by DataLoader.state_dict() unchanged."
         )
-
-
-def _place() -> tuple[int | None, int | None]:
-    try:
-        context = detect()
-    except ValueError:  # a half-set RANK/WORLD_SIZE: no consistent rank to record
-        return None, None
-    return context.rank, context.world_size
-
-
-def _crc(value: Any, crc: int) -> int:
-    """CRC-32 of ``value``'s plain structure as it survives ``torch.save``, DCP and JSON: dict
-    keys as strings in sorted order, tuples as lists; strings fed as bytes, not repr'd (the
-    encoded RNG states are kilobytes)."""
-    if isinstance(value, dict):
-        crc = zlib.crc32(b"{", crc)
-        for key, item in sorted(value.items(), key=lambda kv: str(kv[0])):
-            crc = _crc(item, zlib.crc32(f"{str(key)!r}:".encode(), crc))
-        return zlib.crc32(b"}", crc)
-    if isinstance(value, (list, tuple)):
-        crc = zlib.crc32(b"[", crc)
-        for item in value:
-            crc = zlib.crc32(b",", _crc(item, crc))
-        return zlib.crc32(b"]", crc)
-    if isinstance(value, str):
-        crc = zlib.crc32(f"s{len(value)}:".encode(), crc)
-        return zlib.crc32(value.encode("utf-8", "surrogatepass"), crc)
-    return zlib.crc32(repr(value).encode(), crc)
-
-
-def _digest(state: dict[str, Any]) -> str:
-    """A digest of every field but ``digest`` itself: it matches only one rank's whole state
-    (a check against mixing, not against tampering)."""
-    return f"{_crc({k: v for k, v in state.items() if k != 'digest'}, 0):08x}"
-
-
-def stamp(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` as this process saves it: with its ``rank``, ``world_size`` and the
-    ``digest`` that ties them to the rest (NOTE [ A state must fit its loader ])."""
-    rank, world_size = _place()
-    stamped = {**state, "rank": rank, "world_size": world_size}
-    stamped["digest"] = _digest(stamped)
-    return stamped
-
-
-_PER_RANK_DCP = (
-    "torch.distributed.checkpoint keeps one copy of each value that every rank saves under "
-    "the same key, taken from any rank, so dcp.save({'loader': loader}) gives every rank a "
-    "mix of the ranks' states: save each rank's under its own key, "
-    "dcp.save({f'loader_rank{rank}': loader, ...}) and dcp.load({f'loader_rank{rank}': "
-    "loader, ...}) with rank = torch.distributed.get_rank(). With another checkpointer, save "
-    "each rank's loader.state_dict() and load it on the same rank."
-)
-
-
-def check_rank(state: dict[str, Any]) -> None:
-    """Refuse a state that is not this rank's (NOTE [ A state must fit its loader ]): a mix of
-    several ranks' states, or another rank's of this world size. Run before any of it is
-    applied."""
-    saved_rank, saved_world = state.get("rank"), state.get("world_size")
-    if saved_world is None:
-        return  # saved by an older stoker, or where no consistent rank was known
-    digest = state.get("digest")
-    if saved_world > 1 and digest is not None and digest != _digest(state):
-        raise ValueError(
-            f"load_state_dict: this state is not the state of one rank: its fields do not "
-            f"match the digest rank {saved_rank} of {saved_world} saved with them, so some "
-            "come from another rank (or were edited). A loader's state belongs to the rank "
-            "that saved it (the base seed and generator states it drew, its workers' and "
-            "dataset's progress). " + _PER_RANK_DCP
-        )
-    rank, world_size = _place()
-    if saved_rank is None or world_size != saved_world or rank == saved_rank:
-        return
-    # A whole state of another rank is warned about, not refused: Lightning saves rank 0's
-    # checkpoint and loads it on every rank, and where all ranks seeded alike (seed_everything)
-    # that resume is right. A mix of ranks (above) is never right.
-    warnings.warn(
-        f"load_state_dict: this state was saved by rank {saved_rank} of {saved_world}, and this "
-        f"process is rank {rank} of {saved_world}. A loader's state belongs to the rank that "
-        "saved it (the base seed and generator states it drew, its workers' and dataset's "
-        f"progress): loaded here, rank {rank} goes on with rank {saved_rank}'s seeds, which is "
-        "right only if every rank seeded its loader alike. " + _PER_RANK_DCP,
-        stacklevel=3,
-    )
 
 
 def _mismatch(field: str, saved: Any, now: Any) -> ValueError:

@@ -159,6 +159,30 @@ def _wrap(original: Any, what: str) -> Any:
     return wrapper
 
 
+def _generator_states(kwargs: dict[str, Any]) -> list[tuple[torch.Generator, torch.Tensor]]:
+    """The generators an adapter's base loader may draw from as it is built, with their states.
+
+    Under ``use_stateful_dataloader=True`` Accelerate builds a torchdata ``StatefulDataLoader``
+    and calls its ``state_dict()``, which starts its first iterator: a base seed drawn from the
+    loader's generator (or torch's global one). That loader is replaced by a stoker one, which
+    draws its own at its first ``iter()``; restoring the generators makes that draw the one
+    torchdata's first epoch had (the same permutation), not the one after it."""
+    batch_sampler = kwargs.get("batch_sampler")
+    holders = [kwargs, batch_sampler, kwargs.get("sampler"),
+               getattr(batch_sampler, "sampler", None), getattr(batch_sampler, "batch_sampler",
+                                                              None)]
+    holders.append(getattr(holders[-1], "sampler", None))
+    found: dict[int, torch.Generator] = {}
+    if kwargs.get("generator") is None:  # the base seed is drawn from the global generator
+        found[id(torch.default_generator)] = torch.default_generator
+    for holder in holders:
+        generator = holder.get("generator") if isinstance(holder, dict) else getattr(
+            holder, "generator", None)
+        if isinstance(generator, torch.Generator):
+            found[id(generator)] = generator
+    return [(g, g.get_state()) for g in found.values()]
+
+
 def _hook_adapter(adapter_cls: Any) -> None:
     """Every ``DataLoaderAdapter`` (``DataLoaderShard``, ``DataLoaderDispatcher``,
     ``SkipDataLoader``) Accelerate builds from a stoker loader gets a stoker base loader, however
@@ -169,10 +193,13 @@ def _hook_adapter(adapter_cls: Any) -> None:
 
     @functools.wraps(init)
     def __init__(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, dataset, *args, **kwargs)
         source = stoker_source(_being_rebuilt())  # NOTE [ Accelerate keeps stoker ]
+        before = _generator_states(kwargs) if source is not None else []
+        init(self, dataset, *args, **kwargs)
         if source is not None:
             adopt(source, self, f"accelerate's {type(self).__name__}")
+            for generator, state in before:
+                generator.set_state(state)  # what torchdata's base loader drew, undrawn
 
     __init__.__stoker_wrapped__ = True  # type: ignore[attr-defined]
     adapter_cls.__init__ = __init__

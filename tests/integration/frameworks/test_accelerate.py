@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,47 @@ def test_prepare_rebuilds_each_loader_as_what_it_was_when_loaders_share_a_datase
                 "batches": [[0, 1], [2], [4, 5], [6, 7]]}
     assert record["stoker_skip"] == skipping
     assert record["stoker_skip, skip 1"] == {**skipping, "batches": [[2], [4, 5], [6, 7]]}
+
+
+@pytest.mark.parametrize("cls", ["DataLoader", "StatefulDataLoader"])
+def test_stateful_save_state_load_state_resumes_every_rank_exactly(
+    tmp_path: Path, cls: str
+) -> None:
+    """``use_stateful_dataloader=True``: Accelerate adds ``_iterator_finished`` to the loader's
+    state and has every rank write one shared file; each rank still resumes with its own seeds
+    (NOTE [ Every rank's part ]), and nothing is said (it was refused as a mix of ranks)."""
+    need("accelerate", "torchdata")
+    run("accelerate_resume_run.py", tmp_path, nproc=2, args=("save", cls))
+    run("accelerate_resume_run.py", tmp_path, nproc=2, args=("load", cls))
+    saved = [json.loads((tmp_path / f"save_rank{r}.json").read_text()) for r in (0, 1)]
+    loaded = [json.loads((tmp_path / f"load_rank{r}.json").read_text()) for r in (0, 1)]
+    draws = [{d for b in s["batches"] for _, d in b} for s in saved]
+    assert not draws[0] & draws[1]  # the ranks drew apart: another rank's seeds would show
+    for rank in (0, 1):
+        assert saved[rank]["base"] == loaded[rank]["base"] == "DataLoader"
+        assert len(saved[rank]["batches"]) == 6
+        assert loaded[rank]["batches"] == saved[rank]["batches"][3:], rank
+        assert saved[rank]["warned"] == loaded[rank]["warned"] == []
+
+
+def test_stateful_epochs_are_torchdatas_epochs(tmp_path: Path) -> None:
+    """Under ``use_stateful_dataloader=True`` Accelerate builds torchdata's loader first, and its
+    ``state_dict()`` draws the first epoch's base seed; the stoker loader put in its place drew
+    it again from where that draw left the generator: its epoch 0 was torchdata's epoch 1 (other
+    permutation, other augmentations). Now the same epochs, draws included, but one place:
+    torchdata's first iterator, made (and, with workers, prefetching) before Accelerate
+    synchronises the ranks' sampler generators, gives rank 1 a permutation of its own in epoch
+    0 (the ranks' shards overlap); stoker's draws from the synchronised one, each sample once."""
+    need("accelerate", "torchdata")
+    for cls in ("torch", "stoker"):
+        run("accelerate_resume_run.py", tmp_path, nproc=2, args=("epochs", cls))
+    torchdata, ours = ([json.loads((tmp_path / f"{cls}_rank{r}.json").read_text()) for r in (0, 1)]
+                       for cls in ("torch", "stoker"))
+    for rank in (0, 1):
+        assert (torchdata[rank]["base"], ours[rank]["base"]) == ("StatefulDataLoader",
+                                                                 "DataLoader")
+    assert ours[0]["epochs"] == torchdata[0]["epochs"]
+    assert ours[1]["epochs"][1] == torchdata[1]["epochs"][1]
+    for epoch in (0, 1):
+        ids = sorted(i for r in ours for b in r["epochs"][epoch] for i, _ in b)
+        assert ids == list(range(24)), epoch
