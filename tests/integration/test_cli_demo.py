@@ -38,18 +38,24 @@ def test_demo_prints_the_tiers_with_their_ratios_and_changed_lines() -> None:
     lines = _demo("--rounds", "2", "--packed")
     runs = next(line for line in lines if line.startswith("medians of 2 runs each"))
     per_tier = runs.split(": ", 1)[-1].split("; ")
-    assert [t.rsplit(" ", 2)[0] for t in per_tier] == ["stoker", "image path", "packed"], runs
+    assert [t.rsplit(" ", 2)[0] for t in per_tier] == [
+        "stoker", "stoker.vision", "image path", "packed"], runs
     rows = _tier_rows(lines)
-    assert [row[0] for row in rows] == ["1", "2", "3", "4"], rows
-    assert " ".join(rows[2][1:5]) == "+ stoker's image path", rows
+    assert [row[0] for row in rows] == ["1", "2", "3", "4", "5"], rows
+    assert " ".join(rows[2][1:5]) == "+ stoker.vision, same pipeline", rows
+    assert " ".join(rows[3][1:7]) == "+ __getitem__ on the image path", rows
     assert rows[0][-5] == "1.00x", rows  # torch against itself
     for row in rows:
         assert row[-5].endswith("x") and row[-3] == "s" and row[-1] == "MiB", row
     text = "\n".join(lines)
     assert "  2  from torch.utils.data import DataLoader\n     -> from stoker import DataLoader" \
         in text
+    assert ("  3  from torchvision import datasets, transforms\n"
+            "     -> from stoker.vision import datasets, transforms") in text
     assert "     -> img = decode_crop_into(data, out, sample_rng())" in text
-    assert "  4  dataset = JpegDataset(paths)" in text
+    assert "  5  dataset = JpegDataset(paths)" in text
+    assert "tier 1 pipeline: stoker.vision, fuse=False (torchvision's steps)" in lines or (
+        "tier 1 pipeline: torchvision" in lines)
     decoder = next(line for line in lines if line.startswith("image path decoder: "))
     assert decoder.endswith("(the fastimage extra)") or decoder.endswith(
         "pip install 'stoker[fastimage]'"), decoder
@@ -70,7 +76,7 @@ def test_the_image_path_runs_on_pillow_without_the_fastimage_extra() -> None:
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     lines = proc.stdout.splitlines()
-    assert [row[0] for row in _tier_rows(lines)] == ["1", "2", "3"]
+    assert [row[0] for row in _tier_rows(lines)] == ["1", "2", "3", "4"]
     assert "image path decoder: Pillow (the fallback); for the fast one install the fastimage " \
         "extra (simplejpeg + OpenCV): pip install 'stoker[fastimage]'" in lines
 

@@ -32,8 +32,10 @@ from stoker.cli.demo_tiers import (
     build_tiers,
     decoder_line,
     format_tiers,
+    link_folder,
     pack_files,
     run_by_run,
+    torchvision_modules,
     verdict,
 )
 from stoker.doctor.demo_workload import (
@@ -342,7 +344,8 @@ def median_result(runs: list[DemoResult]) -> DemoResult:
 
 def run_demo(opts: DemoOptions) -> int:
     """`stoker demo`: the same JPEG files through each tier (``demo_tiers.py``): torch's
-    DataLoader, stoker's drop-in, stoker's image path (and, with ``--packed``, a pack)."""
+    DataLoader on a torchvision pipeline, stoker's drop-in, the pipeline from stoker.vision,
+    a hand-written ``__getitem__`` on stoker's image path (and, with ``--packed``, a pack)."""
     try:
         load_class(opts.candidate)
     except (ImportError, ValueError) as exc:
@@ -358,7 +361,7 @@ def run_demo(opts: DemoOptions) -> int:
         if opts.packed and opts.candidate == CANDIDATE:
             print("packing them with stoker pack ...", file=sys.stderr)
             packed = pack_files(paths, tmp)
-        tiers = build_tiers(paths, opts.candidate, packed)
+        tiers = build_tiers(paths, opts.candidate, packed, link_folder(paths, tmp))
         runs = _run_tiers(tiers, opts)
     results = [median_result(r) for r in runs]
     _print_results(opts, tiers, runs, results)
@@ -382,7 +385,8 @@ def _run_tiers(tiers: list[Tier], opts: DemoOptions) -> list[list[DemoResult]]:
 def _print_results(opts: DemoOptions, tiers: list[Tier], runs: list[list[DemoResult]],
                    results: list[DemoResult]) -> None:
     print(
-        f"stoker demo: {opts.images} JPEGs -> random-resized-crop {CROP_SIZE} + flip, "
+        f"stoker demo: {opts.images} JPEGs -> random-resized-crop {CROP_SIZE} + flip (+ "
+        "ToTensor, Normalize in tiers 1-3), "
         f"batch_size={opts.batch_size}, num_workers={opts.num_workers}, "
         f"epochs={opts.epochs}, {os.cpu_count()} CPUs, torch {torch.__version__}"
     )
@@ -390,6 +394,7 @@ def _print_results(opts: DemoOptions, tiers: list[Tier], runs: list[list[DemoRes
         print(f"medians of {opts.rounds} runs each, order rotating; "
               f"samples/s over torch's, run by run: {run_by_run(tiers, runs)}")
     print(format_tiers(tiers, results))
+    print(f"tier 1 pipeline: {torchvision_modules()[2]}")
     if any(t.key == "image path" for t in tiers):
         print(decoder_line())
     if opts.packed and opts.candidate != CANDIDATE:

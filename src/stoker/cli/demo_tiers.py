@@ -1,16 +1,21 @@
-"""`stoker demo`'s tiers: the same JPEG files loaded four ways, each one change from the last.
+"""`stoker demo`'s tiers: the same JPEG files loaded in turn, each one change from the last.
 
-1. torch's DataLoader over the user's dataset (Pillow decode + RandomResizedCrop + flip in
-   ``__getitem__``): the baseline every ratio is taken against;
+1. torch's DataLoader over a torchvision pipeline, as most image training code has it:
+   ``datasets.ImageFolder(root, transforms.Compose([RandomResizedCrop(224),
+   RandomHorizontalFlip(), ToTensor(), Normalize(...)]))``: the baseline every ratio is taken
+   against (torchvision's own classes where it can be imported, else ``stoker.vision`` with
+   ``fuse=False``: torchvision's algorithms, call for call, decoded whole by Pillow);
 2. stoker.DataLoader, the same dataset object (the drop-in: one import changed);
-3. the same dataset class with its decode on stoker's image path (one line of ``__getitem__``
-   changed to ``stoker.image.decode_crop_into``);
-4. with ``--packed``: the same files packed by ``stoker pack`` and read by ``TarShards`` with
+3. the same pipeline from ``stoker.vision`` (``from stoker.vision import datasets,
+   transforms``: one more import changed; the Compose decodes only the crop it keeps);
+4. a ``__getitem__`` written by hand on stoker's image path (``decode_crop_into``, uint8 out,
+   normalised on the GPU);
+5. with ``--packed``: the same files packed by ``stoker pack`` and read by ``TarShards`` with
    that line as its transform.
 
 Each tier carries the line that changed, so the table shows what a user would write. The image
 path's speed depends on the ``fastimage`` extra (simplejpeg, OpenCV); ``decoder_line`` says
-which decoder tier 3 ran and how to install the fast one when it is missing.
+which decoder it ran and how to install the fast one when it is missing.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stoker.doctor.demo_workload import DecodeCropSample, ImagePathJpegDataset, JpegDataset
+from stoker.doctor.demo_workload import DecodeCropSample, ImagePathJpegDataset
 
 STOKER = "stoker:DataLoader"
 TORCH = "torch.utils.data:DataLoader"
@@ -38,15 +43,42 @@ class Tier:
     now: str = ""  # the line after
 
 
-def build_tiers(paths: Sequence[str], candidate: str, packed: str | None) -> list[Tier]:
-    """The tiers over ``paths``; ``packed``: a pack of the same files (tier 4), or None.
-    A candidate other than stoker's (an A/A run against torch's own class) gets tiers 1 and 2
-    only: the image path draws from ``stoker.sample_rng()``, which needs a stoker loader."""
-    dataset = JpegDataset(paths)
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def torchvision_modules() -> tuple[Any, Any, str]:
+    """(datasets, transforms, who) of the baseline: torchvision's, or, where it cannot be
+    imported (its wheels need a matching torch build), stoker.vision run as written."""
+    try:
+        from torchvision import datasets, transforms
+    except Exception:  # not installed, or built for another torch: it raises more than ImportError
+        from stoker.vision import datasets, transforms
+
+        return datasets, transforms, "stoker.vision, fuse=False (torchvision's steps)"
+    return datasets, transforms, "torchvision"
+
+
+def train_pipeline(datasets: Any, transforms: Any, root: str, fuse: bool | None) -> Any:
+    """torchvision's ImageNet train recipe over the image folder ``root``; ``fuse`` for
+    stoker.vision's ``Compose`` (None: torchvision's, which takes no such argument)."""
+    steps = [transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+             transforms.ToTensor(), transforms.Normalize(mean=MEAN, std=STD)]
+    compose = transforms.Compose(steps) if fuse is None else transforms.Compose(steps, fuse=fuse)
+    return datasets.ImageFolder(root, transform=compose)
+
+
+def build_tiers(paths: Sequence[str], candidate: str, packed: str | None,
+                folder: str) -> list[Tier]:
+    """The tiers over ``paths`` (``folder``: the same files as an image folder, from
+    ``link_folder``); ``packed``: a pack of them (tier 5), or None. A candidate other than
+    stoker's (an A/A run against torch's own class) gets tiers 1 and 2 only."""
+    tv_datasets, tv_transforms, who = torchvision_modules()
+    fuse = None if who == "torchvision" else False
+    dataset = train_pipeline(tv_datasets, tv_transforms, folder, fuse)
     drop_in = "stoker.DataLoader, same dataset" if candidate == STOKER else (
         f"{candidate}, same dataset")
     tiers = [
-        Tier("torch", "torch DataLoader, your PIL code", TORCH, dataset),
+        Tier("torch", "torch DataLoader, torchvision code", TORCH, dataset),
         Tier("stoker" if candidate == STOKER else "candidate", drop_in, candidate, dataset,
              "from torch.utils.data import DataLoader",
              "from stoker import DataLoader" if candidate == STOKER
@@ -54,10 +86,18 @@ def build_tiers(paths: Sequence[str], candidate: str, packed: str | None) -> lis
     ]
     if candidate != STOKER:
         return tiers
+    from stoker.vision import datasets, transforms
+
     tiers.append(Tier(
-        "image path", "+ stoker's image path", STOKER, ImagePathJpegDataset(paths),
-        "img = Image.open(path).convert('RGB'); ... RandomResizedCrop, flip, PILToTensor",
-        "img = decode_crop_into(data, out, sample_rng())",
+        "stoker.vision", "+ stoker.vision, same pipeline", STOKER,
+        train_pipeline(datasets, transforms, folder, True),
+        "from torchvision import datasets, transforms",
+        "from stoker.vision import datasets, transforms",
+    ))
+    tiers.append(Tier(
+        "image path", "+ __getitem__ on the image path", STOKER, ImagePathJpegDataset(paths),
+        "img = transform(Image.open(path).convert('RGB'))  # RandomResizedCrop, flip, ...",
+        "img = decode_crop_into(data, out, sample_rng())  # uint8; normalise on the GPU",
     ))
     if packed is not None:
         from stoker.formats import TarShards
@@ -71,16 +111,25 @@ def build_tiers(paths: Sequence[str], candidate: str, packed: str | None) -> lis
     return tiers
 
 
-def pack_files(paths: Sequence[str], root: str) -> str:
-    """``stoker pack`` of ``paths`` (an image folder of links to them, 10 classes, as the
-    dataset's labels) into ``root``/shards; returns the shards' directory."""
-    from stoker.formats import pack
-
+def link_folder(paths: Sequence[str], root: str) -> str:
+    """``root``/folder/class<k>/: links to ``paths`` in 10 classes (as the dataset's labels),
+    the layout ``ImageFolder`` and ``stoker pack`` read; made once."""
     folder = os.path.join(root, "folder")
     for i, path in enumerate(paths):
         klass = os.path.join(folder, f"class{i % 10}")
         os.makedirs(klass, exist_ok=True)
-        os.symlink(path, os.path.join(klass, os.path.basename(path)))
+        link = os.path.join(klass, os.path.basename(path))
+        if not os.path.lexists(link):
+            os.symlink(path, link)
+    return folder
+
+
+def pack_files(paths: Sequence[str], root: str) -> str:
+    """``stoker pack`` of ``paths`` (their image folder, ``link_folder``) into ``root``/shards;
+    returns the shards' directory."""
+    from stoker.formats import pack
+
+    folder = link_folder(paths, root)
     shards = os.path.join(root, "shards")
     pack(folder, shards, samples_per_shard=max(8, len(paths) // 16), workers=2, progress=False)
     return shards
