@@ -216,7 +216,7 @@ def test_what_is_fused() -> None:
     plan = T.Compose(transforms).fused_plan()
     assert plan.crop is transforms[0] and plan.resize is None and plan.consumed == 1
     assert plan.ending.flips == (transforms[1],) and plan.ending.convert is transforms[2]
-    assert plan.ending.end == 3  # Normalize runs as written
+    assert plan.ending.normalize is transforms[3] and plan.ending.end == 4
     plan = T.Compose(eval_list()).fused_plan()
     assert plan is not None and plan.center is not None and plan.consumed == 2
     assert plan.ending.flips == () and plan.ending.end == 3
@@ -285,3 +285,30 @@ def test_a_reduced_scale_crop_starts_where_its_box_does() -> None:
         assert abs(x0 + kx * step_x - box[1] * f) <= FT.MISS
         assert (ky >= FT._MARGIN or y0 == 0) and (kx >= FT._MARGIN or x0 == 0)
         assert y1 >= min(decoded[0], (box[0] + h) * f) and x1 >= min(decoded[1], (box[1] + w) * f)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_the_tensor_ending_converts_as_written(inplace) -> None:
+    from stoker.vision.transforms import _fused_tensor as FT
+
+    pixels = np.random.default_rng(1).integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    chw = torch.from_numpy(pixels).permute(2, 0, 1)  # HWC memory, as the resize leaves it
+    lists = [
+        [T.RandomResizedCrop(8), T.RandomHorizontalFlip(p=1.0), T.ToTensor(),
+         T.Normalize(MEAN, STD, inplace=inplace), T.ConvertImageDtype(torch.float64)],
+        [T.RandomResizedCrop(8), T.ToTensor()],
+        [T.RandomResizedCrop(8), T.RandomHorizontalFlip(p=0.0), T.PILToTensor()],
+    ]
+    for transforms in lists:
+        ending = FT.ending_for(transforms, 1)
+        ours = FT.finish(chw, ending)
+        for t in transforms[ending.end:]:
+            ours = t(ours)
+        theirs = Image.fromarray(pixels)
+        for t in transforms[1:]:
+            theirs = t(theirs)
+        assert torch.equal(ours, theirs) and ours.dtype == theirs.dtype  # bit for bit
+        assert ours.stride() == theirs.stride(), transforms
+    with pytest.raises(ValueError, match="std evaluated to zero"):
+        FT.finish(chw, FT.ending_for([T.Resize(8), T.ToTensor(), T.Normalize(MEAN, (1, 0, 1))],
+                                     1))

@@ -12,8 +12,10 @@ here at most 2 levels of 255 apart, mean 0.04), the flips run as written on that
 (torchvision's ``hflip`` of a tensor: the same ``torch.rand(1)`` draw, the same mirror), and the
 conversion gives what it gives a PIL image of the same pixels: ``ToTensor`` a contiguous
 ``CxHxW`` tensor of the default float dtype scaled by ``1/255`` (the same ``to`` and ``div``),
-``PILToTensor`` a ``CxHxW`` view of an ``HxWxC`` uint8 copy (its layout). The transforms after
-the conversion run as written.
+``PILToTensor`` a ``CxHxW`` view of an ``HxWxC`` uint8 copy (its layout). A ``Normalize`` right
+after ``ToTensor`` runs in place on its result (as written it would clone it first, then
+``sub_`` and ``div_`` the clone: the same operations on the same values, one copy fewer). The
+transforms after those run as written.
 
 The geometry: at full scale the region is the crop's integer box, as ``F.crop`` cuts it. At a
 reduced DCT scale, ``Resize`` (with its ``CenterCrop``) resizes the whole decoded image at the
@@ -36,7 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from stoker.vision.transforms._convert import PILToTensor, ToTensor
+from stoker.vision.transforms import _functional as F
+from stoker.vision.transforms._convert import Normalize, PILToTensor, ToTensor
 from stoker.vision.transforms._geometry import RandomHorizontalFlip
 
 
@@ -48,6 +51,7 @@ class TensorEnding:
     flips: tuple[RandomHorizontalFlip, ...]
     convert: ToTensor | PILToTensor
     end: int
+    normalize: Normalize | None = None  # right after ToTensor: done in place on its result
 
 
 def ending_for(transforms: Any, start: int) -> TensorEnding | None:
@@ -58,7 +62,12 @@ def ending_for(transforms: Any, start: int) -> TensorEnding | None:
         t = transforms[i]
         if type(t) is RandomHorizontalFlip:
             flips.append(t)
-        elif type(t) in (ToTensor, PILToTensor):
+        elif type(t) is PILToTensor:
+            return TensorEnding(tuple(flips), t, i + 1)
+        elif type(t) is ToTensor:
+            after = transforms[i + 1] if i + 1 < len(transforms) else None
+            if type(after) is Normalize:
+                return TensorEnding(tuple(flips), t, i + 2, after)
             return TensorEnding(tuple(flips), t, i + 1)
         else:
             return None
@@ -150,4 +159,12 @@ def finish(image: torch.Tensor, ending: TensorEnding) -> torch.Tensor:
         image = flip(image)
     if type(ending.convert) is PILToTensor:
         return image.permute(1, 2, 0).contiguous().permute(2, 0, 1)  # its layout: HWC memory
-    return image.contiguous().to(dtype=torch.get_default_dtype()).div(255)
+    out = torch.empty(image.shape, dtype=torch.get_default_dtype())
+    out.copy_(image)  # ToTensor's to(dtype), into a contiguous CxHxW tensor
+    out.div_(255)
+    if ending.normalize is None:
+        return out
+    # Normalize as written on a copy of ToTensor's result: the same in-place sub_ and div_
+    # (and the same checks); ``out`` is that copy already.
+    norm = ending.normalize
+    return F.normalize(out, norm.mean, norm.std, inplace=True)
