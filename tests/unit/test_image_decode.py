@@ -115,3 +115,14 @@ def test_an_image_that_is_not_a_jpeg_is_decoded_by_pillow_on_either_path(path, k
 def test_bytes_that_are_no_image_say_so(path, data) -> None:
     with pytest.raises(ValueError, match=r"bytes starting .* are not an image Pillow can read"):
         decode_crop_into(data, torch.empty(3, 8, 8, dtype=torch.uint8), np.random.default_rng(0))
+
+
+def test_a_box_at_the_far_edge_of_a_scaled_decode_lands_where_it_is(path) -> None:
+    # 1203 x 1601 at 1/8 decodes to 151 x 201 (each side rounded up), not 150.4 x 200.1: the
+    # box is placed by the scale itself, 1/8, or its far edge would be a decoded pixel off.
+    jpeg, _ = _jpeg(1203, 1601, seed=3)
+    for box in [(403, 801, 800, 800), (0, 801, 1203, 800)]:
+        out = torch.empty(3, 64, 64, dtype=torch.uint8)
+        decode_box_into(jpeg, out, box)
+        ref = _reference(jpeg, box, False, size=(64, 64))
+        assert np.abs(out.numpy().astype(int) - ref).mean() < 3.0, box

@@ -146,8 +146,17 @@ def _decode_scaled(
         with _pillow_open(jpeg) as im:  # draft: a JPEG's scaled decode; others ignore it
             im.draft("RGB", (math.ceil(width * need), math.ceil(height * need)))
             decoded = im.convert("RGB")
-        return decoded, (decoded.height / height, decoded.width / width)
-    return array, (array.shape[0] / height, array.shape[1] / width)
+        return decoded, _scale(decoded.height, decoded.width, height, width)
+    return array, _scale(array.shape[0], array.shape[1], height, width)
+
+
+def _scale(decoded_h: int, decoded_w: int, height: int, width: int) -> tuple[float, float]:
+    """The decode scale M/8 of both sides. Not decoded / full: the decoder rounds each side up
+    (``ceil(side * M/8)``), which would misplace the box by up to a decoded pixel at its far
+    edge; every 8 pixels of a side become exactly M."""
+    decoded, full = (decoded_w, width) if width >= height else (decoded_h, height)
+    f = round(decoded * 8 / full) / 8
+    return f, f
 
 
 def _resize_box(image: Any, box: tuple[float, float, float, float], size: tuple[int, int]) -> Any:
