@@ -10,7 +10,9 @@ smallest DCT scale M/8 whose image still covers the output (libjpeg-turbo throug
 else Pillow's ``draft``: 1/2, 1/4, 1/8) and resizes the crop's region of that smaller image with
 Pillow's filter (``Image.resize(box=...)``). The transforms after those run as written, on the
 result, so a flip's ``torch.rand(1)`` is drawn after the crop's draws as before, and dtypes and
-layouts are theirs.
+layouts are theirs. When a ``ToTensor`` / ``PILToTensor`` follows (flips between), the resize
+is torch's on a uint8 tensor instead and the image never becomes a PIL image (NOTE [ The fused
+decode's tensor ending ] in ``_fused_tensor.py``).
 
 What stays the same: the random draws and the RNG state after each sample, the output's size,
 mode and (after ``ToTensor`` etc.) dtype and layout. When the decode needs the full scale (the
