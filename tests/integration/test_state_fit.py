@@ -235,8 +235,7 @@ def test_every_ranks_part_resumes_each_rank_with_its_own_state(place):
     shared = with_ranks(states)
     assert shared is not None and shared["rank"] == 0
     assert sorted(shared["ranks"][1]) == ["base_seed", "digest", "rank", "rng"]  # only these
-    per_rank_copy = with_ranks([{**states[0], "rank": 0}, states[1]])
-    mix = {**per_rank_copy, "base_seed": states[1]["base_seed"]}  # DCP: a value from rank 1
+    mix = {**shared, "base_seed": states[1]["base_seed"]}  # DCP: a value from rank 1's copy
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for rank in (0, 1):
@@ -245,3 +244,40 @@ def test_every_ranks_part_resumes_each_rank_with_its_own_state(place):
     edited = {**shared, "ranks": [shared["ranks"][0], {**shared["ranks"][1], "base_seed": 5}]}
     with pytest.warns(UserWarning, match="has no part for this process, rank 1"):
         _rest(edited, 1, place)  # a part that does not match its digest is not used
+
+
+_LIGHTNING = (
+    "Lightning loads rank 0's checkpoint on every rank; stoker records every rank's part in it "
+    "when Trainer.save_checkpoint runs on all ranks (as ModelCheckpoint does), and this "
+    "checkpoint has none (saved another way, or by an older stoker). Save it with "
+    "trainer.save_checkpoint on every rank, or call seed_everything(seed, workers=False) so "
+    "that the ranks' loader states are alike."
+)
+_ACCELERATE = (
+    "Accelerate's save_state writes one loader state for all ranks; stoker records every "
+    "rank's part in it when accelerator.save_state() runs on every process, and this state has "
+    "none (saved another way, or by an older stoker). Save it again with "
+    "accelerator.save_state() called on every process."
+)
+
+
+@pytest.mark.parametrize(("module", "advice"), [
+    ("lightning.pytorch.loops.fit_loop", _LIGHTNING),
+    ("accelerate.checkpointing", _ACCELERATE),
+])
+def test_the_advice_names_the_framework_that_loads_the_state(place, module, advice):
+    """Loaded from a framework's code (its module on the stack), the advice is that
+    framework's, not DCP's."""
+    state = _saved_on(place, 0, 2)
+    place(1, 2)
+    namespace = {"__name__": module, "_load": _load}
+    exec("def load(state):\n    _load(state)\n", namespace)  # a function of that module
+    with pytest.warns(UserWarning) as told:
+        namespace["load"](state)
+    assert [str(w.message) for w in told] == [
+        "load_state_dict: this state was saved by rank 0 of 2 and has no part for this "
+        "process, rank 1. A loader's state belongs to the rank that saved it (the base seed and "
+        "generator states it drew, its workers' and dataset's progress): loaded here, rank 1 "
+        "would go on with rank 0's seeds, which is right only if every rank seeded its loader "
+        "alike. " + advice
+    ]
