@@ -254,10 +254,10 @@ _LIGHTNING = (
     "that the ranks' loader states are alike."
 )
 _ACCELERATE = (
-    "Accelerate's save_state writes one loader state for all ranks; stoker records every "
-    "rank's part in it when accelerator.save_state() runs on every process, and this state has "
-    "none (saved another way, or by an older stoker). Save it again with "
-    "accelerator.save_state() called on every process."
+    "Accelerate's save_state writes one loader state for all ranks; stoker keeps each rank's "
+    "own beside it (stoker_dl_state_dict_rank<r>.bin) where save_state() runs on that rank, "
+    "and this rank has none (save_state() called on the main process alone, or by an older "
+    "stoker). Call accelerator.save_state() on every process."
 )
 
 

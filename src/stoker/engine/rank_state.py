@@ -9,14 +9,15 @@ write one shared ``dl_state_dict.bin``; ``torch.distributed.checkpoint`` keeps o
 value saved under one key, each value's copy from any rank (a mix). Loaded as it is, a rank goes
 on with another rank's seeds: exact only where the ranks' parts happened to be alike.
 
-So where the framework's save runs on every rank at once (Lightning's ``dump_checkpoint``,
-Accelerate's ``save_accelerator_state``: ``stoker.integrations`` wraps them), the ranks' states
-are gathered (``stoker.distributed.rank_parts``) and the state saved is rank 0's with
-``"ranks"``: per rank, only the fields that differ between ranks (seeds, worker streams, the
-rank and the digest; positions and the loader's description are alike and kept once), so it
-stays small, and every rank's copy is the same (Accelerate's ranks write one file at once).
-Loading it, each rank takes the common fields and its own part, checked against the digest it
-saved: exact on every rank, whichever rank's copy (or DCP mix of copies) it got, and silent.
+So where the framework's save runs on every rank at once (Lightning's ``dump_checkpoint``, which
+``stoker.integrations.lightning`` wraps), the ranks' states are gathered
+(``stoker.integrations.rank_parts``) and the state saved is rank 0's with ``"ranks"``: per rank,
+only the fields that differ between ranks (seeds, worker streams, the rank and the digest;
+positions and the loader's description are alike and kept once), so it stays small. Loading it,
+each rank takes the common fields and its own part, checked against the digest it saved: exact
+on every rank, whichever rank's copy (or DCP mix of copies) it got, and silent. Accelerate's
+``save_state`` may run on the main process alone, where a collective would hang: there each
+rank keeps its own state in a file of its own instead (NOTE [ Accelerate's one loader file ]).
 
 A state without this rank's part is checked as before: a multi-rank state whose fields do not
 match its digest (a mix) is refused; another rank's whole state is refused under DCP (the
@@ -150,10 +151,10 @@ _ADVICE = {
         "that the ranks' loader states are alike."
     ),
     "accelerate": (
-        "Accelerate's save_state writes one loader state for all ranks; stoker records every "
-        "rank's part in it when accelerator.save_state() runs on every process, and this state "
-        "has none (saved another way, or by an older stoker). Save it again with "
-        "accelerator.save_state() called on every process."
+        "Accelerate's save_state writes one loader state for all ranks; stoker keeps each "
+        "rank's own beside it (stoker_dl_state_dict_rank<r>.bin) where save_state() runs on that "
+        "rank, and this rank has none (save_state() called on the main process alone, or by an "
+        "older stoker). Call accelerator.save_state() on every process."
     ),
     None: "Save each rank's loader.state_dict() and load it on the same rank.",
 }

@@ -2,9 +2,8 @@
 rank's part ] in ``engine.rank_state``).
 
 Collective: call it only where every rank of the default process group calls it at once, with
-its loaders' states in the same order (``stoker.integrations`` calls it inside Lightning's
-``dump_checkpoint`` and Accelerate's ``save_accelerator_state``, which every rank runs and
-which already synchronise the ranks).
+its loaders' states in the same order (``stoker.integrations.lightning`` calls it inside
+Lightning's ``dump_checkpoint``, which every rank runs, followed by a barrier of Lightning's).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 (``DataLoaderConfiguration(use_stateful_dataloader=True)``, ``accelerator.save_state()`` /
 ``load_state()``) of a stoker loader, in two runs of this script:
 ``accelerate_resume_run.py OUT PHASE CLASS`` with PHASE ``save`` (the whole epoch, saving after
-``SAVE_AFTER`` batches) or ``load`` (a new process: load, then the rest of the epoch), CLASS
+``SAVE_AFTER`` batches; ``save-main``: ``save_state()`` on the main process alone) or ``load``
+(a new process: load, then the rest of the epoch), CLASS
 ``DataLoader`` or ``StatefulDataLoader`` (stoker's), or PHASE ``epochs``: two epochs of CLASS
 ``torch`` (Accelerate builds torchdata's loader over torch's) or ``stoker``. The ranks' global
 RNGs are seeded apart, so each rank draws its own base seed, and every sample carries a draw of
@@ -68,7 +69,8 @@ def main(out: str, phase: str, cls: str) -> None:
             accelerator.load_state(f"{out}/ckpt")
         for batch in prepared:
             batches.append(batch.tolist())
-            if phase == "save" and len(batches) == SAVE_AFTER:
+            if phase.startswith("save") and len(batches) == SAVE_AFTER and (
+                    phase == "save" or accelerator.is_main_process):
                 accelerator.save_state(f"{out}/ckpt")
     record = {"rank": rank, "batches": batches,
               "base": type(prepared.base_dataloader).__qualname__,

@@ -77,6 +77,29 @@ def test_stateful_save_state_load_state_resumes_every_rank_exactly(
         assert saved[rank]["warned"] == loaded[rank]["warned"] == []
 
 
+def test_stateful_save_state_on_the_main_process_alone(tmp_path: Path) -> None:
+    """``save_state()`` called on the main process alone (Accelerate allows it under DDP): no
+    collective waits for the other rank; rank 0 resumes exactly, and rank 1, which saved
+    nothing of its own, is told that it goes on with rank 0's state and what to do."""
+    need("accelerate", "torchdata")
+    run("accelerate_resume_run.py", tmp_path, nproc=2, args=("save-main", "DataLoader"))
+    run("accelerate_resume_run.py", tmp_path, nproc=2, args=("load", "DataLoader"))
+    saved = [json.loads((tmp_path / f"save-main_rank{r}.json").read_text()) for r in (0, 1)]
+    loaded = [json.loads((tmp_path / f"load_rank{r}.json").read_text()) for r in (0, 1)]
+    assert loaded[0]["batches"] == saved[0]["batches"][3:]
+    assert loaded[0]["warned"] == []
+    assert loaded[1]["warned"] == [
+        "load_state_dict: this state was saved by rank 0 of 2 and has no part for this "
+        "process, rank 1. A loader's state belongs to the rank that saved it (the base seed and "
+        "generator states it drew, its workers' and dataset's progress): loaded here, rank 1 "
+        "would go on with rank 0's seeds, which is right only if every rank seeded its loader "
+        "alike. Accelerate's save_state writes one loader state for all ranks; stoker keeps "
+        "each rank's own beside it (stoker_dl_state_dict_rank<r>.bin) where save_state() runs "
+        "on that rank, and this rank has none (save_state() called on the main process alone, "
+        "or by an older stoker). Call accelerator.save_state() on every process."
+    ]
+
+
 def test_stateful_epochs_are_torchdatas_epochs(tmp_path: Path) -> None:
     """Under ``use_stateful_dataloader=True`` Accelerate builds torchdata's loader first, and its
     ``state_dict()`` draws the first epoch's base seed; the stoker loader put in its place drew
