@@ -12,9 +12,10 @@ batch 64, shuffle, num_workers=2, three ways of holding the files:
   besides the import (datasets decodes an `Image()` value with Pillow before any transform).
 
 torch's DataLoader runs the pipeline as torchvision writes it: Pillow decodes the whole file,
-then each transform in turn (`stoker.vision` with `fuse=False`, which is torchvision's
-algorithms call for call; torchvision itself cannot be installed beside the CPU torch here,
-and tests/unit/test_vision_torchvision.py checks the two equal where it can). stoker's
+then each transform in turn: torchvision's own classes where torchvision imports (the GPU
+machine), else `stoker.vision` with `fuse=False`, torchvision's algorithms call for call
+(torchvision cannot be installed beside the CPU torch here; tests/unit/test_vision_torchvision.py
+checks the two equal where it can; each record's `pipeline` says which ran). stoker's
 DataLoader runs the same list from `stoker.vision`, where the `Compose` decodes fused with the
 crop (NOTE [ Fused decode in Compose ]). The ratio is what changing the import buys.
 
@@ -24,6 +25,7 @@ Each variant is measured in two rounds, the order of the loaders alternating (`r
 
 from __future__ import annotations
 
+import io
 import os
 import tarfile
 import tempfile
@@ -40,14 +42,30 @@ MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 CLASSES = 10
 
 
-def train_transform(fuse: bool) -> transforms.Compose:
-    """torchvision's ImageNet train recipe; ``fuse=False`` runs it as torchvision does."""
-    return transforms.Compose([
-        transforms.RandomResizedCrop(224),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        transforms.Normalize(mean=MEAN, std=STD),
-    ], fuse=fuse)
+def _torchvision() -> tuple[Any, Any] | None:
+    try:
+        import torchvision
+    except Exception:  # not installed, or built for another torch
+        return None
+    return torchvision.datasets, torchvision.transforms
+
+
+TORCHVISION = _torchvision()
+AS_WRITTEN = "torchvision" if TORCHVISION else "stoker.vision, fuse=False (torchvision's steps)"
+
+
+def train_transform(fuse: bool) -> Any:
+    """torchvision's ImageNet train recipe: stoker.vision's fused ``Compose``, or as
+    torchvision runs it (its own classes where it imports)."""
+    module = TORCHVISION[1] if TORCHVISION and not fuse else transforms
+    steps = [module.RandomResizedCrop(224), module.RandomHorizontalFlip(), module.ToTensor(),
+             module.Normalize(mean=MEAN, std=STD)]
+    return transforms.Compose(steps, fuse=fuse) if module is transforms else module.Compose(steps)
+
+
+def _folder_dataset(root: str, fuse: bool) -> Any:
+    module = TORCHVISION[0] if TORCHVISION and not fuse else datasets
+    return module.ImageFolder(root, train_transform(fuse))
 
 
 class ShardSample:
@@ -57,7 +75,12 @@ class ShardSample:
         self.compose = train_transform(fuse)
 
     def __call__(self, sample: dict[str, Any]) -> tuple[Any, int]:
-        return self.compose(sample["jpg"]), int(sample["cls"])
+        image = sample["jpg"]
+        if not isinstance(self.compose, transforms.Compose):  # torchvision's takes an image
+            from PIL import Image
+
+            image = Image.open(io.BytesIO(image)).convert("RGB")
+        return self.compose(image), int(sample["cls"])
 
 
 class ColumnTransform:
@@ -107,7 +130,7 @@ def _variants(paths: list[Path], cache: Path) -> list[tuple[str, Callable[[bool]
     folder = image_folder(paths, cache / "folder")
     shards = tar_shards(paths, cache / "shards")
     variants: list[tuple[str, Callable[[bool], Any]]] = [
-        ("ImageFolder", lambda fuse: datasets.ImageFolder(str(folder), train_transform(fuse))),
+        ("ImageFolder", lambda fuse: _folder_dataset(str(folder), fuse)),
         ("TarShards", lambda fuse: _tar_dataset(shards, fuse)),
     ]
     try:
@@ -158,7 +181,7 @@ def run(ctx: Context) -> list[dict[str, Any]]:
                 record.update(measure(ctx, name, dataset, kwargs, plan))
                 record.update(
                     dataset=type(dataset).__name__, images=images, run_position=position,
-                    pipeline="stoker.vision, fused" if fuse else "as torchvision runs it",
+                    pipeline="stoker.vision, fused" if fuse else AS_WRITTEN,
                     loader_kwargs={k: repr(v) for k, v in kwargs.items()},
                 )
                 round_records.append(record)
