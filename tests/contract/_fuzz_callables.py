@@ -92,6 +92,10 @@ def build_sampler(spec: SamplerSpec, n: int, log: Log, progress: dict[str, int])
         return SubsetRandomSampler(list(range(0, n, 2)), generator=gen)
     if kind == "weighted":
         return WeightedRandomSampler([float(i % 3 + 1) for i in range(n)], n, generator=gen)
+    if kind == "neg":  # torch's classes only: negative indices (valid ones, unless short)
+        return [-1 - (3 * i) % max(n, 1) for i in range(n)]
+    if kind == "np":  # torch's classes only: numpy ints
+        return np.arange(n)[::-1].copy()
     if kind == "nolen":
         return LoggingSampler(spec, n, log, progress)
     return SizedLoggingSampler(spec, n, log, progress)

@@ -388,6 +388,11 @@ class SizedFuzzIterDataset(FuzzIterDataset):
 
 
 def build_dataset(spec: DatasetSpec, log: Log, progress: dict[str, int]) -> Any:
+    if spec.style == "torch":  # torch's own classes (the module imports this one)
+        from _fuzz_torch_ds import build_torch_ds
+
+        assert spec.torch_ds is not None
+        return build_torch_ds(spec.torch_ds)
     if spec.style == "iter":
         cls = FuzzIterDataset if spec.length == "none" else SizedFuzzIterDataset
         return cls(spec, log, progress)

@@ -102,8 +102,33 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class TensorSpec:
+    """A tensor of torch's dataset classes (``_fuzz_torch_ds``): ``rows`` rows of ``shape``."""
+
+    dtype: str
+    shape: tuple[int, ...] = ()  # a row's shape: () gives 0-d samples
+    # "plain" | "noncontig" (every other row of a larger tensor) | "offset" (contiguous, at a
+    # storage offset) | "grad" (requires_grad: torch's collate in a worker refuses it) |
+    # "param" (an nn.Parameter, a Tensor subclass)
+    layout: str = "plain"
+
+
+@dataclass(frozen=True)
+class TorchDS:
+    """One of torch's own dataset classes, as built by ``_fuzz_torch_ds.build_torch_ds``."""
+
+    # "tensors" (TensorDataset) | "tensor" (a bare tensor used as a dataset) | "stack"
+    # (StackDataset of a tuple) | "stack_dict" | "subset" | "concat" (ConcatDataset)
+    kind: str
+    n: int  # its length
+    children: tuple[Any, ...] = ()  # TensorSpec for "tensors"/"tensor", else TorchDS
+    keys: tuple[str, ...] = ()  # "stack_dict"; "subset": the indices' type (list, tuple, tensor)
+    indices: tuple[int, ...] = ()  # "subset": into its child (negative, out of range)
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
-    style: str  # "map" | "map_getitems" | "iter"
+    style: str  # "map" | "map_getitems" | "iter" | "torch" (torch's classes: ``torch_ds``)
     n: int
     tree: Tree
     fault: Fault | None = None
@@ -111,6 +136,7 @@ class DatasetSpec:
     split: str = "shard"  # "shard" | "dup" | "uneven" | "first"
     length: str = "none"  # "none" | "true" | "lie"
     gen: bool = False  # holds np.random.default_rng(0) (every worker copies it)
+    torch_ds: TorchDS | None = None  # style "torch": the dataset (``tree`` is unused)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from _fuzz_spec import (
     Tree,
     WorkerInitSpec,
 )
+from _fuzz_torch_ds import torch_datasets
 from hypothesis import strategies as st
 
 NP_DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8",
@@ -48,6 +49,7 @@ TORCH_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "
 COLLATE_OBS_STABLE = ("c_main", "c_n")
 SAMPLER_KINDS = ("seq", "rev", "list", "random", "random_gen", "random_repl", "subset_random",
                  "weighted", "stateful", "progress", "nolen", "raising")
+TORCH_DS_SAMPLER_KINDS = ("neg", "np")
 WORKER_TIMEOUT_S = (30.0, 45)  # every blocking next() with workers ends (timeout=0 would not)
 
 shapes = st.lists(st.sampled_from((0, 1, 2, 3)), max_size=2).map(tuple)
@@ -238,16 +240,20 @@ def worker_inits(draw: Any, plan: Plan, tag: str) -> WorkerInitSpec:
 
 
 @st.composite
-def samplers(draw: Any) -> SamplerSpec:
-    return SamplerSpec(draw(st.sampled_from(SAMPLER_KINDS)), draw(st.integers(0, 3)))
+def samplers(draw: Any, torch_style: bool = False) -> SamplerSpec:
+    """With torch's own dataset classes also ``neg`` (negative indices) and ``np`` (numpy
+    ints): indices torch's classes take and stoker's gathers decline."""
+    kinds = SAMPLER_KINDS + (TORCH_DS_SAMPLER_KINDS if torch_style else ())
+    return SamplerSpec(draw(st.sampled_from(kinds)), draw(st.integers(0, 3)))
 
 
 @st.composite
-def batch_samplers(draw: Any) -> BatchSamplerSpec:
+def batch_samplers(draw: Any, torch_style: bool = False) -> BatchSamplerSpec:
     kind = draw(st.sampled_from(("torch", "torch", "variable", "stateful", "progress")))
     if kind != "torch":
         return BatchSamplerSpec(kind)
-    return BatchSamplerSpec(kind, draw(samplers()), draw(st.integers(1, 4)), draw(st.booleans()))
+    return BatchSamplerSpec(kind, draw(samplers(torch_style)), draw(st.integers(1, 4)),
+                            draw(st.booleans()))
 
 
 def _maybe(draw: Any, args: list[tuple[str, Any]], name: str, values: st.SearchStrategy) -> None:
@@ -261,14 +267,14 @@ def loader_args(draw: Any, plan: Plan) -> tuple[tuple[str, Any], ...]:
     args: list[tuple[str, Any]] = []
     style, num_workers, how = plan.style, plan.num_workers, plan.how
     if how == "batch_sampler":
-        args.append(("batch_sampler", draw(batch_samplers())))
+        args.append(("batch_sampler", draw(batch_samplers(style == "torch"))))
     else:
         if plan.batch_size != "omit":
             args.append(("batch_size", plan.batch_size))
         if not plan.unbatched:
             _maybe(draw, args, "drop_last", st.booleans())
         if how == "sampler":
-            args.append(("sampler", draw(samplers())))
+            args.append(("sampler", draw(samplers(style == "torch"))))
         elif style != "iter":
             _maybe(draw, args, "shuffle", st.sampled_from((None, False, True)))
     if num_workers or draw(st.booleans()):
@@ -343,7 +349,8 @@ def epochs(draw: Any, plan: Plan) -> tuple[EpochSpec, ...]:
 
 @st.composite
 def plans(draw: Any) -> Plan:
-    style = draw(st.sampled_from(("map", "map", "map_getitems", "iter", "iter")))
+    style = draw(st.sampled_from(("map", "map", "map_getitems", "iter", "iter", "torch",
+                                  "torch")))
     num_workers = draw(st.sampled_from((0, 0, 1, 2, 2, 3)))
     in_order = draw(st.sampled_from((None, None, True, False)))
     persistent = draw(st.sampled_from((None, False, True))) if num_workers else None
@@ -366,8 +373,10 @@ def plans(draw: Any) -> Plan:
 @st.composite
 def cases(draw: Any) -> Case:
     plan = draw(plans())
-    tree = draw(trees(plan))
     n = draw(st.integers(1, 11)) if not rarely(draw, 9) else 0
+    if plan.style == "torch":
+        return draw(_torch_case(plan, n))
+    tree = draw(trees(plan))
     fault = None
     if plan.errors_allowed:  # an iterable's __iter__ ending with StopIteration is its end
         stop = plan.stop_iteration or plan.style == "iter"
@@ -387,5 +396,24 @@ def cases(draw: Any) -> Case:
         len_first=draw(st.booleans()),
         main_seed=draw(st.integers(0, 3)),
         warn=draw(st.sampled_from(modes + ("record",))),
+        started="background" if rarely(draw, 5) else "terminal",
+    )
+
+
+@st.composite
+def _torch_case(draw: Any, plan: Plan, n: int) -> Case:
+    """A case over torch's own dataset classes (``_fuzz_torch_ds``); where errors are
+    compared, sometimes shorter than the samplers believe (indices out of range)."""
+    real = n
+    if plan.errors_allowed and n and rarely(draw, 4):
+        real = n - draw(st.integers(1, min(2, n)))
+    torch_ds = draw(torch_datasets(real, plan.errors_allowed, not plan.workers_ever))
+    return Case(
+        dataset=DatasetSpec("torch", n, Leaf("int"), torch_ds=torch_ds),
+        args=draw(loader_args(plan)),
+        epochs=draw(epochs(plan)),
+        len_first=draw(st.booleans()),
+        main_seed=draw(st.integers(0, 3)),
+        warn=draw(st.sampled_from(WARN_MODES + ("record",))),
         started="background" if rarely(draw, 5) else "terminal",
     )
