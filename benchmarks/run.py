@@ -114,6 +114,13 @@ def ratio_table(records: list[dict[str, Any]], candidate: str) -> str:
             line += (f"; {r['fraction_of_two_process_plain']:.0%} of {r['cores']} plain loops at "
                      f"once ({r['two_process_plain_samples_per_s']:.0f}/s)")
         lines.append(line)
+    for r in records:  # a bound of user work alone, without the core limit (tiny)
+        if "fraction_of_two_process_plain" in r and "fraction_of_core_limit" not in r:
+            which = f"{r['workload']} ({r['variant']})" if r["variant"] else r["workload"]
+            lines.append(
+                f"{which}: {r['loader']} reaches {r['fraction_of_two_process_plain']:.0%} of two "
+                f"processes doing only the user's work ({r['two_process_plain_samples_per_s']:.0f}"
+                " samples/s, measured around its run)")
     for r in (r for r in records if "epoch_ratios" in r and r["loader"] != "torch"):
         ratios = ", ".join(f"{x:.2f}" for x in r["epoch_ratios"])
         lines.append(f"{r['workload']} ({r['variant']}): torch/{r['loader']} epoch time, "

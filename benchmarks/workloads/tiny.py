@@ -1,13 +1,25 @@
 """`tiny`: many tiny in-memory samples. Measures per-sample and per-batch overhead of the
 loader itself (fetch loop, collate of dicts, inter-process transfer), num_workers 0 and 2, and
-the same tensors in a `torch.utils.data.TensorDataset` with num_workers 2."""
+the same tensors in a `torch.utils.data.TensorDataset` with num_workers 2.
+
+Each record also carries `two_process_plain_samples_per_s`: two forked processes doing only
+the user's work (`default_collate([dataset[i] for i in batch])` over shuffled batches, no
+loader) at once, measured right before and right after the loader's run (`reference_before`,
+`reference_after`; their mean). Any loader that keeps torch's run (torch's collate, in worker
+processes) does at least this work per batch, so this rate bounds it on two cores;
+`fraction_of_two_process_plain` is the loader's share of it (issue 45's goal: >= 0.8 at
+num_workers=2). `benchmarks/overhead_profile.py` splits the rest by CPU time.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
+import time
 from typing import Any
 
 import torch
 from _harness import Context, Plan, compare
+from torch.utils.data import default_collate
 
 
 class TinyDataset(torch.utils.data.Dataset[dict[str, Any]]):
@@ -25,14 +37,47 @@ class TinyDataset(torch.utils.data.Dataset[dict[str, Any]]):
         return {"x": self.x[index], "y": int(self.y[index])}
 
 
+def _plain_batches(dataset: Any, seed: int, batches: int, batch_size: int, out: Any) -> None:
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+    default_collate([dataset[i] for i in order[:batch_size]])  # warm-up, not timed
+    start = time.perf_counter()
+    for b in range(batches):
+        default_collate([dataset[i] for i in order[b * batch_size:(b + 1) * batch_size]])
+    out.put((start, time.perf_counter()))
+
+
+def two_process_plain_rate(dataset: Any, batches: int, batch_size: int = 256) -> float:
+    """Samples/s of two forked processes each collating `batches` shuffled batches of
+    `dataset` in a plain loop, at once (first start to last end; the clock is system-wide)."""
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_plain_batches, args=(dataset, k, batches, batch_size, out))
+             for k in range(2)]
+    for p in procs:
+        p.start()
+    spans = [out.get() for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    return 2 * batches * batch_size / (max(e for _, e in spans) - min(s for s, _ in spans))
+
+
+def _bound(record: dict[str, Any]) -> dict[str, Any]:
+    rate = (record["reference_before"] + record["reference_after"]) / 2
+    return {"two_process_plain_samples_per_s": rate,
+            "fraction_of_two_process_plain": record["samples_per_s"] / rate}
+
+
 def run(ctx: Context) -> list[dict[str, Any]]:
     dataset = TinyDataset(10_000 if ctx.quick else 200_000)
     plan = Plan(epochs=1, warmup_batches=2) if ctx.quick else Plan(epochs=3, warmup_batches=8)
+    batches = 20 if ctx.quick else 400
     records = []
     for workers in (0, 2):
         kwargs = {"batch_size": 256, "shuffle": True, "num_workers": workers}
-        records += compare(ctx, "tiny", dataset, kwargs, plan, variant=f"num_workers={workers}")
+        records += compare(ctx, "tiny", dataset, kwargs, plan, variant=f"num_workers={workers}",
+                           extra=_bound, reference=lambda: two_process_plain_rate(dataset, batches))
     tensors = torch.utils.data.TensorDataset(dataset.x, dataset.y)
     kwargs = {"batch_size": 256, "shuffle": True, "num_workers": 2}
-    records += compare(ctx, "tiny", tensors, kwargs, plan, variant="TensorDataset, num_workers=2")
+    records += compare(ctx, "tiny", tensors, kwargs, plan, variant="TensorDataset, num_workers=2",
+                       extra=_bound, reference=lambda: two_process_plain_rate(tensors, batches))
     return records
