@@ -1,7 +1,8 @@
 """Lightning (CPU, 2 processes, gloo), ``seed_everything(7, workers=True)``, a mid-epoch
 ``ModelCheckpoint`` and a resume in a new process: ``python lightning_resume_run.py OUT PHASE
-STRATEGY`` with PHASE ``save`` (the whole epoch, a checkpoint every 3 steps) or ``load``
-(``fit(ckpt_path=<the step-3 checkpoint>)``), STRATEGY ``ddp`` or ``ddp_spawn``.
+STRATEGY WORKERS`` with PHASE ``save`` (the whole epoch, a checkpoint every 3 steps) or ``load``
+(``fit(ckpt_path=<the step-3 checkpoint>)``), STRATEGY ``ddp`` or ``ddp_spawn``, WORKERS ``1``
+(``seed_everything(7, workers=True)``) or ``0``.
 
 Lightning writes rank 0's checkpoint and loads it on every rank; its ``worker_init_fn`` seeds
 each worker from the rank, so rank 1's workers draw other numbers than rank 0's: every sample
@@ -75,8 +76,8 @@ class Module(L.LightningModule):
             json.dump(record, f)
 
 
-def main(out: str, phase: str, strategy: str) -> None:
-    L.seed_everything(7, workers=True)
+def main(out: str, phase: str, strategy: str, workers: str) -> None:
+    L.seed_everything(7, workers=workers == "1")
     checkpoints = ModelCheckpoint(dirpath=f"{out}/ckpt", every_n_train_steps=3, save_top_k=-1)
     trainer = L.Trainer(
         accelerator="cpu", devices=2, strategy=strategy, max_epochs=1, logger=False,
@@ -87,4 +88,4 @@ def main(out: str, phase: str, strategy: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])
