@@ -32,6 +32,8 @@ THIRD_PARTY = {
                                                  "the stack (NOTE [ Accelerate keeps stoker ])",
     ("integrations/accelerate.py", "_auto_collation"): "torch's DataLoader property read on a "
                                                        "loader Accelerate rebuilds",
+    ("engine/rank_state.py", "_getframe"): "the framework loading a state, from the stack "
+                                           "(NOTE [ Every rank's part ]): advice that fits",
     ("_core/torch_voice.py", "_getframe"): "the first frame outside stoker, where torch's "
                                            "__next__ attributes its warning",
     ("engine/stats.py", "_C"): "torch.profiler's enabled check (torch._C._autograd)",
