@@ -449,11 +449,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         ``print(loader.stats())`` gives the one-line verdict; the fields hold the figures
         (see ``LoaderStats``), including every decision of the concurrency tuner. On an
         input-bound torchvision image pipeline it also names the ``stoker.vision`` import,
-        with its gain measured once on this loader's own files (``profile/import_advice.py``).
+        with its gain measured once on this loader's own files (``vision/stats_advice.py``).
         """
-        from stoker.profile.import_advice import with_import_advice
+        from stoker.vision.stats_advice import with_import_advice
 
-        return with_import_advice(self._engine.stats.snapshot(), self)
+        return with_import_advice(self._engine.stats.snapshot(), self.dataset)
 
     def add_stats_hook(self, hook: StatsHook) -> None:
         """Tell ``hook`` of every batch this loader hands out from now on (``StatsHook``:

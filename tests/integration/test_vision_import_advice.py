@@ -1,5 +1,5 @@
 """``loader.stats()`` on a torchvision-style image pipeline names the ``stoker.vision`` import
-with its gain measured on the loader's own files (profile/import_advice.py,
+with its gain measured on the loader's own files (profile/stats_advice.py,
 vision/import_gain.py); nothing for any other dataset, the user's RNG state left as it was.
 
 torchvision cannot be installed beside the CPU torch, so the as-written pipeline here is
@@ -19,8 +19,8 @@ import stoker
 
 Image = pytest.importorskip("PIL.Image")
 
-from stoker.profile import import_advice, verdict  # noqa: E402
-from stoker.vision import datasets, import_gain  # noqa: E402
+from stoker.profile import verdict  # noqa: E402
+from stoker.vision import datasets, import_gain, stats_advice  # noqa: E402
 from stoker.vision import transforms as T  # noqa: E402
 
 
@@ -49,7 +49,7 @@ def _drained(dataset) -> stoker.DataLoader:
 
 
 def test_the_import_is_named_with_its_gain_on_an_input_bound_loader(tmp_path, monkeypatch):
-    monkeypatch.setattr(import_advice, "_WORTH", 0.0)  # any measured gain is shown here
+    monkeypatch.setattr(stats_advice, "_WORTH", 0.0)  # any measured gain is shown here
     loader = _drained(datasets.ImageFolder(_folder(tmp_path), transform=_train(fuse=False)))
     torch.manual_seed(3)
     before = torch.get_rng_state()
@@ -62,7 +62,7 @@ def test_the_import_is_named_with_its_gain_on_an_input_bound_loader(tmp_path, mo
         assert f"Also: {said[0]}." in stats.summary
         assert loader.stats().advice == stats.advice  # measured once, said once
     else:  # a machine too busy to judge (contention): no advice rests on its figures
-        assert said == [] and loader not in import_advice._measured
+        assert said == [] and loader.dataset not in stats_advice._measured
 
 
 def test_the_gain_is_measured_on_the_datasets_own_files(tmp_path) -> None:
@@ -103,4 +103,4 @@ def test_no_advice_and_no_measure_for_other_datasets(tmp_path) -> None:
         stats = loader.stats()
         assert not any("stoker.vision" in a for a in stats.advice)
         assert "stoker.vision" not in stats.summary
-        assert import_advice._measured.get(loader) is None
+        assert stats_advice._measured.get(loader.dataset) is None  # nothing measured

@@ -55,6 +55,9 @@ THIRD_PARTY = {
                                                                 "declines the gathers",
     ("fastpaths/torch_gather.py", "_len_torch_dispatch_stack"): "an active TorchDispatchMode "
                                                                 "declines the gathers",
+    ("vision/transforms/_fused_tensor.py", "_C"): "torch's antialiased resize with explicit "
+                                                  "scales (interpolate takes a size or a scale)",
+    ("vision/transforms/_fused_tensor.py", "_nn"): "the same op: torch._C._nn._upsample_*_aa",
     ("workers/spec_once.py", "_extra_reducers"): "torch's reductions registered on "
                                                  "ForkingPickler, copied to a private pickler",
 }

@@ -103,9 +103,11 @@ def _rebuild(t: Any, T: Any) -> Any | None:
     return None
 
 
-def _default_loader(loader: Any) -> bool:
-    return getattr(loader, "__name__", "") in ("default_loader", "pil_loader") and (
-        getattr(loader, "__module__", "") or "").startswith(_MODULES)
+def _default_loader(load: Any) -> bool:
+    """Whether ``load`` (a folder dataset's ``loader``) is torchvision's (or stoker.vision's)
+    Pillow loader."""
+    return getattr(load, "__name__", "") in ("default_loader", "pil_loader") and (
+        getattr(load, "__module__", "") or "").startswith(_MODULES)
 
 
 def recognise(dataset: Any) -> tuple[list[str], Any] | None:
@@ -140,7 +142,7 @@ def measure(dataset: Any, budget_s: float = 0.5) -> ImportGain | None:
     if found is None:
         return None
     paths, fused = found
-    as_written, loader = dataset.transform, dataset.loader
+    as_written, load = dataset.transform, dataset.loader
     state, threads = torch.get_rng_state(), torch.get_num_threads()
     torch.set_num_threads(1)
     spent, done = [0.0, 0.0], 0
@@ -149,7 +151,7 @@ def measure(dataset: Any, budget_s: float = 0.5) -> ImportGain | None:
         while done == 0 or time.perf_counter() < end:
             for path in paths:
                 start = time.perf_counter()
-                as_written(loader(path))
+                as_written(load(path))
                 middle = time.perf_counter()
                 fused(path)
                 spent[0] += middle - start

@@ -3,7 +3,7 @@ loader's own files (``vision/import_gain.py``).
 
 Only for a loader whose verdict says the CPU work of ``__getitem__`` is what the loop waits for,
 whose dataset is torchvision's folder pipeline (or ``stoker.vision``'s with fusion off). The
-measure (about half a second, in the calling thread) runs once per loader; later calls reuse
+measure (about half a second, in the calling thread) runs once per dataset; later calls reuse
 it. Nothing is logged or warned: the line is in ``stats().advice`` and the summary.
 """
 
@@ -21,18 +21,24 @@ _WORTH = 1.05  # a gain below this is noise, not advice
 _measured: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def with_import_advice(stats: LoaderStats, loader: Any) -> LoaderStats:
-    """``stats`` with the import's line added to its advice and summary when it applies."""
-    dataset = getattr(loader, "dataset", None)
+def _measure(dataset: Any) -> Any:
+    from stoker.vision.import_gain import measure
+
+    gain = _measured[dataset] = measure(dataset)
+    return gain
+
+
+def with_import_advice(stats: LoaderStats, dataset: Any) -> LoaderStats:
+    """``stats`` of a loader over ``dataset`` with the import's line added to its advice and
+    summary when it applies."""
     if not type(dataset).__module__.startswith(_MODULES):
-        return stats  # cheap: no import of stoker.vision for any other dataset
+        return stats
     if verdict.kind(stats) not in verdict.CPU_BOUND:
         return stats
-    if loader not in _measured:
-        from stoker.vision.import_gain import measure
-
-        _measured[loader] = measure(dataset)
-    gain = _measured[loader]
+    try:
+        gain = _measured[dataset] if dataset in _measured else _measure(dataset)
+    except TypeError:  # a dataset that cannot be a weak key: not one recognised here
+        return stats
     if gain is None or gain.ratio < _WORTH:
         return stats
     text = gain.advice()
