@@ -299,3 +299,19 @@ def test_a_dataset_that_is_not_decoding_gets_no_decode_line(tmp_path: Any) -> No
     assert doc["decode"]["samples"] >= 5, doc["decode"]
     assert doc["decode"]["decode_bound"] is False and doc["decode"]["decode_samples"] == 0
     assert "DECODE" not in text and "decode_crop_into" not in text, text
+
+
+@pytest.mark.parametrize(("target", "says"), [
+    ("_doctor_targets.py:storage",
+     "stoker doctor: '_doctor_targets.py:storage': '_doctor_targets.py' is a file path; name "
+     "its module, as for `python -m`: '_doctor_targets:storage' (run from the directory the "
+     "module is imported from).\n"),
+    ("_doctor_targets:storag",
+     "stoker doctor: '_doctor_targets:storag': module '_doctor_targets' has no function "
+     "'storag'; expected a function returning your DataLoader or (dataset, loader_kwargs). "
+     "Did you mean '_doctor_targets:storage'?\n"),
+])
+def test_a_file_path_or_a_misspelt_function_gets_the_target_to_write(target, says) -> None:
+    proc = subprocess.run([sys.executable, "-m", "stoker.cli", "doctor", target],
+                          cwd=HERE, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == says, proc.stderr

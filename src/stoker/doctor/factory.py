@@ -6,6 +6,7 @@ it left out), then one line naming what raised it (``UserCodeFailed``)."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -62,6 +63,13 @@ def import_factory(spec: str, returns: str) -> Callable[[], Any]:
             f"{spec!r}: expected MODULE:FUNCTION, a function returning {returns}, "
             "e.g. 'train:make_loader'."
         )
+    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+        dotted = os.path.splitext(module_name)[0].replace(os.sep, ".").replace("/", ".")
+        raise ValueError(
+            f"{spec!r}: {module_name!r} is a file path; name its module, as for `python -m`: "
+            f"'{dotted.strip('.')}:{attr}' (run from the directory the module is imported "
+            "from)."
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -74,8 +82,11 @@ def import_factory(spec: str, returns: str) -> Callable[[], Any]:
             "and run the same command again.", exc) from exc
     factory = getattr(module, attr, None)
     if not callable(factory):
+        functions = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
+        close = difflib.get_close_matches(attr, functions, n=1)
+        hint = f" Did you mean '{module_name}:{close[0]}'?" if close else ""
         raise ValueError(
             f"{spec!r}: module {module_name!r} has no function {attr!r}; expected a function "
-            f"returning {returns}."
+            f"returning {returns}.{hint}"
         )
     return factory
