@@ -326,6 +326,30 @@ def test_a_directory_without_a_manifest_says_what_to_pass(tmp_path: Path) -> Non
             "them with `stoker pack`")
 
 
+def test_a_mistyped_pack_directory_is_said_not_to_exist(tmp_path: Path) -> None:
+    (tmp_path / "shards").mkdir()
+    for reader in (TarShards, TarShardStream):
+        for given, near in ((tmp_path / "shard", " (did you mean " f"{tmp_path / 'shards'}?)"),
+                            (tmp_path / "nothing" / "like", "")):
+            with pytest.raises(FileNotFoundError) as info:
+                reader(str(given))
+            assert str(info.value) == (
+                f"{given}: no such directory{near}. A pack is the directory `stoker pack` "
+                "wrote (holding index.json and its .tar shards)")
+
+
+def test_a_missing_folder_to_pack_is_said_not_to_exist(tmp_path: Path) -> None:
+    from stoker.formats import pack
+
+    (tmp_path / "file.txt").write_text("x")
+    for given, what in ((tmp_path / "img", "no such directory"),
+                        (tmp_path / "file.txt", "not a directory")):
+        with pytest.raises(FileNotFoundError) as info:
+            pack(str(given), str(tmp_path / "out"))
+        assert str(info.value) == (f"{given}: {what}; stoker pack reads an image folder (one "
+                                   "subdirectory per class) or a map-style Dataset")
+
+
 def test_a_file_given_as_a_pack_is_named_with_what_a_pack_is(tmp_path: Path) -> None:
     photo = tmp_path / "0000.jpg"
     photo.write_bytes(b"\xff\xd8 not a pack")

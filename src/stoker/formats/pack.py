@@ -122,6 +122,11 @@ class PackOptions:
 
 def _records(source: Any, options: PackOptions) -> Records:
     if isinstance(source, (str, os.PathLike)):
+        if not os.path.exists(source):
+            raise FileNotFoundError(
+                f"{source}: no such directory; stoker pack reads an image folder (one "
+                "subdirectory per class) or a map-style Dataset"
+            )
         if not os.path.isdir(source):
             raise FileNotFoundError(
                 f"{source}: not a directory; stoker pack reads an image folder (one "

@@ -5,7 +5,9 @@ readers (``TarShards``, ``TarShardStream``), which tell a remote source what it 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import os
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -83,12 +85,31 @@ def _read_manifest_file(source: ByteSource, path: str) -> bytes:
             "list of them, or a pattern such as 'shards/s-{000000..000099}.tar'"
         ) from exc
     except FileNotFoundError as exc:
+        missing = _missing_directory(parent(path))
+        if missing:
+            raise FileNotFoundError(missing) from exc
         raise FileNotFoundError(
             f"{path}: no such file: a directory of shards is opened through the {MANIFEST_NAME} "
             "`stoker pack` writes in it. For tar shards without one, pass the list of their "
             "paths (or a pattern such as 'shards/s-{000000..000099}.tar'), or pack them with "
             "`stoker pack`"
         ) from exc
+
+
+def _missing_directory(directory: str) -> str | None:
+    """What to say when a local pack directory does not exist at all (a mistyped path), with
+    the closest name beside it; None for a directory that exists, or a remote one."""
+    if "://" in directory or not directory or os.path.exists(directory):
+        return None
+    above = os.path.dirname(directory.rstrip("/")) or "."
+    try:
+        beside = [e.name for e in os.scandir(above) if e.is_dir()] if os.path.isdir(above) else []
+    except OSError:
+        beside = []
+    close = difflib.get_close_matches(os.path.basename(directory.rstrip("/")), beside, n=1)
+    hint = f" (did you mean {os.path.join(above, close[0])}?)" if close else ""
+    return (f"{directory}: no such directory{hint}. A pack is the directory `stoker pack` "
+            f"wrote (holding {MANIFEST_NAME} and its .tar shards)")
 
 
 def _parse_manifest(raw: bytes, path: str) -> Manifest:
