@@ -37,11 +37,12 @@ class TinyDataset(torch.utils.data.Dataset[dict[str, Any]]):
         return {"x": self.x[index], "y": int(self.y[index])}
 
 
-def _plain_batches(dataset: Any, seed: int, batches: int, batch_size: int, out: Any) -> None:
-    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+def _plain_batches(dataset: Any, order: list[int], batch_size: int, out: Any) -> None:
+    # One thread, as torch's workers run (and an OpenMP pool does not survive a fork).
+    torch.set_num_threads(1)
     default_collate([dataset[i] for i in order[:batch_size]])  # warm-up, not timed
     start = time.perf_counter()
-    for b in range(batches):
+    for b in range(len(order) // batch_size):
         default_collate([dataset[i] for i in order[b * batch_size:(b + 1) * batch_size]])
     out.put((start, time.perf_counter()))
 
@@ -50,12 +51,14 @@ def two_process_plain_rate(dataset: Any, batches: int, batch_size: int = 256) ->
     """Samples/s of two forked processes each collating `batches` shuffled batches of
     `dataset` in a plain loop, at once (first start to last end; the clock is system-wide)."""
     ctx = multiprocessing.get_context("fork")
-    out = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_plain_batches, args=(dataset, k, batches, batch_size, out))
-             for k in range(2)]
+    out = ctx.Queue()
+    orders = [torch.randperm(len(dataset), generator=torch.Generator().manual_seed(k)).tolist()
+              [:batches * batch_size] for k in range(2)]
+    procs = [ctx.Process(target=_plain_batches, args=(dataset, order, batch_size, out))
+             for order in orders]
     for p in procs:
         p.start()
-    spans = [out.get() for _ in procs]
+    spans = [out.get(timeout=300) for _ in procs]  # a dead loop raises queue.Empty
     for p in procs:
         p.join(timeout=60)
     return 2 * batches * batch_size / (max(e for _, e in spans) - min(s for s, _ in spans))
