@@ -14,10 +14,10 @@ What stays on is what no program can tell from torch: workers that start fast, r
 copies, the loud failure reports, torch's own thread cap in workers, and OpenCV's pool kept
 quiet while workers fork (an inherited pool can deadlock a forked worker: safety, not speed;
 the worker gets the parent's thread count back). The process a worker runs in is torch's
-(NOTE [ The worker's process is torch's ] in ``workers/entry.py``). Batches cross from the workers as torch's
-do, by construction: torch's own collate in the worker, pickled with torch's reductions (each
-storage in its own shared memory), so ``is_shared()``, strides, storage offsets and aliasing
-are torch's; stoker's slabs are one of the behaviours below.
+(NOTE [ The worker's process is torch's ] in ``workers/entry.py``). Batches cross from the
+workers as torch's do, by construction: torch's own collate in the worker, pickled with
+torch's reductions (each storage in its own shared memory), so ``is_shared()``, strides,
+storage offsets and aliasing are torch's; stoker's slabs are one of the behaviours below.
 """
 
 from __future__ import annotations
