@@ -84,9 +84,10 @@ class Inbox:
         self._free = free  # slab ids the main process gave back
         self._read_ahead: deque[tuple[str, Any]] = deque()
         self._reader_started = False
-        # NOTE [ A worker polls its socket directly ]: ``Connection.poll()`` builds a selector
-        # per call (~12 us, measured; a bare poll ~2 us), once or twice a task. The same
-        # readiness (data, EOF or an error all count as ready, as there) from one poll object.
+        # NOTE [ A worker polls its socket directly ]
+        # ``Connection.poll()`` builds a selector per call (~12 us, measured; a bare poll
+        # ~2 us), once or twice a task. The same readiness (data, EOF or an error all count as
+        # ready, as there) from one poll object.
         self._poll = select.poll()
         self._poll.register(conn.fileno(), select.POLLIN)
 
