@@ -16,19 +16,21 @@ pytest.importorskip("psutil", reason="PSS sampling needs psutil")
 RUNNER = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
 WORKLOADS = {
     "tiny", "jpeg", "remote_get", "stragglers", "startup", "paths_memory", "paths_memory_shared",
-    "spawn_array", "packed", "per_sample", "image_path",
+    "spawn_array", "packed", "per_sample", "image_path", "vision",
 }
 # `packed` also measures two controls: stoker's loader on the files, webdataset on the shards.
 CONTROLS = {"stoker per-file", "webdataset"}
 
 
+# A ~60 s run on a quiet machine; the limits only catch a hang, never a slow machine.
+@pytest.mark.timeout(900)
 def test_quick_run_prints_a_record_per_workload_and_loader(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, str(RUNNER), "--quick", "--json-out", str(out)],
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=840,
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
