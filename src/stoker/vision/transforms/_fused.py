@@ -6,13 +6,14 @@ A ``Compose`` whose first transform is ``RandomResizedCrop``, or ``Resize`` (opt
 by ``CenterCrop``), and which is given an encoded JPEG, does not decode the whole image and then
 crop it. It reads the size from the JPEG header, draws the crop exactly as the transform would
 (the same torch RNG calls in the same order, ``geometry.crop_params``), then decodes at the
-smallest DCT scale M/8 whose image still covers the output (libjpeg-turbo through simplejpeg,
-else Pillow's ``draft``: 1/2, 1/4, 1/8) and resizes the crop's region of that smaller image with
-Pillow's filter (``Image.resize(box=...)``). The transforms after those run as written, on the
-result, so a flip's ``torch.rand(1)`` is drawn after the crop's draws as before, and dtypes and
-layouts are theirs. When a ``ToTensor`` / ``PILToTensor`` follows (flips between), the resize
-is torch's on a uint8 tensor instead and the image never becomes a PIL image (NOTE [ The fused
-decode's tensor ending ] in ``_fused_tensor.py``).
+smallest DCT scale of 1/8, 1/4 and 1/2 whose image still covers the output, else at full scale
+(libjpeg-turbo through simplejpeg, else Pillow's ``draft``; libjpeg-turbo's other M/8 scales are
+slower than the whole image: ``_fused_tensor._FAST_SCALES``) and resizes the crop's region of
+that smaller image with Pillow's filter (``Image.resize(box=...)``). The transforms after those
+run as written, on the result, so a flip's ``torch.rand(1)`` is drawn after the crop's draws as
+before, and dtypes and layouts are theirs. When a ``ToTensor`` / ``PILToTensor`` follows (flips
+between), the resize is torch's on a uint8 tensor instead and the image never becomes a PIL
+image (NOTE [ The fused decode's tensor ending ] in ``_fused_tensor.py``).
 
 What stays the same: the random draws and the RNG state after each sample, the output's size,
 mode and (after ``ToTensor`` etc.) dtype and layout. When the decode needs the full scale (the
@@ -123,6 +124,7 @@ def decode_scaled(
     writable uint8 array)."""
     image_module = pil_image_module()
     if _simplejpeg is not None:
+        need = T.fast_scale(need)
         array = _simplejpeg.decode_jpeg(
             data, colorspace="RGB", fastdct=False, fastupsample=False,  # as Pillow decodes
             min_height=min(height, math.ceil(height * need)),
@@ -201,7 +203,7 @@ def _crop_resized_tensor(
     (height, width), (top, left, h, w) = size, box
     out_h, out_w = crop.size[0], crop.size[1]
     mode = crop.interpolation.value
-    if _simplejpeg is not None:  # the scale M/8 that places the crop closely enough
+    if _simplejpeg is not None:  # the fast scale that places the crop closely enough
         need = T.decode_scale(box, size, (out_h, out_w)) / 8
     else:  # Pillow's draft: 1/2, 1/4, 1/8
         need = max(out_h / h, out_w / w)

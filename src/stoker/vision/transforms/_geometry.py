@@ -70,8 +70,8 @@ class RandomResizedCrop(torch.nn.Module):
     to ``size``: torchvision's ``RandomResizedCrop``, the same boxes from the same seed.
 
     In a ``stoker.vision.transforms.Compose`` given a JPEG (a path or bytes) it is the
-    transform fused with the decode: only the crop is decoded, at the smallest DCT scale that
-    still covers ``size`` (docs/vision.md)."""
+    transform fused with the decode: only the crop is decoded, at the smallest fast DCT scale
+    that still covers ``size`` (docs/vision.md)."""
 
     def __init__(
         self,
