@@ -393,6 +393,11 @@ def build_dataset(spec: DatasetSpec, log: Log, progress: dict[str, int]) -> Any:
 
         assert spec.torch_ds is not None
         return build_torch_ds(spec.torch_ds)
+    if spec.style == "formats":  # stoker's own formats (the module imports this one)
+        from _fuzz_formats import build_format_ds
+
+        assert spec.format_ds is not None
+        return build_format_ds(spec.format_ds)
     if spec.style == "iter":
         cls = FuzzIterDataset if spec.length == "none" else SizedFuzzIterDataset
         return cls(spec, log, progress)

@@ -127,6 +127,21 @@ class TorchDS:
 
 
 @dataclass(frozen=True)
+class FormatDS:
+    """One of stoker's own formats, as built by ``_fuzz_formats.build_format_ds``: tar shards
+    of ``n`` samples read by ``TarShards``."""
+
+    n: int
+    shards: int = 1  # the samples split over this many .tar files
+    exts: tuple[str, ...] = ("cls",)  # each sample's members (``cls`` holds its number)
+    # None | "label" (int of cls) | "tensor" (the bytes as a uint8 tensor + the label) |
+    # "vision" (a JPEG through stoker.vision's fused Compose + the label) | "fault" (raises
+    # ValueError at sample ``fault_at``)
+    transform: str | None = None
+    fault_at: int = -1
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
     style: str  # "map" | "map_getitems" | "iter" | "torch" (torch's classes: ``torch_ds``)
     n: int
@@ -137,6 +152,7 @@ class DatasetSpec:
     length: str = "none"  # "none" | "true" | "lie"
     gen: bool = False  # holds np.random.default_rng(0) (every worker copies it)
     torch_ds: TorchDS | None = None  # style "torch": the dataset (``tree`` is unused)
+    format_ds: FormatDS | None = None  # style "formats": stoker's own (``tree`` is unused)
 
 
 @dataclass(frozen=True)

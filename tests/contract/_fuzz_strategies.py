@@ -19,6 +19,7 @@ from typing import Any
 from _fuzz_callables import COLLATE_OBS
 from _fuzz_cases import EXCEPTIONS
 from _fuzz_env import WARN_MODES
+from _fuzz_formats import format_datasets
 from _fuzz_known import masked
 from _fuzz_spec import (
     OBS_NAMES,
@@ -350,7 +351,7 @@ def epochs(draw: Any, plan: Plan) -> tuple[EpochSpec, ...]:
 @st.composite
 def plans(draw: Any) -> Plan:
     style = draw(st.sampled_from(("map", "map", "map_getitems", "iter", "iter", "torch",
-                                  "torch")))
+                                  "torch", "formats")))
     num_workers = draw(st.sampled_from((0, 0, 1, 2, 2, 3)))
     in_order = draw(st.sampled_from((None, None, True, False)))
     persistent = draw(st.sampled_from((None, False, True))) if num_workers else None
@@ -376,6 +377,8 @@ def cases(draw: Any) -> Case:
     n = draw(st.integers(1, 11)) if not rarely(draw, 9) else 0
     if plan.style == "torch":
         return draw(_torch_case(plan, n))
+    if plan.style == "formats":
+        return draw(_formats_case(plan, n))
     tree = draw(trees(plan))
     fault = None
     if plan.errors_allowed:  # an iterable's __iter__ ending with StopIteration is its end
@@ -410,6 +413,21 @@ def _torch_case(draw: Any, plan: Plan, n: int) -> Case:
     torch_ds = draw(torch_datasets(real, plan.errors_allowed, not plan.workers_ever))
     return Case(
         dataset=DatasetSpec("torch", n, Leaf("int"), torch_ds=torch_ds),
+        args=draw(loader_args(plan)),
+        epochs=draw(epochs(plan)),
+        len_first=draw(st.booleans()),
+        main_seed=draw(st.integers(0, 3)),
+        warn=draw(st.sampled_from(WARN_MODES + ("record",))),
+        started="background" if rarely(draw, 5) else "terminal",
+    )
+
+
+@st.composite
+def _formats_case(draw: Any, plan: Plan, n: int) -> Case:
+    """A case over stoker's own formats (``_fuzz_formats``): tar shards read by TarShards."""
+    return Case(
+        dataset=DatasetSpec("formats", n, Leaf("int"),
+                            format_ds=draw(format_datasets(n, plan.errors_allowed))),
         args=draw(loader_args(plan)),
         epochs=draw(epochs(plan)),
         len_first=draw(st.booleans()),

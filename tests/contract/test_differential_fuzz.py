@@ -1,7 +1,8 @@
 """Differential fuzzing: hypothesis-generated user code through torch's DataLoader and stoker's,
 with stoker's default arguments, compared on everything a user can observe.
 
-Each example is a ``Case`` (``_fuzz_spec``): a user-style dataset (map-style, with
+Each example is a ``Case`` (``_fuzz_spec``): a dataset (torch's own classes, ``_fuzz_torch_ds``;
+stoker's tar shards read by ``TarShards``, ``_fuzz_formats``; or user-style: map-style, with
 ``__getitems__``, or iterable; numpy/torch/Python leaves of many dtypes, mixed across samples,
 aliased and viewed, in dicts, lists, tuples, namedtuples and subclasses; observations of
 ``get_worker_info()``, ``torch.initial_seed()``, ``random``/numpy/torch draws, the thread, the
