@@ -26,10 +26,12 @@ _EXTS = ("cls", "txt", "bin", "jpg")
 
 
 @st.composite
-def format_datasets(draw: Any, n: int, errors: bool) -> FormatDS:
+def format_datasets(draw: Any, n: int, errors: bool, draws: bool) -> FormatDS:
+    """With ``errors``, a transform may raise; with ``draws``, it may draw from torch's RNG
+    (not where the worker that builds a sample is timing: ``Plan.stable_only``)."""
     exts = ["cls", *draw(st.lists(st.sampled_from(_EXTS[1:]), max_size=2, unique=True))]
     transforms: list[str | None] = [None, "label", "tensor"]
-    if "jpg" in exts:
+    if "jpg" in exts and draws:
         transforms.append("vision")
     if errors and n:
         transforms.append("fault")

@@ -427,7 +427,8 @@ def _formats_case(draw: Any, plan: Plan, n: int) -> Case:
     """A case over stoker's own formats (``_fuzz_formats``): tar shards read by TarShards."""
     return Case(
         dataset=DatasetSpec("formats", n, Leaf("int"),
-                            format_ds=draw(format_datasets(n, plan.errors_allowed))),
+                            format_ds=draw(format_datasets(n, plan.errors_allowed,
+                                                           not plan.stable_only))),
         args=draw(loader_args(plan)),
         epochs=draw(epochs(plan)),
         len_first=draw(st.booleans()),
