@@ -66,7 +66,9 @@ class LoaderStats:
     worker_times: tuple[tuple[float, float, float, float], ...] = ()
     cpu_idle_share: float | None = None
     queue_measured: bool = False
-    batched: int = 0  # batches fetched whole, not sample by sample (NOTE [ Vectorised fetch ])
+    # batches fetched whole, not sample by sample (NOTE [ Vectorised fetch ], NOTE [ torch's
+    # own datasets ])
+    batched: int = 0
     # num_workers > 0, yet loaded in the calling thread (NOTE [ Gathers need no workers ])
     inline: bool = False
     # worker_type="thread": fetches ran on threads of the training process, not in workers

@@ -254,7 +254,8 @@ class StatsAccumulator:
         self._left_next_at = None  # the gap between epochs is not the user's step
 
     def worker_batch(self, worker_id: int, report: BatchReport) -> None:
-        self.batched += bool(report.batched)  # "" or which batched form: "source" or "call"
+        # "" or which batched form: "source", "call" or "torch" (NOTE [ torch's own datasets ])
+        self.batched += bool(report.batched)
         self.fetch_queued_s += report.queued_s
         wall, cpu, queued, other = self.worker_times.get(worker_id, (0.0, 0.0, 0.0, 0.0))
         self.worker_times[worker_id] = (wall + report.fetch_wall_s, cpu + report.fetch_cpu_s,
