@@ -392,8 +392,15 @@ def cases(draw: Any) -> Case:
         # torch warns at next() once an iterable outruns its __len__; under "error" that ends
         # the epoch after a timing-dependent set of batches (see Plan.errors_allowed)
         modes = tuple(m for m in WARN_MODES if m != "error")
+    return _case(draw, plan, DatasetSpec(plan.style, n, tree, fault, split, length, gen), modes)
+
+
+def _case(draw: Any, plan: Plan, dataset: DatasetSpec,
+          modes: tuple[str, ...] = WARN_MODES) -> Case:
+    """The case around ``dataset``: loader arguments, epochs and how it is run, drawn for
+    ``plan``; ``modes``, the warning filters it may run under (besides recording all)."""
     return Case(
-        dataset=DatasetSpec(plan.style, n, tree, fault, split, length, gen),
+        dataset=dataset,
         args=draw(loader_args(plan)),
         epochs=draw(epochs(plan)),
         len_first=draw(st.booleans()),
@@ -411,28 +418,11 @@ def _torch_case(draw: Any, plan: Plan, n: int) -> Case:
     if plan.errors_allowed and n and rarely(draw, 4):
         real = n - draw(st.integers(1, min(2, n)))
     torch_ds = draw(torch_datasets(real, plan.errors_allowed, not plan.workers_ever))
-    return Case(
-        dataset=DatasetSpec("torch", n, Leaf("int"), torch_ds=torch_ds),
-        args=draw(loader_args(plan)),
-        epochs=draw(epochs(plan)),
-        len_first=draw(st.booleans()),
-        main_seed=draw(st.integers(0, 3)),
-        warn=draw(st.sampled_from(WARN_MODES + ("record",))),
-        started="background" if rarely(draw, 5) else "terminal",
-    )
+    return _case(draw, plan, DatasetSpec("torch", n, Leaf("int"), torch_ds=torch_ds))
 
 
 @st.composite
 def _formats_case(draw: Any, plan: Plan, n: int) -> Case:
     """A case over stoker's own formats (``_fuzz_formats``): tar shards read by TarShards."""
-    return Case(
-        dataset=DatasetSpec("formats", n, Leaf("int"),
-                            format_ds=draw(format_datasets(n, plan.errors_allowed,
-                                                           not plan.stable_only))),
-        args=draw(loader_args(plan)),
-        epochs=draw(epochs(plan)),
-        len_first=draw(st.booleans()),
-        main_seed=draw(st.integers(0, 3)),
-        warn=draw(st.sampled_from(WARN_MODES + ("record",))),
-        started="background" if rarely(draw, 5) else "terminal",
-    )
+    format_ds = draw(format_datasets(n, plan.errors_allowed, not plan.stable_only))
+    return _case(draw, plan, DatasetSpec("formats", n, Leaf("int"), format_ds=format_ds))

@@ -113,13 +113,22 @@ def decode_share(dumps: Iterable[str]) -> DecodeShare:
 LINE = "img = stoker.image.decode_crop_into(jpeg_bytes, out, stoker.sample_rng())"
 
 
+NOT_INPUT_BOUND = ("  (training is not input-bound now: this frees CPU, it does not speed "
+                   "training)")
+
+
+def _head(share: DecodeShare) -> str:
+    """The DECODE block's first line: how much of the sampled time is a decode."""
+    seen = ", ".join(share.where[:3])
+    return (f"DECODE  {share.share:.0%} of your workers' sampled time in __getitem__ is "
+            f"decoding and resizing images ({seen}; {share.decode} of {share.samples} stack "
+            "samples)")
+
+
 def report_lines(share: DecodeShare, gain: Gain | None, why_not: str,
                  input_bound: bool) -> list[str]:
     """The DECODE block of the report."""
-    seen = ", ".join(share.where[:3])
-    out = [f"DECODE  {share.share:.0%} of your workers' sampled time in __getitem__ is "
-           f"decoding and resizing images ({seen}; {share.decode} of {share.samples} stack "
-           "samples)",
+    out = [_head(share),
            "  stoker's image path decodes, random-resized-crops and flips in one call, "
            "decoding only at the scale the crop needs:",
            f"    {LINE}   # out: uint8 [3, H, W]"]
@@ -131,8 +140,7 @@ def report_lines(share: DecodeShare, gain: Gain | None, why_not: str,
                    f"{gain.image_path_ms:.2f} ms per image, to {gain.size}x{gain.size}; "
                    f"{gain.decoder})")
     if not input_bound:
-        out.append("  (training is not input-bound now: this frees CPU, it does not speed "
-                   "training)")
+        out.append(NOT_INPUT_BOUND)
     out.append("  see docs/image_path.md")
     return out
 
@@ -190,17 +198,13 @@ def import_lines(share: DecodeShare, gain: ImportGain, input_bound: bool) -> lis
     """The DECODE block when the dataset is torchvision's folder pipeline: the import."""
     from stoker.vision.import_gain import IMPORT
 
-    seen = ", ".join(share.where[:3])
-    out = [f"DECODE  {share.share:.0%} of your workers' sampled time in __getitem__ is "
-           f"decoding and resizing images ({seen}; {share.decode} of {share.samples} stack "
-           "samples)",
+    out = [_head(share),
            "  your dataset is torchvision's folder pipeline: change one import, and its "
            "Compose decodes only the crop it keeps (same crops, flips and seeds):",
            f"    {IMPORT}",
            f"  measured on {gain.images} of your JPEGs, one core: {gain.ratio:.2f}x your "
            f"transform ({gain.as_written_ms:.2f} -> {gain.fused_ms:.2f} ms per image)"]
     if not input_bound:
-        out.append("  (training is not input-bound now: this frees CPU, it does not speed "
-                   "training)")
+        out.append(NOT_INPUT_BOUND)
     out.append("  see docs/vision.md")
     return out
