@@ -3,10 +3,12 @@
     .venv/bin/python benchmarks/import_time.py              # 5 fresh processes per package
     .venv/bin/python benchmarks/import_time.py --runs 11
 
-Each run is a fresh interpreter that imports ``torch`` (not timed), then times the package's
-import alone with ``time.perf_counter`` around it, and prints the seconds. The packages take
-turns (A B, B A, ...) so drift on a shared machine slows both alike. Measured: ``stoker``, and
-torchdata's ``torchdata.stateful_dataloader`` (the nearest peer) where it is installed.
+Each run is a fresh interpreter that imports ``torch`` (not timed), then times one statement
+with ``time.perf_counter`` around it, and prints the seconds. The statements take turns (A B C,
+C B A, ...) so drift on a shared machine slows all alike. Measured: ``import stoker`` (no torch
+of its own: what the ``stoker`` command's start needs), ``from stoker import DataLoader`` (what
+a training script pays), and torchdata's ``StatefulDataLoader`` (the nearest peer) where it is
+installed.
 
 Two ways to find the modules' code, chosen in the child after ``import torch`` (torch always
 reads its installed bytecode) by pointing ``sys.pycache_prefix`` at a folder of this run's:
@@ -35,7 +37,14 @@ import subprocess
 import sys
 import tempfile
 
-PACKAGES = ["stoker", "torchdata.stateful_dataloader"]
+# what is timed -> (the package it needs, the statement)
+PACKAGES = {
+    "import stoker": ("stoker", "import stoker"),
+    "stoker.DataLoader": ("stoker", "from stoker import DataLoader"),
+    "torchdata StatefulDataLoader": (
+        "torchdata.stateful_dataloader",
+        "from torchdata.stateful_dataloader import StatefulDataLoader"),
+}
 
 CHILD = """
 import sys
@@ -44,7 +53,7 @@ import torch
 sys.pycache_prefix = {prefix!r}
 sys.dont_write_bytecode = {no_write!r}
 start = time.perf_counter()
-import {module}
+{statement}
 print(time.perf_counter() - start)
 """
 
@@ -56,8 +65,8 @@ def _installed(module: str) -> bool:
         return False
 
 
-def _one_run(module: str, prefix: str, write: bool = False) -> float:
-    code = CHILD.format(module=module, prefix=prefix, no_write=not write)
+def _one_run(label: str, prefix: str, write: bool = False) -> float:
+    code = CHILD.format(statement=PACKAGES[label][1], prefix=prefix, no_write=not write)
     out = subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300,
     )
@@ -80,7 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="fresh processes per package")
     args = parser.parse_args()
-    packages = [m for m in PACKAGES if _installed(m)]
+    packages = [label for label, (module, _) in PACKAGES.items() if _installed(module)]
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         runs = _measure(packages, args.runs, tmp)

@@ -75,6 +75,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="candidate loader class (default stoker:DataLoader; "
         "torch.utils.data:DataLoader gives an A/A run that shows the noise)",
     )
+    parser.add_argument(
+        "--candidate-first",
+        action="store_true",
+        help="run the candidate before torch in the first comparison (the order still "
+        "alternates after it): a second round in the other order",
+    )
     return parser.parse_args(argv)
 
 
@@ -138,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     try:
         ctx = Context.create(quick=args.quick, candidate_spec=args.compare_with)
+        ctx.comparisons = int(args.candidate_first)
     except ImportError as exc:
         print(
             f"benchmarks/run.py: cannot import the candidate loader {args.compare_with!r}: "

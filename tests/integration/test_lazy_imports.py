@@ -1,6 +1,7 @@
 """NOTE [ Import only what the loader needs ] in ``stoker._core.lazy_exports``: ``import stoker``
-after ``import torch`` loads the loader and what building one needs, nothing else; every public
-name is still there when read. Structure, not timing (``benchmarks/import_time.py`` times it).
+loads no torch, ``stoker.DataLoader`` after ``import torch`` loads the loader and what building
+one needs, nothing else; every public name is still there when read. Structure, not timing
+(``benchmarks/import_time.py`` times it).
 
 Each check runs in a fresh interpreter (what is imported depends on what ran before), started
 and waited for here; nothing outlives the test."""
@@ -16,15 +17,16 @@ import pytest
 
 import stoker
 
-# Loaded on first use, never by ``import stoker``.
+# Loaded on first use, never by ``import stoker`` nor by reading ``stoker.DataLoader``.
 NOT_AT_IMPORT = [
     "stoker.formats", "stoker.image", "stoker.storage", "stoker.doctor", "stoker.integrations",
     "stoker.cli", "stoker.device", "stoker.workers", "stoker.collate", "stoker.mix",
-    "stoker.testing", "stoker.stateful", "stoker.engine.process_iter",
+    "stoker.testing", "stoker.stateful", "stoker.vision", "stoker.engine.process_iter",
     "stoker.engine.thread_iter", "stoker.engine.inline_iter", "stoker.engine.worker_group",
     "stoker.engine.worker_streams", "stoker.transport.slab_writer", "stoker.transport.segments",
     "stoker.fastpaths.index_tensor", "stoker.sharing.shared_list", "stoker.profile.memory_watch",
     "numpy.random", "fsspec", "PIL", "cv2", "simplejpeg", "zlib_ng", "pyarrow", "lmdb",
+    "torchvision", "matplotlib", "psutil", "obstore", "s3fs", "botocore", "aiohttp", "tfrecord",
 ]
 
 
@@ -41,11 +43,26 @@ def test_import_stoker_loads_none_of_what_waits_for_first_use() -> None:
     out = _fresh("""
         before = set(sys.modules)
         import stoker
-        out = sorted(set(sys.modules) - before)
+        at_import = sorted(set(sys.modules) - before)
+        stoker.DataLoader
+        out = [at_import, sorted(set(sys.modules) - before)]
     """)
-    loaded = [m for m in out if any(m == p or m.startswith(p + ".") for p in NOT_AT_IMPORT)]
+    at_import, with_loader = out
+    assert [m for m in at_import if m.startswith("stoker")] == [
+        "stoker", "stoker._core", "stoker._core.import_watch", "stoker._core.lazy_exports",
+        "stoker.errors"]
+    loaded = [m for m in with_loader
+              if any(m == p or m.startswith(p + ".") for p in NOT_AT_IMPORT)]
     assert loaded == []
-    assert "stoker.loader" in out
+    assert "stoker.loader" in with_loader
+
+
+def test_import_stoker_imports_no_torch() -> None:
+    """What the ``stoker`` command relies on to parse its arguments without torch."""
+    code = "import sys, stoker; print(sorted(m for m in sys.modules if m.startswith('torch')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "[]\n", "")
 
 
 def test_every_public_name_is_there_when_read() -> None:

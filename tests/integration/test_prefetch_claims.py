@@ -1,7 +1,7 @@
 """The main process's claims on the shards it downloads for its workers (NOTE [ Claims held at
-once ] in ``storage/prefetch.py``), against a real S3 server: far more uncached shards in flight
-than ``_MAX_CLAIMS``, and the main process never holds more lock files open than that, while
-every shard is still downloaded once and every sample is exact."""
+once ] in ``storage/prefetch_threads.py``), against a real S3 server: far more uncached shards
+in flight than ``_MAX_CLAIMS``, and the main process never holds more lock files open than
+that, while every shard is still downloaded once and every sample is exact."""
 
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ USES_LOADER = ("doctor/", "cli/", "testing/")
 
 # Other libraries' internals stoker reads, with why (module, the attribute read).
 THIRD_PARTY = {
-    ("formats/pack.py", "_exit"): "os._exit: a forked pack worker ends without atexit handlers",
+    ("formats/pack_writer.py", "_exit"): "os._exit: a forked pack worker ends without atexit "
+                                         "handlers",
     ("workers/entry.py", "_exit"): "os._exit: a worker process ends as torch's workers end",
     ("workers/entry.py", "_set_thread_name"): "torch's worker names its thread pt_data_worker "
                                               "(NOTE [ The worker's process is torch's ])",

@@ -16,10 +16,9 @@ LAYERS = [
     ["loader", "mix", "testing", "stateful"],
     ["integrations", "doctor", "cli"],
 ]
-# A call from the loader up to a hook that exists for it (named in src/stoker/README.md).
-HOOKS = {
-    ("loader.py", "stoker.doctor.agent"),  # only under `stoker doctor -- python train.py`
-}
+# Calls up a layer: none. The doctor attaches to loaders from above (NOTE [ The doctor
+# attaches from above ] in stoker/doctor/agent.py).
+HOOKS: set[tuple[str, str]] = set()
 ROOT = Path(stoker.__file__).parent
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -80,7 +80,7 @@ class SupportsPrepareBatch(Protocol):
 class SupportsFetchForBatch(Protocol):
     """A map-style dataset that fetches for its workers in the main process:
     ``stoker_fetch_for_batch(indices)`` (NOTE [ The main process fetches for its workers ] in
-    ``stoker.storage.prefetch``).
+    ``stoker.storage.prefetch_threads``).
 
     With ``num_workers > 0`` stoker calls it in the main process with each batch's indices as
     it sends the batch to a worker (a list of one index without automatic batching). The
@@ -94,7 +94,7 @@ class SupportsFetchForBatch(Protocol):
 class SupportsFetchForStream(Protocol):
     """An iterable dataset that fetches for its workers in the main process:
     ``stoker_fetch_for_stream(worker_id, num_workers, samples)`` (NOTE [ The main process
-    fetches for its workers ] in ``stoker.storage.prefetch``).
+    fetches for its workers ] in ``stoker.storage.prefetch_threads``).
 
     With ``num_workers > 0`` stoker calls it in the main process each time it asks worker
     ``worker_id`` (of ``num_workers``) for a batch, with the samples asked of that worker so

@@ -1,10 +1,12 @@
 """A package's public names, imported the first time they are read (PEP 562).
 
 NOTE [ Import only what the loader needs ]
-``import stoker`` follows ``import torch`` in every training script, so it loads the loader
-and what building one needs, and nothing else: record formats, storage, image helpers, the
-device feed, the worker side and the process engine load when first used (issue 35; measured by
-``benchmarks/import_time.py``, kept by ``tests/integration/test_lazy_imports.py``). A package
+``import stoker`` follows ``import torch`` in every training script, so reading
+``stoker.DataLoader`` loads the loader and what building one needs, and nothing else: record
+formats, storage, image helpers, the device feed, the worker side and the process engine load
+when first used (issue 35; measured by ``benchmarks/import_time.py``, kept by
+``tests/integration/test_lazy_imports.py``). ``import stoker`` itself loads no torch (issue
+48): the ``stoker`` command parses its arguments, ``--help`` and ``--version`` without it. A package
 that re-exports names from its modules lists them in a table (name -> module) and gets its
 ``__getattr__`` and ``__dir__`` here, so ``from stoker import Mix``, ``stoker.formats.TarShards``
 and ``dir(stoker)`` behave as if the names were imported at the top; an ``if TYPE_CHECKING:``

@@ -127,3 +127,20 @@ class StatsHook(Protocol):
     def batch_delivered(self, samples: int, at: float, stats: Callable[[], LoaderStats]
                         ) -> None:
         """A batch of ``samples`` was handed out at ``at``; ``stats()`` gives the figures."""
+
+
+# Told of every stoker loader built in this process, at the end of its ``__init__``: how code
+# above the loader attaches to it (``stoker doctor``'s agent, registered as the script the doctor
+# runs starts: NOTE [ The doctor attaches from above ] in ``doctor/agent.py``).
+_ON_BUILT: list[Callable[..., None]] = []
+
+
+def on_every_loader(hook: Callable[..., None]) -> None:
+    """Call ``hook(loader)`` for every stoker ``DataLoader`` built from now on."""
+    _ON_BUILT.append(hook)
+
+
+def loader_built(built: object) -> None:
+    """Tell the hooks of ``on_every_loader`` of a loader just built."""
+    for hook in tuple(_ON_BUILT):
+        hook(built)

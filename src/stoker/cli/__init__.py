@@ -33,18 +33,22 @@ def _non_negative(text: str) -> int:
 
 
 def version_line() -> str:
-    """What ``stoker --version`` prints: stoker's version and the versions a bug report needs."""
+    """What ``stoker --version`` prints: stoker's version and the versions a bug report needs
+    (torch's from its installed metadata: torch is not imported)."""
     import platform
-
-    import torch
+    from importlib import metadata
 
     from stoker import __version__
 
-    return f"stoker {__version__} (torch {torch.__version__}, Python {platform.python_version()})"
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = "not installed"
+    return f"stoker {__version__} (torch {torch}, Python {platform.python_version()})"
 
 
 class _Version(argparse.Action):
-    """``--version``; stoker and torch are imported only when it is given."""
+    """``--version``, printed without importing torch (nor the loader)."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
@@ -143,8 +147,17 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `stoker` console script; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Entry point of the `stoker` console script; returns the exit status. Parsing the
+    arguments (``--help``, ``--version``) imports no torch; a Ctrl-C before a command handles
+    its own (while torch loads, say) ends it with one line and status 130, no traceback."""
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        print("stoker: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["doctor"]:
         from stoker.cli import doctor
 

@@ -292,13 +292,13 @@ class ProgressBar:
         self.stream.flush()
 
 
-def _stats_line(loader: Any) -> str | None:
+def _stats_line(loader: Iterable[Any]) -> str | None:
     """The first line of `loader.stats()` (its input-bound verdict), when the loader has it."""
-    if not hasattr(loader, "stats"):
+    stats = getattr(loader, "stats", None)
+    if stats is None:
         return None
     try:
-        stats = loader.stats()
-        text = str(stats)
+        text = str(stats())
     except Exception as exc:  # the demo's measurements stand even if stats() is broken
         return f"loader.stats() failed: {type(exc).__name__}: {exc}"
     return text.strip().splitlines()[0] if text.strip() else None

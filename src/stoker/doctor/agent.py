@@ -1,25 +1,51 @@
 """Inside the user's script under ``stoker doctor -- python train.py``.
 
-``stoker.DataLoader.__init__`` calls ``attach`` when ``STOKER_DOCTOR`` is set (the path this
-process writes its measurement to). The doctor's settings arrive in ``STOKER_DOCTOR_CONFIG``
-(JSON: bounds, the arguments to override, whether to record the timeline). The first loader
-to deliver a batch is measured, with the script's own training step between batches; once
-the bounds are reached the measurement is written and the script is ended with
-``SystemExit`` (its ``finally`` blocks and the loaders' shutdown run as usual). A script that
-ends sooner writes what it measured at exit.
+NOTE [ The doctor attaches from above ]
+The loader imports nothing of the doctor. The doctor starts the script with a folder of its
+own first on ``PYTHONPATH``, holding a ``sitecustomize`` (``SITECUSTOMIZE``); as the
+interpreter starts, before the script runs, it calls ``install``, which registers ``attach``
+with ``stoker._core.stats.on_every_loader`` (importing neither torch nor the loader), then runs
+the ``sitecustomize`` it stands in front of, if any. Every stoker loader built from then on
+calls ``attach`` at the end of its ``__init__``. So any command the doctor runs is measured
+(``python train.py``, torchrun, a console script) whose Python reads ``PYTHONPATH`` and runs
+``site`` (not ``-E``, ``-I`` or ``-S``).
+
+``STOKER_DOCTOR`` is the path this process writes its measurement to; the doctor's settings
+arrive in ``STOKER_DOCTOR_CONFIG`` (JSON: bounds, the arguments to override, whether to record
+the timeline). The first loader to deliver a batch is measured, with the script's own training
+step between batches; once the bounds are reached the measurement is written and the script is
+ended with ``SystemExit`` (its ``finally`` blocks and the loaders' shutdown run as usual). A
+script that ends sooner writes what it measured at exit.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib.machinery
+import importlib.util
 import json
 import os
+import sys
 import time
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from stoker._core.stats import LoaderStats, on_every_loader
+
+if TYPE_CHECKING:
+    from stoker.loader import DataLoader
 
 OUT_ENV = "STOKER_DOCTOR"
 CONFIG_ENV = "STOKER_DOCTOR_CONFIG"
+# The script's startup file (NOTE [ The doctor attaches from above ]); stoker missing: nothing.
+SITECUSTOMIZE = """try:
+    from stoker.doctor.agent import install
+except ImportError:
+    pass
+else:
+    install(__file__)
+"""
 _ADJUSTABLE = ("num_workers", "prefetch_factor", "pin_memory", "worker_type",
                "worker_concurrency")
 
@@ -33,15 +59,15 @@ class _Agent:
         self.detailed = bool(config.get("detailed"))
         self.bounds = Bounds(batches=int(config["batches"]), seconds=float(config["seconds"]))
         self.run = Run(str(config.get("label", "your setting")), dict(self.overrides))
-        self.measured: Any = None  # the loader being measured (the first to deliver)
+        self.measured: DataLoader[Any] | None = None  # the loader measured (first to deliver)
         self.kwargs: dict[str, Any] = {}
-        self.warm_stats: Any = None
+        self.warm_stats: LoaderStats | None = None
         self.watcher: Any = None
         self.written = False
         self.draws_global_rng: bool | None = None
         atexit.register(self.write)
 
-    def attach(self, loader: Any) -> None:
+    def attach(self, loader: DataLoader[Any]) -> None:
         for key, value in self.overrides.items():
             if key in _ADJUSTABLE:
                 setattr(loader, key, value)
@@ -50,7 +76,8 @@ class _Agent:
         events = loader.record_timeline() if self.detailed else None
         loader.add_stats_hook(_Told(self, loader, events))
 
-    def delivered(self, told: _Told, samples: int, now: float, stats: Any) -> None:
+    def delivered(self, told: _Told, samples: int, now: float,
+                  stats: Callable[[], LoaderStats]) -> None:
         loader = told.loader()
         if loader is None:
             return
@@ -75,7 +102,7 @@ class _Agent:
             self.write()
             raise SystemExit(0)
 
-    def _start(self, loader: Any, told: _Told) -> None:
+    def _start(self, loader: DataLoader[Any], told: _Told) -> None:
         from stoker.doctor.loader_kwargs import kwargs_of
         from stoker.doctor.measure import _MemoryWatcher
         from stoker.doctor.records import plain_kwargs
@@ -119,20 +146,32 @@ class _Agent:
 class _Told:
     """The agent's ``StatsHook`` on one loader (weakly: the script owns its loaders)."""
 
-    def __init__(self, agent: _Agent, loader: Any, events: Any) -> None:
+    def __init__(self, agent: _Agent, loader: DataLoader[Any], events: Any) -> None:
         self.agent = agent
         self.loader = weakref.ref(loader)
         self.events = events
         self.attached_at = time.perf_counter()
 
-    def batch_delivered(self, samples: int, at: float, stats: Any) -> None:
+    def batch_delivered(self, samples: int, at: float, stats: Callable[[], LoaderStats]
+                        ) -> None:
         self.agent.delivered(self, samples, at, stats)
 
 
 _agent: _Agent | None = None
 
 
-def attach(loader: Any) -> None:
+def install(startup_file: str) -> None:
+    """NOTE [ The doctor attaches from above ]: every stoker loader built from now on is
+    attached; then the ``sitecustomize`` that ``startup_file`` stands in front of runs."""
+    on_every_loader(attach)
+    ours = os.path.dirname(os.path.abspath(startup_file))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != ours]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def attach(loader: DataLoader[Any]) -> None:
     global _agent
     if _agent is None:
         _agent = _Agent(os.environ[OUT_ENV], json.loads(os.environ.get(CONFIG_ENV, "{}")

@@ -4,14 +4,17 @@ agent inside a script reports (``agent.py``). Reads a loader; imports none."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
 # stoker's own keyword arguments, read back from a stoker loader's attributes.
 _STOKER_ATTRS = ("worker_type", "worker_concurrency", "seeding", "on_error", "skip_budget",
                  "device", "device_prefetch", "device_transform")
 
 
-def kwargs_of(loader: Any) -> dict[str, Any]:
+def kwargs_of(loader: DataLoader[Any]) -> dict[str, Any]:
     """The constructor arguments that rebuild ``loader`` (its sampler objects reused)."""
     from torch.utils.data._utils.collate import default_collate, default_convert
 

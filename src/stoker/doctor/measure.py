@@ -13,13 +13,16 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stoker._core.stats import LoaderStats
 from stoker.doctor.interrupts import NOTED
 from stoker.doctor.machine import Load, between, mark
 from stoker.profile.events import EventRecorder
 from stoker.profile.verdict import summarize
+
+if TYPE_CHECKING:
+    from stoker.loader import DataLoader
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ class Run:
 Progress = Callable[[str, int, float], None]
 
 
-def measure(build: Callable[[], Any], run: Run, bounds: Bounds,
+def measure(build: Callable[[], DataLoader[Any]], run: Run, bounds: Bounds,
             detailed: bool = False, progress: Progress | None = None) -> Run:
     """Build the loader, iterate it within ``bounds``; fill ``run`` (also when interrupted:
     Ctrl-C ends the run early, ``run.interrupted`` says so, and the caller stops)."""
@@ -100,7 +103,8 @@ def measure(build: Callable[[], Any], run: Run, bounds: Bounds,
     return run
 
 
-def _iterate(loader: Any, run: Run, bounds: Bounds, progress: Progress | None) -> None:
+def _iterate(loader: DataLoader[Any], run: Run, bounds: Bounds, progress: Progress | None
+             ) -> None:
     it = iter(loader)
     warm_stats: LoaderStats | None = None
     warm_at = 0.0

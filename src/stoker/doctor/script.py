@@ -15,7 +15,7 @@ import tempfile
 import time
 from typing import Any
 
-from stoker.doctor.agent import CONFIG_ENV, OUT_ENV
+from stoker.doctor.agent import CONFIG_ENV, OUT_ENV, SITECUSTOMIZE
 from stoker.doctor.machine import between, mark
 from stoker.doctor.measure import Run
 
@@ -87,6 +87,11 @@ class ScriptRunner:
         self.kwargs: dict[str, Any] = {}
         self.log_path = ""
         self.draws_global_rng: bool | None = None  # probed inside the script (agent.py)
+        # NOTE [ The doctor attaches from above ] in agent.py: the script's startup file
+        self.startup = os.path.join(workdir, "startup")
+        os.makedirs(self.startup, exist_ok=True)
+        with open(os.path.join(self.startup, "sitecustomize.py"), "w") as f:
+            f.write(SITECUSTOMIZE)
 
     def __call__(self, label: str, overrides: dict[str, Any], detailed: bool = False) -> Run:
         self.count += 1
@@ -94,7 +99,8 @@ class ScriptRunner:
         self.log_path = os.path.join(self.workdir, f"run-{self.count}.log")
         config = {"batches": self.args.batches, "seconds": self.args.seconds,
                   "overrides": overrides, "detailed": detailed, "label": label}
-        env = {**os.environ, OUT_ENV: out, CONFIG_ENV: json.dumps(config)}
+        path = os.pathsep.join(p for p in (self.startup, os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, OUT_ENV: out, CONFIG_ENV: json.dumps(config), "PYTHONPATH": path}
         before, t0 = mark(), time.perf_counter()
         interrupted = False
         with open(self.log_path, "wb") as log:

@@ -244,7 +244,7 @@ class ProcessIterator(BaseIterator):
         self._send_task(wid, position, index)
 
     def _send_task(self, wid: int, position: int, index: Any) -> None:
-        try:  # NOTE [ The main process fetches for its workers ] in storage.prefetch
+        try:  # NOTE [ The main process fetches for its workers ] in storage.prefetch_threads
             if self._fetch_for_batch is not None:
                 self._fetch_for_batch(list(index) if self._fetch_spec.auto_collation
                                       else [index])

@@ -120,7 +120,7 @@ class ByteSourceExtras(Protocol):
 
     def fetch_for_workers(self, paths: list[str]) -> None:
         """In the loader's main process: download these objects for the workers that will
-        read them (NOTE [ The main process fetches for its workers ] in ``prefetch.py``)."""
+        read them (NOTE [ The main process fetches for its workers ] in ``prefetch_threads.py``)."""
         ...
 
     @property

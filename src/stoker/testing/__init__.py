@@ -54,9 +54,9 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -80,6 +80,16 @@ __all__ = [
 
 Compare = Callable[[Sequence[Any], Sequence[Any]], None]
 SaveKind = Literal["fresh", "mid", "end"]
+
+
+class _Resumable(Protocol):
+    """What the helper uses of a loader (stoker's, torchdata's, any): iterating and saving."""
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -151,12 +161,12 @@ def assert_resumes_exactly(
     return ResumeCheck(tuple(lengths), tuple(sorted({s.k for s in saves})), len(saves))
 
 
-def _run_epochs(loader: Any, epochs: range) -> list[list[Any]]:
+def _run_epochs(loader: _Resumable, epochs: range) -> list[list[Any]]:
     return [[_detach(batch) for batch in loader] for _ in epochs]
 
 
 def _saving_run(
-    make_loader: Callable[[], Any], epochs: int, ks: set[int]
+    make_loader: Callable[[], _Resumable], epochs: int, ks: set[int]
 ) -> tuple[list[list[Any]], list[_Save]]:
     __tracebackhide__ = True
     loader = make_loader()
@@ -178,7 +188,7 @@ def _saving_run(
     return out, saves
 
 
-def _capture(loader: Any, k: int, epoch: int, index: int, kind: SaveKind) -> _Save:
+def _capture(loader: _Resumable, k: int, epoch: int, index: int, kind: SaveKind) -> _Save:
     __tracebackhide__ = True
     raw = loader.state_dict()
     try:
@@ -208,8 +218,8 @@ def _torch_round_trip(state: Any, k: int) -> Any:
 
 
 def _resume(
-    resume_loader: Callable[[], Any], save: _Save, saved_run: list[list[Any]], epochs: int,
-    lengths: Sequence[int],
+    resume_loader: Callable[[], _Resumable], save: _Save, saved_run: list[list[Any]],
+    epochs: int, lengths: Sequence[int],
 ) -> list[list[Any]]:
     __tracebackhide__ = True
     loader = resume_loader()
