@@ -13,12 +13,13 @@ from __future__ import annotations
 import importlib
 import io
 import os
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import torch
+
+from stoker._core.alternating_timing import alternating_ms
 
 _ATTRIBUTES = ("paths", "files", "image_paths", "filenames", "file_paths", "samples", "imgs")
 _JPEG = b"\xff\xd8\xff"
@@ -98,25 +99,15 @@ def measure_gain(jpegs: list[bytes], size: int = 224, budget_s: float = 1.0) -> 
     if cv2:
         cv2.setNumThreads(1)
     out = torch.empty((3, size, size), dtype=torch.uint8)
-    spent = [0.0, 0.0]
-    done = 0
     try:
-        end = time.perf_counter() + budget_s
-        while done == 0 or time.perf_counter() < end:
-            for k, data in enumerate(jpegs):
-                rng = np.random.default_rng(k)
-                start = time.perf_counter()
-                _pillow(data, out, np.random.default_rng(k))
-                middle = time.perf_counter()
-                decode_crop_into(data, out, rng)
-                spent[0] += middle - start
-                spent[1] += time.perf_counter() - middle
-            done += len(jpegs)
+        pillow_ms, image_path_ms = alternating_ms(
+            jpegs, lambda k, data: _pillow(data, out, np.random.default_rng(k)),
+            lambda k, data: decode_crop_into(data, out, np.random.default_rng(k)), budget_s)
     finally:
         torch.set_num_threads(threads)
         if cv2:
             cv2.setNumThreads(cv2_threads)
-    return Gain(len(jpegs), size, 1e3 * spent[0] / done, 1e3 * spent[1] / done, decoder())
+    return Gain(len(jpegs), size, pillow_ms, image_path_ms, decoder())
 
 
 def _pillow(data: bytes, out: torch.Tensor, rng: np.random.Generator) -> None:

@@ -12,12 +12,12 @@ alternating, on one core, for about half a second; torch's RNG state is put back
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
+from stoker._core.alternating_timing import alternating_ms
 from stoker.vision._io import JPEG_START
 
 _MODULES = ("torchvision.", "stoker.vision.")
@@ -145,21 +145,12 @@ def measure(dataset: Any, budget_s: float = 0.5) -> ImportGain | None:
     as_written, load = dataset.transform, dataset.loader
     state, threads = torch.get_rng_state(), torch.get_num_threads()
     torch.set_num_threads(1)
-    spent, done = [0.0, 0.0], 0
     try:
-        end = time.perf_counter() + budget_s
-        while done == 0 or time.perf_counter() < end:
-            for path in paths:
-                start = time.perf_counter()
-                as_written(load(path))
-                middle = time.perf_counter()
-                fused(path)
-                spent[0] += middle - start
-                spent[1] += time.perf_counter() - middle
-            done += len(paths)
+        as_written_ms, fused_ms = alternating_ms(
+            paths, lambda _, path: as_written(load(path)), lambda _, path: fused(path), budget_s)
     except Exception:  # a transform that fails here is not this measure's to report
         return None
     finally:
         torch.set_num_threads(threads)
         torch.set_rng_state(state)
-    return ImportGain(len(paths), 1e3 * spent[0] / done, 1e3 * spent[1] / done)
+    return ImportGain(len(paths), as_written_ms, fused_ms)
