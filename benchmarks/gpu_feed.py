@@ -1,237 +1,173 @@
-"""GPU feed benchmarks (issue 14): run where CUDA exists; elsewhere they print why and exit 0.
+"""GPU figures (issue 46) in one run: decode, feed and a training step, one JSON record.
 
-    python benchmarks/gpu_feed.py [--quick] [--only h2d train decode] [--workers N]
+    python benchmarks/gpu_feed.py [--out DIR] [--only PART ...] [--budget-s S] [--dry-run]
 
-1. ``h2d``: host-to-device throughput of delivered 256x3x224x224 uint8 batches, as a fraction
-   of a plain loop of pinned ``cudaMemcpyAsync`` (``copy_(non_blocking=True)`` from one pinned
-   buffer), for stoker (``device="cuda"``) and torch's pattern (``pin_memory=True`` +
-   ``.to(device, non_blocking=True)``). Goal: stoker >= 0.9 of the plain loop, above torch.
-2. ``train``: a training step (torchvision's ResNet-50 if installed, else a small conv net;
-   bf16 autocast, SGD) fed by each loader vs the same step on a batch already resident on the
-   GPU. Goal: stoker <= 1.05x the resident step time; torch's gap printed beside it.
-3. ``decode``: ``DecodeImages`` on the GPU (nvJPEG) vs the CPU (Pillow on every core):
-   images/s and CPU seconds per image.
+On whatever GPU and core count it finds, on the same synthetic 500x375 JPEG files:
 
-Each record is one JSON line; ratios at the end.
+* ``decode``: images/s and CPU seconds per image (the whole machine's, /proc/stat) at 224x224:
+  (a) torch's DataLoader, Pillow + RandomResizedCrop in ``__getitem__``, a worker per core;
+  (b) stoker's image path (``decode_crop_into``), same workers; (c) ``DecodeImages`` on the
+  GPU through stoker's loader; (d) torchvision's batched ``decode_jpeg(device="cuda")`` in a
+  bare loop (and ``DecodeImages`` bare, between c and d);
+* ``feed``: batches/s delivered on the GPU by ``device=`` (and torch's pin_memory + ``.to``)
+  against a plain loop copying one pre-made pinned batch, for 256x3x224x224 uint8 and 64x4096
+  int64;
+* ``step``: ResNet-50 (bf16, channels_last, batch 256) from the JPEG files, 200 steps, the step
+  time as a ratio to the step on a resident batch: torch's DataLoader at its best num_workers,
+  stoker's image path, stoker with GPU decode.
+
+Each part runs in its own forked process, in its own time budget (``BUDGETS_S``; the whole run
+at most ``--budget-s``): a part that fails or runs out of time is recorded as such with what it
+measured before, and the others still run. Figures print as JSON lines as they come; the
+record (``record_schema.FIGURES`` filled in, ``None`` where a part did not get there) is
+rewritten to DIR/gpu_feed.json after every part, and its tables print at the end.
+
+``--dry-run`` runs every part on the CPU with tiny sizes, stoker's loader copying through the
+fake device of its tests (``stoker.device.fake``) and Pillow standing in for nvJPEG: the same
+code paths, no figure worth reading. Without CUDA (and no ``--dry-run``) it says why and exits
+0.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import datetime
+import gc
 import json
 import os
+import shutil
+import signal
 import sys
+import tempfile
 import time
+import traceback
+from multiprocessing import get_context
 from typing import Any
 
-import numpy as np
-import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import stoker
+# Ask NVML whether there is a GPU: the script's own process must not start CUDA (it forks).
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
-BATCH_SHAPE = (256, 3, 224, 224)
+import torch  # noqa: E402
+from _gpu_env import DRY, FULL, Gpu, make_jpegs  # noqa: E402
+from _gpu_parts import PARTS as _PARTS  # noqa: E402
+from _gpu_parts import Part  # noqa: E402
+from _gpu_step import step  # noqa: E402
+from gpu_table import figures_of, missing_figures, render  # noqa: E402
 
-
-class Batches(torch.utils.data.Dataset):
-    """Whole uint8 batches (batch_size=None): the workers' cost is one memcpy per batch."""
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self.data = torch.randint(0, 256, BATCH_SHAPE, dtype=torch.uint8)
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return self.data
-
-
-def emit(record: dict[str, Any]) -> dict[str, Any]:
-    print(json.dumps(record), flush=True)
-    return record
+PARTS = {**_PARTS, "step": step}
+# Seconds each part may take on 16 cores + one H100/H200 (its loops stop at their own deadlines
+# before that; GRACE_S later it is killed). They add up to 340: with the install and tests/gpu,
+# scripts/gpu_check.sh fits 8 minutes.
+BUDGETS_S = {"machine": 20, "decode_gpu": 50, "decode_torch": 35, "decode_stoker": 35,
+             "feed": 50, "step": 150}
+DRY_BUDGET_S = 40  # each part's, in a dry run
+GRACE_S = 10
 
 
-def plain_copy_loop(n: int) -> float:
-    """Bytes/s of pinned -> device copies on a side stream, nothing else."""
-    src = torch.empty(BATCH_SHAPE, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty(BATCH_SHAPE, dtype=torch.uint8, device="cuda")
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            dst.copy_(src, non_blocking=True)
-        stream.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            dst.copy_(src, non_blocking=True)
-        stream.synchronize()
-    return n * src.numel() / (time.perf_counter() - t0)
-
-
-def loader_throughput(kind: str, n: int, workers: int) -> float:
-    """Bytes/s of batches delivered on the device by one loader (one warm-up epoch first)."""
-    kwargs: dict[str, Any] = dict(batch_size=None, num_workers=workers, persistent_workers=True)
-    if kind == "stoker":
-        loader: Any = stoker.DataLoader(Batches(n), device="cuda", **kwargs)
-    else:
-        loader = torch.utils.data.DataLoader(Batches(n), pin_memory=True, **kwargs)
-    for _ in range(2):  # the first warms the workers up
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        total = 0
-        touched = torch.zeros((), dtype=torch.int64, device="cuda")
-        for batch in loader:
-            if kind == "torch":
-                batch = batch.to("cuda", non_blocking=True)
-            touched += batch[-1, -1, -1, -1]  # a kernel that reads the batch, no host sync
-            total += batch.numel()
-        torch.cuda.synchronize()
-        elapsed = time.perf_counter() - t0
-    return total / elapsed
-
-
-def bench_h2d(quick: bool, workers: int) -> list[dict[str, Any]]:
-    n = 20 if quick else 100
-    plain = plain_copy_loop(n)
-    out = [emit({"workload": "h2d", "loader": "plain_pinned_copy", "bytes_per_s": plain})]
-    for kind in ("torch", "stoker"):
-        rate = loader_throughput(kind, n, workers)
-        out.append(emit({"workload": "h2d", "loader": kind, "bytes_per_s": rate,
-                         "fraction_of_plain": rate / plain, "num_workers": workers}))
-    return out
-
-
-def _model() -> tuple[torch.nn.Module, str]:
+def _child(name: str, dry: bool, paths: list[str], budget_s: float, lines: str,
+           errors: str) -> None:
+    os.setsid()  # its own group: killed with its loaders' workers if it runs out of time
+    code = 0
     try:
-        import torchvision
-
-        return torchvision.models.resnet50(), "torchvision resnet50"
-    except ImportError:
-        net = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 64, 7, 2, 3), torch.nn.ReLU(), torch.nn.Conv2d(64, 128, 3, 2, 1),
-            torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-            torch.nn.Linear(128, 1000),
-        )
-        return net, "small conv net (torchvision not installed)"
-
-
-def to_float(batch: torch.Tensor) -> torch.Tensor:
-    return batch.float().div_(255).contiguous(memory_format=torch.channels_last)
+        gpu = Gpu(dry)
+        part = Part(name, gpu, DRY if dry else FULL, paths, os.cpu_count() or 1,
+                    time.monotonic() + budget_s, lines)
+        PARTS[name](part)
+    except BaseException:
+        with open(errors, "w") as f:
+            f.write(traceback.format_exc())
+        code = 1
+    gc.collect()  # the part's loaders go (persistent workers stop) before this process
+    sys.stdout.flush()
+    os._exit(code)
 
 
-def bench_train(quick: bool, workers: int) -> list[dict[str, Any]]:
-    model, name = _model()
-    model = model.cuda().to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    labels = torch.randint(0, 1000, (BATCH_SHAPE[0],), device="cuda")
-
-    def step(x: torch.Tensor) -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(x), labels)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    n = 10 if quick else 40
-    resident = to_float(Batches(1).data.cuda())
-    for _ in range(3):
-        step(resident)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        step(resident)
-    torch.cuda.synchronize()
-    resident_s = (time.perf_counter() - t0) / n
-    out = [emit({"workload": "train", "model": name, "loader": "resident",
-                 "step_s": resident_s})]
-    for kind in ("torch", "stoker"):
-        kwargs: dict[str, Any] = dict(batch_size=None, num_workers=workers,
-                                      persistent_workers=True)
-        if kind == "stoker":
-            loader: Any = stoker.DataLoader(Batches(n), device="cuda",
-                                            device_transform=to_float, **kwargs)
-        else:
-            loader = torch.utils.data.DataLoader(Batches(n), pin_memory=True, **kwargs)
-        for _ in range(2):  # the first warms workers and cuDNN up
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for x in loader:
-                step(x if kind == "stoker" else to_float(x.to("cuda", non_blocking=True)))
-            torch.cuda.synchronize()
-        step_s = (time.perf_counter() - t0) / n
-        extra = {"stats": str(loader.stats())} if kind == "stoker" else {}
-        out.append(emit({"workload": "train", "model": name, "loader": kind, "step_s": step_s,
-                         "ratio_to_resident": step_s / resident_s, **extra}))
-    return out
-
-
-def _jpegs(count: int) -> list[bytes]:
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    out = []
-    for _ in range(count):
-        pixels = rng.integers(0, 256, (375, 500, 3), dtype=np.uint8)
-        buf = io.BytesIO()
-        Image.fromarray(pixels).save(buf, format="JPEG", quality=90)
-        out.append(buf.getvalue())
-    return out
-
-
-def bench_decode(quick: bool) -> list[dict[str, Any]]:
-    from stoker.device import feed
-    from stoker.image import DecodeImages
-
-    jpegs = _jpegs(64 if quick else 256)
-    out = []
-    for decode_on in ("cpu", "cuda"):
-        try:
-            decode = DecodeImages(size=224, decode_on=decode_on)
-        except RuntimeError as exc:
-            out.append(emit({"workload": "decode", "decode_on": decode_on, "skipped": str(exc)}))
-            continue
-        feed._BATCH.seed, feed._BATCH.device = 0, torch.device("cuda", 0)
-        try:
-            decode(jpegs[:8])  # warm-up: pool, nvJPEG handles
-            torch.cuda.synchronize()
-            t0, c0 = time.perf_counter(), time.process_time()
-            for start in range(0, len(jpegs), 64):
-                decode(jpegs[start:start + 64])
-            torch.cuda.synchronize()
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        finally:
-            feed._BATCH.seed = feed._BATCH.device = None
-        out.append(emit({"workload": "decode", "decode_on": decode_on,
-                         "images_per_s": len(jpegs) / wall, "cpu_s_per_image": cpu / len(jpegs),
-                         "cores": os.cpu_count()}))
-    return out
+def run_part(name: str, dry: bool, paths: list[str], budget_s: float,
+             workdir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run one part in a forked process; (its status, its figures as emitted)."""
+    lines, errors = (os.path.join(workdir, f"{name}.{ext}") for ext in ("jsonl", "err"))
+    proc = get_context("fork").Process(target=_child, name=f"gpu_feed-{name}",
+                                       args=(name, dry, paths, budget_s, lines, errors))
+    started = time.monotonic()
+    proc.start()
+    proc.join(budget_s + GRACE_S)
+    if proc.is_alive():
+        status = {"status": f"timed out after {budget_s + GRACE_S:.0f} s"}
+    elif proc.exitcode != 0:
+        text = open(errors).read() if os.path.exists(errors) else ""
+        status = {"status": f"failed (exit code {proc.exitcode})", "error": text[-3000:]}
+    else:
+        status = {"status": "ok"}
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the part, or what it left behind
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.join(10)
+    status["seconds"] = round(time.monotonic() - started, 1)
+    emitted: dict[str, Any] = {}
+    if os.path.exists(lines):
+        for line in open(lines):
+            record = json.loads(line)
+            figure = record.pop("figure")
+            emitted[figure] = {k: v for k, v in record.items() if k != "part"}
+    return status, emitted
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", nargs="*", default=["h2d", "train", "decode"])
-    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
+    parser.add_argument("--out", default=os.environ.get("OUT", "gpu-results"))
+    parser.add_argument("--only", nargs="*", choices=list(PARTS), default=list(PARTS))
+    parser.add_argument("--budget-s", type=float, default=sum(BUDGETS_S.values()))
+    parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
+    if not args.dry_run and not torch.cuda.is_available():
         reason = (f"skipped: CUDA is not available (torch {torch.__version__}); these "
-                  "benchmarks measure host-to-device copies and GPU decoding")
+                  "benchmarks measure host-to-device copies and GPU decoding "
+                  "(--dry-run runs their code paths on the CPU)")
         print(f"# {reason}")
-        emit({"workload": "gpu_feed", "skipped": reason})
+        print(json.dumps({"workload": "gpu_feed", "skipped": reason}))
         return 0
-    print(f"# {torch.cuda.get_device_name()}; torch {torch.__version__}; stoker from "
-          f"{stoker.__file__}", flush=True)
-    records: list[dict[str, Any]] = []
-    if "h2d" in args.only:
-        records += bench_h2d(args.quick, args.workers)
-    if "train" in args.only:
-        records += bench_train(args.quick, args.workers)
-    if "decode" in args.only:
-        records += bench_decode(args.quick)
-    for r in records:
-        if "fraction_of_plain" in r or "ratio_to_resident" in r:
-            value = r.get("fraction_of_plain", r.get("ratio_to_resident"))
-            print(f"# {r['workload']:6} {r['loader']:7} {value:.3f}")
+    os.makedirs(args.out, exist_ok=True)
+    out_path = os.path.join(args.out, "gpu_feed.json")
+    sizes = DRY if args.dry_run else FULL
+    end = time.monotonic() + args.budget_s
+    record: dict[str, Any] = {
+        "issue": 46, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds"),
+        "command": " ".join(["benchmarks/gpu_feed.py", *(argv or sys.argv[1:])]),
+        "dry_run": args.dry_run, "sizes": sizes.__dict__, "budgets_s": {}, "parts": {},
+        "emitted": {}, "figures": figures_of({}),
+    }
+    workdir = tempfile.mkdtemp(prefix="stoker-gpu-feed-")
+    try:
+        t0 = time.monotonic()
+        paths = make_jpegs(os.path.join(workdir, "jpegs"), sizes)
+        print(f"# {len(paths)} JPEGs {sizes.width}x{sizes.height} made in "
+              f"{time.monotonic() - t0:.1f} s", flush=True)
+        for name in args.only:
+            own = DRY_BUDGET_S if args.dry_run else BUDGETS_S[name]
+            budget = min(own, end - time.monotonic() - GRACE_S)
+            record["budgets_s"][name] = round(budget, 1)
+            if budget < min(5, own):
+                record["parts"][name] = {"status": "skipped: the run's budget was spent"}
+                continue
+            status, emitted = run_part(name, args.dry_run, paths, budget, workdir)
+            record["parts"][name], record["emitted"][name] = status, emitted
+            print(f"# part {name}: {status['status']} in {status['seconds']} s", flush=True)
+            if "error" in status:
+                print(status["error"], file=sys.stderr, flush=True)
+            record["machine"] = record["emitted"].get("machine", {}).get("machine", {})
+            record["figures"] = figures_of(record["emitted"])
+            with open(out_path + ".tmp", "w") as f:
+                json.dump(record, f, indent=1)
+            os.replace(out_path + ".tmp", out_path)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(render(record), flush=True)
+    missing = missing_figures(record["figures"])
+    print(f"# record: {out_path}; figures missing: {', '.join(missing) or 'none'}", flush=True)
     return 0
 
 

@@ -49,20 +49,22 @@ def test_quick_run_prints_a_record_per_workload_and_loader(tmp_path: Path) -> No
     assert "stoker/torch ratios" in proc.stdout
 
 
-def test_gpu_feed_benchmark_runs_or_says_why_not() -> None:
-    script = RUNNER.parent / "gpu_feed.py"
-    proc = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+def test_gpu_feed_benchmark_says_why_not_without_cuda() -> None:
+    """Without CUDA it says why and exits 0; its code paths run in
+    test_gpu_feed_dry_run.py, its figures on a GPU machine (scripts/gpu_check.sh)."""
     import torch
 
-    if not torch.cuda.is_available():
-        assert records == [{"workload": "gpu_feed", "skipped": (
-            f"skipped: CUDA is not available (torch {torch.__version__}); these benchmarks "
-            "measure host-to-device copies and GPU decoding")}]
-    else:
-        assert {r["workload"] for r in records} == {"h2d", "train", "decode"}
+    if torch.cuda.is_available():
+        pytest.skip("with CUDA the benchmark is scripts/gpu_check.sh's (several minutes)")
+    script = RUNNER.parent / "gpu_feed.py"
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert records == [{"workload": "gpu_feed", "skipped": (
+        f"skipped: CUDA is not available (torch {torch.__version__}); these benchmarks "
+        "measure host-to-device copies and GPU decoding (--dry-run runs their code paths on "
+        "the CPU)")}]
 
 
 def test_remote_shards_benchmark_reads_every_sample_with_each_loader() -> None:

@@ -1,0 +1,226 @@
+"""The decode and feed parts of ``benchmarks/gpu_feed.py`` (the step is ``_gpu_step.py``).
+
+Each part is a function of one ``Part``: it measures, and hands each figure to ``part.emit``
+as soon as it has it, so a part that fails or runs out of time keeps what it measured."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from _gpu_env import (
+    STOKER_BEST,
+    EncodedFiles,
+    Gpu,
+    ImagePathCrops,
+    PillowCrops,
+    Sizes,
+    Timed,
+    read_all,
+    second_epoch,
+    timed_loop,
+)
+
+import stoker
+
+
+@dataclass
+class Part:
+    """What a part gets: the device, its sizes, the JPEG files, the core count, its deadline
+    (``time.monotonic()``), and where its figures go (one JSON line each)."""
+
+    name: str
+    gpu: Gpu
+    sizes: Sizes
+    paths: list[str]
+    cores: int
+    deadline: float
+    lines_path: str
+    emitted: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def emit(self, figure: str, values: dict[str, Any]) -> None:
+        line = {"part": self.name, "figure": figure, **values}
+        self.emitted[figure] = values
+        with open(self.lines_path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+        print(json.dumps(line), flush=True)
+
+    def until(self, seconds: float) -> float:
+        """A deadline ``seconds`` from now, never past the part's own."""
+        return min(self.deadline, time.monotonic() + seconds)
+
+
+def _per_image(r: Timed, **extra: Any) -> dict[str, Any]:
+    return {"images_per_s": r.items / r.wall_s if r.wall_s else None,
+            "cpu_s_per_image": r.cpu_s / r.items if r.items else None,
+            "images": r.items, "wall_s": r.wall_s, "cut_short": r.cut_short, **extra}
+
+
+def _images(batch: Any) -> int:
+    return len(batch[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode, images/s and CPU s per image, the same JPEGs, out x out output
+# ---------------------------------------------------------------------------------------------
+
+
+def decode_torch(part: Part) -> None:
+    """(a) torch's DataLoader, Pillow + RandomResizedCrop + flip in ``__getitem__``, a worker
+    per core."""
+    s, workers = part.sizes, part.cores
+    dataset = PillowCrops(part.paths, workers * s.cpu_decode_batches * s.batch, s.out)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=s.batch, num_workers=workers,
+                                         persistent_workers=True)
+    how = "torchvision transforms" if dataset.transform is not None else "Pillow only"
+    part.emit("torch_pillow", _per_image(second_epoch(part.gpu, loader, part.deadline, _images),
+                                         num_workers=workers, transforms=how))
+
+
+def decode_stoker(part: Part) -> None:
+    """(b) stoker's CPU image path (``decode_crop_into`` in ``__getitem__``), same workers."""
+    s, workers = part.sizes, part.cores
+    dataset = ImagePathCrops(part.paths, workers * s.cpu_decode_batches * s.batch, s.out)
+    loader = stoker.DataLoader(dataset, batch_size=s.batch, num_workers=workers, **STOKER_BEST)
+    try:
+        import simplejpeg  # noqa: F401
+
+        decoder = "simplejpeg"
+    except ImportError:
+        decoder = "Pillow (no simplejpeg: pip install 'stoker[fastimage]')"
+    part.emit("stoker_image_path", _per_image(
+        second_epoch(part.gpu, loader, part.deadline, _images), num_workers=workers,
+        decoder=decoder))
+
+
+def decode_gpu(part: Part) -> None:
+    """(d) torchvision's batched decode in a bare loop (the library's own limit), then
+    ``DecodeImages`` bare (decode + crop + resize, no loader), then (c) ``DecodeImages``
+    through stoker's loader, its workers only reading the files."""
+    from stoker.device import feed
+    from stoker.image import DecodeImages
+
+    s, gpu = part.sizes, part.gpu
+    jpegs = read_all(part.paths)
+    tensors = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in jpegs]
+    n = s.gpu_decode_batches
+
+    def batches(items: list[Any]) -> Any:
+        for k in range(n + 2):  # two to warm up
+            start = (k * s.batch) % len(items)
+            yield [items[(start + j) % len(items)] for j in range(s.batch)]
+
+    decode_jpegs = gpu.decode_jpegs()
+    bare = timed_loop(gpu, (decode_jpegs(b) for b in batches(tensors)), 2, part.until(20), len)
+    part.emit("torchvision_bare", _per_image(bare, batch=s.batch))
+
+    decode = DecodeImages(size=s.out)
+    feed._BATCH.seed, feed._BATCH.device = 0, gpu.device
+    try:
+        direct = timed_loop(gpu, (decode(b) for b in batches(jpegs)), 2, part.until(20), len)
+    finally:
+        feed._BATCH.seed = feed._BATCH.device = None
+    part.emit("decode_images_bare", _per_image(direct, batch=s.batch))
+
+    workers = min(4, part.cores)
+    loader = gpu.stoker_loader(EncodedFiles(part.paths, n * s.batch, s.out), decode,
+                               batch_size=s.batch, num_workers=workers, **STOKER_BEST)
+    part.emit("decode_images_loader", _per_image(
+        second_epoch(gpu, loader, part.deadline, lambda b: len(b[0])), num_workers=workers))
+
+
+# ---------------------------------------------------------------------------------------------
+# Feed: batches/s delivered on the device against a plain pinned-copy loop
+# ---------------------------------------------------------------------------------------------
+
+
+class Batches(torch.utils.data.Dataset):
+    """Whole batches (``batch_size=None``): a worker's cost is one copy of the batch."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, count: int) -> None:
+        self.count = count
+        high = 256 if dtype == torch.uint8 else 50_000
+        self.data = torch.randint(0, high, shape, dtype=dtype)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.data
+
+
+def plain_copies(gpu: Gpu, shape: tuple[int, ...], dtype: torch.dtype, n: int,
+                 deadline: float) -> Timed:
+    """One pre-made pinned batch copied ``n`` times on a side stream, nothing else: the
+    host-to-device limit."""
+    src, dst = gpu.pinned(shape, dtype), gpu.empty(shape, dtype)
+    with gpu.side_stream():
+        return timed_loop(gpu, (src for _ in range(n + 3)), 3, deadline, lambda _: 1,
+                          lambda b: dst.copy_(b, non_blocking=True))
+
+
+def _feed_loaders(gpu: Gpu, dataset: Batches, workers: int) -> dict[str, Any]:
+    kwargs: dict[str, Any] = dict(batch_size=None, num_workers=workers)
+    return {
+        "stoker": lambda: gpu.stoker_loader(dataset, persistent_workers=True, **kwargs),
+        "stoker_best": lambda: gpu.stoker_loader(dataset, **STOKER_BEST, **kwargs),
+        "torch": lambda: torch.utils.data.DataLoader(
+            dataset, pin_memory=gpu.pin_memory, persistent_workers=True, **kwargs),
+    }
+
+
+def feed(part: Part) -> None:
+    """Each batch shape: the plain loop, then ``device=`` (defaults, and the one switch) and
+    torch's pattern (``pin_memory=True`` + ``.to(device, non_blocking=True)``)."""
+    gpu, s = part.gpu, part.sizes
+    workers = min(8, part.cores)
+    shapes = {"image_uint8": (s.image_batch, torch.uint8),
+              "tokens_int64": (s.token_batch, torch.int64)}
+    for name, (shape, dtype) in shapes.items():
+        plain = plain_copies(gpu, shape, dtype, s.feed_batches, part.until(10))
+        plain_rate = plain.items / plain.wall_s
+        part.emit(f"{name}.plain", {"batches_per_s": plain_rate, "shape": list(shape)})
+        dataset = Batches(shape, dtype, s.feed_batches)
+        for kind, make in _feed_loaders(gpu, dataset, workers).items():
+            touched = torch.zeros((), dtype=dtype, device=gpu.device)
+
+            def step(batch: torch.Tensor, kind: str = kind,
+                     touched: torch.Tensor = touched) -> None:
+                if kind == "torch":
+                    batch = batch.to(gpu.device, non_blocking=True)
+                touched.add_(batch.view(-1)[-1])  # a kernel reads the batch, no host sync
+
+            r = second_epoch(gpu, make(), part.until(15), lambda _: 1, step)
+            rate = r.items / r.wall_s if r.wall_s else None
+            part.emit(f"{name}.{kind}", {
+                "batches_per_s": rate, "share_of_plain": rate / plain_rate if rate else None,
+                "num_workers": workers, "cut_short": r.cut_short})
+
+
+def machine(part: Part) -> None:
+    """What ran: the device, the core count, the versions (in a part, so the script's own
+    process never starts CUDA before it forks)."""
+    info: dict[str, Any] = {"cores": part.cores, "torch": torch.__version__,
+                            "stoker": getattr(stoker, "__version__", "?"), "dry_run": part.gpu.dry}
+    if part.gpu.dry:
+        info["device"] = "fake device (stoker.device.fake.FakeDevice) on the CPU"
+    else:
+        props = torch.cuda.get_device_properties(part.gpu.device)
+        info.update(device=props.name, device_memory_gib=round(props.total_memory / 2**30, 1),
+                    cuda=torch.version.cuda, gpus=torch.cuda.device_count())
+    for module in ("torchvision", "simplejpeg", "PIL"):
+        try:
+            info[module] = __import__(module).__version__
+        except ImportError:
+            info[module] = None
+    part.emit("machine", info)
+
+
+PARTS: dict[str, Callable[[Part], None]] = {
+    "machine": machine, "decode_gpu": decode_gpu, "decode_torch": decode_torch,
+    "decode_stoker": decode_stoker, "feed": feed,
+}

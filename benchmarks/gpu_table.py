@@ -1,0 +1,150 @@
+"""The tables of docs/gpu_feed.md's "Measured" section, rendered from a record of
+``benchmarks/gpu_feed.py`` (issue 46).
+
+    python benchmarks/gpu_table.py gpu-results/gpu_feed.json                 # print them
+    python benchmarks/gpu_table.py gpu-results/gpu_feed.json --write docs/gpu_feed.md
+
+``--write`` replaces what lies between the page's ``<!-- gpu-record: begin -->`` and
+``<!-- gpu-record: end -->`` lines. ``FIGURES`` is the record's ``figures``: every leaf a number
+from the run, or ``None`` where its part did not get there (``missing_figures`` lists those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+BEGIN, END = "<!-- gpu-record: begin -->", "<!-- gpu-record: end -->"
+
+DECODE = {
+    "torch_pillow": "(a) torch's DataLoader, Pillow + `RandomResizedCrop` in `__getitem__`",
+    "stoker_image_path": "(b) stoker's image path, `decode_crop_into` in `__getitem__`",
+    "decode_images_loader": "(c) `DecodeImages` on the GPU through stoker's loader",
+    "decode_images_bare": "`DecodeImages` on the GPU, bare loop (no loader)",
+    "torchvision_bare": "(d) torchvision's batched `decode_jpeg(device=\"cuda\")`, bare loop",
+}
+_WORKERS = ("torch_pillow", "stoker_image_path", "decode_images_loader")
+FEED = {"image_uint8": ("image_batch", "uint8"), "tokens_int64": ("token_batch", "int64")}
+FEED_LOADERS = {"stoker": "stoker `device=`", "stoker_best": "`device=`, `beyond_torch=True`",
+                "torch": "torch, `pin_memory=True` + `.to()`"}
+STEP = {"torch": "torch's DataLoader, Pillow in `__getitem__` (its best `num_workers`)",
+        "stoker_image_path": "stoker's image path, `device=`",
+        "stoker_gpu_decode": "stoker, `device=` + `DecodeImages` (decode on the GPU)"}
+
+# The record's figures, every leaf required:
+# {section: {entry: {field: (the part, the figure it emitted, that figure's key)}}}.
+_D = {k: "decode_gpu" for k in ("decode_images_loader", "decode_images_bare", "torchvision_bare")}
+_D.update(torch_pillow="decode_torch", stoker_image_path="decode_stoker")
+FIGURES: dict[str, dict[str, dict[str, tuple[str, str, str]]]] = {
+    "decode": {k: {"images_per_s": (_D[k], k, "images_per_s"),
+                   "cpu_s_per_image": (_D[k], k, "cpu_s_per_image"),
+                   **({"num_workers": (_D[k], k, "num_workers")} if k in _WORKERS else {})}
+               for k in DECODE},
+    "feed": {shape: {"plain_batches_per_s": ("feed", f"{shape}.plain", "batches_per_s"), **{
+        f"{kind}_{key}": ("feed", f"{shape}.{kind}", key) for kind in FEED_LOADERS
+        for key in ("batches_per_s", "share_of_plain")}} for shape in FEED},
+    "step": {"resident": {"step_s": ("step", "resident", "step_s"),
+                          "model": ("step", "resident", "model")},
+             **{k: {key: ("step", k, key) for key in ("step_s", "ratio_to_resident",
+                                                       "num_workers")}
+                for k in STEP}},
+}
+
+
+def figures_of(emitted: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """``FIGURES`` filled in from what the parts emitted ({part: {figure: values}})."""
+    return {section: {entry: {field: emitted.get(part, {}).get(name, {}).get(key)
+                              for field, (part, name, key) in fields.items()}
+                      for entry, fields in entries.items()}
+            for section, entries in FIGURES.items()}
+
+
+def missing_figures(figures: dict[str, Any]) -> list[str]:
+    """The dotted names of the figures the record lacks (``None`` or absent)."""
+    return [f"{section}.{entry}.{field}"
+            for section, entries in FIGURES.items() for entry, fields in entries.items()
+            for field in fields
+            if figures.get(section, {}).get(entry, {}).get(field) is None]
+
+
+def _n(value: Any, fmt: str = ",.0f", scale: float = 1.0) -> str:
+    if value is None:
+        return "n/a"
+    return format(value * scale if scale != 1.0 else value, fmt)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def render(record: dict[str, Any]) -> str:
+    """The "Measured" section's text: the run's line, then its decode, feed and step tables."""
+    fig, sizes, machine = record["figures"], record.get("sizes", {}), record.get("machine", {})
+    side = sizes.get("out", 224)
+    failed = [f"{name} ({p['status']})" for name, p in record.get("parts", {}).items()
+              if p.get("status") != "ok"]
+    lines = [
+        f"{record.get('date', '?')[:10]}, {machine.get('device', '?')} "
+        f"({machine.get('cores', '?')} cores, torch {machine.get('torch', '?')}, torchvision "
+        f"{machine.get('torchvision') or 'none'}), `{record.get('command', '?')}`"
+        + (" (a dry run: the fake device, no figure worth reading)" if record.get("dry_run")
+           else "") + ("; parts not completed: " + ", ".join(failed) if failed else "") + ".",
+        "",
+    ]
+    decode = [[label, _n(fig["decode"][k].get("num_workers"), "d") if k in _WORKERS else "",
+               _n(fig["decode"][k]["images_per_s"]),
+               _n(fig["decode"][k]["cpu_s_per_image"], ".2f", 1000)]
+              for k, label in DECODE.items()]
+    lines += _table([f"decode, {sizes.get('width', 500)}x{sizes.get('height', 375)} JPEGs to "
+                     f"{side}x{side}", "workers", "images/s", "CPU ms per image"], decode)
+    feed = []
+    for shape, (size_key, dtype) in FEED.items():
+        f = fig["feed"][shape]
+        dims = "x".join(map(str, sizes.get(size_key, [])))
+        feed.append([f"{dims} {dtype}", _n(f["plain_batches_per_s"], ",.1f")] + [
+            f"{_n(f[f'{k}_batches_per_s'], ',.1f')} ({_n(f[f'{k}_share_of_plain'], '.2f')})"
+            for k in FEED_LOADERS])
+    lines += ["", *_table(["batches/s delivered on the GPU (share of the plain loop)",
+                           "plain pinned-copy loop", *FEED_LOADERS.values()], feed)]
+    resident = fig["step"]["resident"]
+    step = [[label, _n(fig["step"][k]["num_workers"], "d"),
+             _n(fig["step"][k]["step_s"], ".1f", 1000),
+             _n(fig["step"][k]["ratio_to_resident"], ".3f")] for k, label in STEP.items()]
+    lines += ["", *_table([
+        f"{resident.get('model') or 'ResNet-50'} step from the JPEG files (bf16, channels_last, "
+        f"batch {sizes.get('batch', 256)})", "workers", "step ms",
+        f"ratio to a resident batch ({_n(resident['step_s'], '.1f', 1000)} ms)"], step)]
+    return "\n".join(lines)
+
+
+def write(page: str, text: str) -> str:
+    """``page`` with what lies between its BEGIN and END lines replaced by ``text``."""
+    head, found, rest = page.partition(BEGIN + "\n")
+    _, found_end, tail = rest.partition(END)
+    if not found or not found_end:
+        raise ValueError(f"the page has no {BEGIN} ... {END} lines to write between")
+    return f"{head}{BEGIN}\n{text}\n{END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("record")
+    parser.add_argument("--write", metavar="PAGE")
+    args = parser.parse_args(argv)
+    with open(args.record) as f:
+        text = render(json.load(f))
+    if args.write:
+        with open(args.write) as f:
+            page = f.read()
+        with open(args.write, "w") as f:
+            f.write(write(page, text))
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
