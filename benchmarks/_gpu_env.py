@@ -35,7 +35,8 @@ class Sizes:
     gpu_decode_batches: int  # per epoch or bare loop, decoding on the GPU (c, d)
     image_batch: tuple[int, ...]  # the feed's image batch, uint8
     token_batch: tuple[int, ...]  # the feed's token batch, int64
-    feed_batches: int  # batches timed per feed measurement
+    feed_batches: int  # image batches timed per feed measurement
+    token_batches: int  # token batches timed per feed measurement
     steps: int  # training steps timed per loader
     warmup_steps: int  # before timing: workers up, cuDNN's algorithms chosen
     trial_steps: int  # per num_workers candidate when choosing torch's best
@@ -43,11 +44,12 @@ class Sizes:
 
 FULL = Sizes(files=1024, height=375, width=500, out=224, batch=256, cpu_decode_batches=12,
              gpu_decode_batches=40,
-             image_batch=(256, 3, 224, 224), token_batch=(64, 4096), feed_batches=300,
+             image_batch=(256, 3, 224, 224), token_batch=(64, 4096), feed_batches=200,
+             token_batches=2000,
              steps=200, warmup_steps=10, trial_steps=25)
 DRY = Sizes(files=12, height=60, width=80, out=32, batch=4, cpu_decode_batches=2,
             gpu_decode_batches=3,
-            image_batch=(4, 3, 32, 32), token_batch=(4, 64), feed_batches=4,
+            image_batch=(4, 3, 32, 32), token_batch=(4, 64), feed_batches=4, token_batches=4,
             steps=3, warmup_steps=1, trial_steps=2)
 # stoker's best documented setting: the one switch (NOTE [ Same as torch unless asked ]).
 STOKER_BEST: dict[str, Any] = {"persistent_workers": True, "beyond_torch": True}
@@ -75,6 +77,13 @@ class Gpu:
             self.device = torch.device("cpu")
         else:
             self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def cuda_started(self) -> None:
+        """On the GPU every part has started CUDA by the time it starts a loader's workers, so
+        ``beyond_torch``'s ``cuda_forkserver`` starts them with forkserver; the dry run says
+        CUDA started too, for the step's loaders only (forkserver starts cost seconds)."""
+        if self.dry:
+            torch.cuda.is_initialized = lambda: True
 
     def sync(self) -> None:
         if self.dry:

@@ -178,13 +178,13 @@ def feed(part: Part) -> None:
     torch's pattern (``pin_memory=True`` + ``.to(device, non_blocking=True)``)."""
     gpu, s = part.gpu, part.sizes
     workers = min(8, part.cores)
-    shapes = {"image_uint8": (s.image_batch, torch.uint8),
-              "tokens_int64": (s.token_batch, torch.int64)}
-    for name, (shape, dtype) in shapes.items():
-        plain = plain_copies(gpu, shape, dtype, s.feed_batches, part.until(10))
+    shapes = {"image_uint8": (s.image_batch, torch.uint8, s.feed_batches),
+              "tokens_int64": (s.token_batch, torch.int64, s.token_batches)}
+    for name, (shape, dtype, count) in shapes.items():
+        plain = plain_copies(gpu, shape, dtype, count, part.until(10))
         plain_rate = plain.items / plain.wall_s
         part.emit(f"{name}.plain", {"batches_per_s": plain_rate, "shape": list(shape)})
-        dataset = Batches(shape, dtype, s.feed_batches)
+        dataset = Batches(shape, dtype, count)
         for kind, make in _feed_loaders(gpu, dataset, workers).items():
             touched = torch.zeros((), dtype=dtype, device=gpu.device)
 

@@ -81,6 +81,7 @@ def _timed_steps(part: Part, trainer: Trainer, batches: Any, steps: int,
 
 def step(part: Part) -> None:
     gpu, s = part.gpu, part.sizes
+    gpu.cuda_started()
     trainer = Trainer(gpu)
     shape = (s.batch, 3, s.out, s.out)
     resident = (torch.randint(0, 256, shape, dtype=torch.uint8, device=gpu.device),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -35,13 +35,21 @@ _CROPS = ("random_resized", "center", "none")
 _JPEG_MAGIC = b"\xff\xd8"
 
 
-def _gpu_decoder() -> Any:
-    """torchvision.io.decode_jpeg if torchvision is installed, else None."""
+BatchDecoder = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
+
+
+def _gpu_decoder() -> BatchDecoder | None:
+    """torchvision's nvJPEG decode of a whole list in one call (``decode_jpeg(list,
+    device=...)``: its batched decode), as RGB; None without torchvision."""
     try:
-        from torchvision.io import decode_jpeg
+        from torchvision.io import ImageReadMode, decode_jpeg
     except ImportError:
         return None
-    return decode_jpeg
+
+    def decode(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        return list(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
+
+    return decode
 
 
 def _is_encoded_batch(x: Any) -> bool:
@@ -89,23 +97,32 @@ class DecodeImages:
 
     def _decode(self, items: Sequence[bytes], rng: np.random.Generator) -> torch.Tensor:
         device = current_batch_device()
-        if (self.decode_on != "cpu" and device is not None and device.type == "cuda"
-                and _gpu_decoder() is not None):
-            images = self._decode_gpu(items, device)
+        on_gpu = self.decode_on != "cpu" and device is not None and device.type == "cuda"
+        return self._decode_with(items, rng, _gpu_decoder() if on_gpu else None, device)
+
+    def _decode_with(self, items: Sequence[bytes], rng: np.random.Generator,
+                     decoder: BatchDecoder | None, device: torch.device | None) -> torch.Tensor:
+        """Decode with ``decoder`` (batched, on ``device``) or, when None, Pillow on the
+        thread pool; crop, resize; the batch on ``device``."""
+        if decoder is not None and device is not None:
+            images = self._decode_gpu(items, device, decoder)
         else:
             images = self._decode_cpu(items)
-        out = torch.stack([self._crop_resize(img, rng) for img in images])
+        # Each image is cropped, then resized (float); the rounding back to uint8 is one
+        # kernel for the batch, not three an image.
+        out = torch.cat([self._crop_resize(img, rng) for img in images])
+        out = out.round_().clamp_(0, 255).to(torch.uint8)
         if device is not None and out.device != device:
             out = out.to(device, non_blocking=True)
         return out
 
-    def _decode_gpu(self, items: Sequence[bytes], device: torch.device) -> list[torch.Tensor]:
-        from torchvision.io import ImageReadMode
-
-        decode_jpeg = _gpu_decoder()
+    def _decode_gpu(self, items: Sequence[bytes], device: torch.device,
+                    decoder: BatchDecoder) -> list[torch.Tensor]:
+        """The batch's JPEGs in one batched call of ``decoder``; the rest (PNG & co) with
+        Pillow, copied to ``device``; in the batch's order."""
         jpegs = [i for i, b in enumerate(items) if bytes(b[:2]) == _JPEG_MAGIC]
         data = [torch.frombuffer(bytearray(items[i]), dtype=torch.uint8) for i in jpegs]
-        decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device) if data else []
+        decoded = decoder(data, device) if data else []
         images: list[Any] = [None] * len(items)
         for i, img in zip(jpegs, decoded, strict=True):
             images[i] = img
@@ -129,10 +146,9 @@ class DecodeImages:
             top, left, h, w = (height - side) // 2, (width - side) // 2, side, side
         else:
             top, left, h, w = 0, 0, height, width
-        patch = img[None, :, top:top + h, left:left + w].float()
-        resized = F.interpolate(patch, size=(self.size, self.size), mode="bilinear",
-                                align_corners=False, antialias=True)
-        return resized[0].round_().clamp_(0, 255).to(torch.uint8)
+        patch = img[None, :, top:top + h, left:left + w].float()  # the crop alone, then resized
+        return F.interpolate(patch, size=(self.size, self.size), mode="bilinear",
+                             align_corners=False, antialias=True)
 
 
 def _pillow_decode(data: bytes) -> torch.Tensor:

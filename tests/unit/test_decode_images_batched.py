@@ -1,0 +1,85 @@
+"""DecodeImages' GPU path without a GPU (issue 46): a stand-in for torchvision's batched
+nvJPEG decode shows that a batch's JPEGs go to the decoder in one call (others to Pillow, in
+the batch's order), that each image is cropped before it is resized, and that the output is the
+CPU path's for the same batch seed."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from stoker.image import gpu_decode, random_resized_crop_box
+from stoker.image.gpu_decode import DecodeImages
+
+
+def encoded(h: int, w: int, fmt: str, seed: int) -> bytes:
+    coarse = np.random.default_rng(seed).integers(0, 256, (4, 5, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(coarse).resize((w, h), Image.BICUBIC).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def pillow(data: bytes) -> torch.Tensor:
+    rgb = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    return torch.from_numpy(rgb.copy()).permute(2, 0, 1)
+
+
+class BatchedStandIn:
+    """Called as torchvision's wrapper is: (list of uint8 tensors of encoded bytes, device)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, torch.device]] = []
+
+    def __call__(self, data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        self.calls.append((len(data), device))
+        return [pillow(bytes(t.numpy())) for t in data]
+
+
+ITEMS = [encoded(40, 60, "JPEG", 1), encoded(50, 30, "PNG", 2), encoded(33, 47, "JPEG", 3),
+         encoded(64, 64, "JPEG", 4)]
+
+
+def test_the_jpegs_of_a_batch_go_to_the_decoder_in_one_call_the_rest_to_pillow() -> None:
+    decoder = BatchedStandIn()
+    images = DecodeImages(size=16)._decode_gpu(ITEMS, torch.device("cpu"), decoder)
+    assert decoder.calls == [(3, torch.device("cpu"))]  # one call, the three JPEGs
+    assert [tuple(img.shape) for img in images] == [(3, 40, 60), (3, 50, 30), (3, 33, 47),
+                                                    (3, 64, 64)]
+    assert all(torch.equal(img, pillow(data)) for img, data in zip(images, ITEMS, strict=True))
+
+
+def test_each_image_is_cropped_then_resized_and_matches_the_cpu_path(monkeypatch) -> None:
+    resized: list[tuple[int, ...]] = []
+    interpolate = F.interpolate
+
+    def spy(patch: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        resized.append(tuple(patch.shape))
+        return interpolate(patch, *args, **kwargs)
+
+    monkeypatch.setattr(gpu_decode.F, "interpolate", spy)
+    decode = DecodeImages(size=16)
+    out = decode._decode_with(ITEMS, np.random.default_rng(9), BatchedStandIn(),
+                              torch.device("cpu"))
+    rng = np.random.default_rng(9)
+    boxes = [random_resized_crop_box(rng, *pillow(data).shape[1:]) for data in ITEMS]
+    assert resized == [(1, 3, h, w) for _, _, h, w in boxes]  # the crop alone is resized
+    assert out.shape == (4, 3, 16, 16) and out.dtype == torch.uint8
+    cpu = decode._decode_with(ITEMS, np.random.default_rng(9), None, None)
+    assert torch.equal(out, cpu)
+
+
+def test_the_gpu_decoder_is_asked_only_for_a_cuda_batch(monkeypatch) -> None:
+    asked = []
+    monkeypatch.setattr(gpu_decode, "_gpu_decoder", lambda: asked.append(1))
+    from stoker.device import feed
+
+    feed._BATCH.seed, feed._BATCH.device = 3, torch.device("cpu")
+    try:
+        out = DecodeImages(size=8)(ITEMS)
+    finally:
+        feed._BATCH.seed = feed._BATCH.device = None
+    assert asked == [] and out.shape == (4, 3, 8, 8)
