@@ -117,7 +117,43 @@ def render(record: dict[str, Any]) -> str:
         f"{resident.get('model') or 'ResNet-50'} step from the JPEG files (bf16, channels_last, "
         f"batch {sizes.get('batch', 256)})", "workers", "step ms",
         f"ratio to a resident batch ({_n(resident['step_s'], '.1f', 1000)} ms)"], step)]
-    return "\n".join(lines)
+    return "\n".join(lines + ["", *(f"- {line}" for line in verdicts(fig))])
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _goal(value: float | None, ok: bool | None, goal: str) -> str:
+    met = "n/a" if value is None else ("met" if ok else "not met")
+    return f"(goal {goal}: {met})"
+
+
+def verdicts(fig: dict[str, Any]) -> list[str]:
+    """The issue's goals, and what one GPU's decode is worth in cores, from the figures."""
+    d, feed, step = fig["decode"], fig["feed"]["image_uint8"], fig["step"]
+    loader_share = _ratio(d["decode_images_loader"]["images_per_s"],
+                          d["torchvision_bare"]["images_per_s"])
+    per_core = {k: _ratio(d[k]["images_per_s"], d[k]["num_workers"])
+                for k in ("torch_pillow", "stoker_image_path")}
+    gpu = d["decode_images_loader"]["images_per_s"]
+    share, best = feed["stoker_share_of_plain"], feed["stoker_best_share_of_plain"]
+    ratios = [step[k]["ratio_to_resident"] for k in ("stoker_image_path", "stoker_gpu_decode")]
+    stoker_best = min((r for r in ratios if r is not None), default=None)
+    return [
+        f"`DecodeImages` through stoker's loader: {_n(loader_share, '.2f')} of torchvision's "
+        f"bare batched loop {_goal(loader_share, (loader_share or 0) >= 0.8, '>= 0.8')}.",
+        f"Per core: torch + Pillow {_n(per_core['torch_pillow'])} images/s, stoker's image "
+        f"path {_n(per_core['stoker_image_path'])}; one GPU decoding through stoker's loader "
+        f"does the work of {_n(_ratio(gpu, per_core['stoker_image_path']), '.1f')} cores on the "
+        f"image path ({_n(_ratio(gpu, per_core['torch_pillow']), '.1f')} with torch + Pillow).",
+        f"`device=` on the image batch: {_n(share, '.2f')} of the plain pinned-copy loop "
+        f"{_goal(share, (share or 0) >= 0.9, '>= 0.9')}; with `beyond_torch=True` "
+        f"{_n(best, '.2f')}.",
+        f"The step from JPEG files with stoker's best setting: {_n(stoker_best, '.3f')} of the "
+        f"resident step {_goal(stoker_best, (stoker_best or 9) <= 1.05, '<= 1.05')}; torch's "
+        f"DataLoader {_n(step['torch']['ratio_to_resident'], '.3f')}.",
+    ]
 
 
 def write(page: str, text: str) -> str:
