@@ -86,12 +86,10 @@ def decode_stoker(part: Part) -> None:
     s, workers = part.sizes, part.cores
     dataset = ImagePathCrops(part.paths, workers * s.cpu_decode_batches * s.batch, s.out)
     loader = stoker.DataLoader(dataset, batch_size=s.batch, num_workers=workers, **STOKER_BEST)
-    try:
-        import simplejpeg  # noqa: F401
+    from stoker.image.decode import _cv2, _simplejpeg
 
-        decoder = "simplejpeg"
-    except ImportError:
-        decoder = "Pillow (no simplejpeg: pip install 'stoker[fastimage]')"
+    decoder = ("simplejpeg" if _simplejpeg is not None else "Pillow (no simplejpeg)") + (
+        ", OpenCV resize" if _cv2 is not None else ", Pillow resize (no OpenCV)")
     part.emit("stoker_image_path", _per_image(
         second_epoch(part.gpu, loader, part.deadline, _images), num_workers=workers,
         decoder=decoder))
@@ -212,7 +210,7 @@ def machine(part: Part) -> None:
         props = torch.cuda.get_device_properties(part.gpu.device)
         info.update(device=props.name, device_memory_gib=round(props.total_memory / 2**30, 1),
                     cuda=torch.version.cuda, gpus=torch.cuda.device_count())
-    for module in ("torchvision", "simplejpeg", "PIL"):
+    for module in ("torchvision", "simplejpeg", "cv2", "PIL", "numpy"):
         try:
             info[module] = __import__(module).__version__
         except ImportError:

@@ -40,7 +40,8 @@ _D.update(torch_pillow="decode_torch", stoker_image_path="decode_stoker")
 FIGURES: dict[str, dict[str, dict[str, tuple[str, str, str]]]] = {
     "decode": {k: {"images_per_s": (_D[k], k, "images_per_s"),
                    "cpu_s_per_image": (_D[k], k, "cpu_s_per_image"),
-                   **({"num_workers": (_D[k], k, "num_workers")} if k in _WORKERS else {})}
+                   **({"num_workers": (_D[k], k, "num_workers")} if k in _WORKERS else {}),
+                   **({"decoder": (_D[k], k, "decoder")} if k == "stoker_image_path" else {})}
                for k in DECODE},
     "feed": {shape: {"plain_batches_per_s": ("feed", f"{shape}.plain", "batches_per_s"), **{
         f"{kind}_{key}": ("feed", f"{shape}.{kind}", key) for kind in FEED_LOADERS
@@ -94,10 +95,13 @@ def render(record: dict[str, Any]) -> str:
            else "") + ("; parts not completed: " + ", ".join(failed) if failed else "") + ".",
         "",
     ]
-    decode = [[label, _n(fig["decode"][k].get("num_workers"), "d") if k in _WORKERS else "",
+    decoder = fig["decode"]["stoker_image_path"].get("decoder")
+    labels = {**DECODE, "stoker_image_path": DECODE["stoker_image_path"] + (
+        f" ({decoder})" if decoder else "")}
+    decode = [[labels[k], _n(fig["decode"][k].get("num_workers"), "d") if k in _WORKERS else "",
                _n(fig["decode"][k]["images_per_s"]),
                _n(fig["decode"][k]["cpu_s_per_image"], ".2f", 1000)]
-              for k, label in DECODE.items()]
+              for k in DECODE]
     lines += _table([f"decode, {sizes.get('width', 500)}x{sizes.get('height', 375)} JPEGs to "
                      f"{side}x{side}", "workers", "images/s", "CPU ms per image"], decode)
     feed = []

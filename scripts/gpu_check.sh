@@ -6,7 +6,8 @@
 # (the record, rewritten after each part: a part that fails or a run cut short keeps the rest),
 # gpu_feed.log, gpu_tests.log. `scripts/gpu_check.sh --dry-run` runs the benchmark's code
 # paths on the CPU (the fake device) and skips the tests.
-#   device call: bash scripts/gpu_check.sh   (timeout 480 s; BENCH_S and TESTS_S cap the two)
+#   device call: bash scripts/gpu_check.sh   (timeout 480 s; BENCH_S and TESTS_S cap the two;
+#   carry build/gpu-wheels when it holds the fastimage wheels for the GPU machine's Python)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-results}"; mkdir -p "$out"
@@ -17,6 +18,13 @@ py="${PYTHON:-python3}"
   nproc; date -u +%FT%TZ; git log -1 --format='%h %s' 2>/dev/null; } 2>&1 | tee "$out/machine.txt"
 if [[ " $* " != *" --dry-run "* ]]; then
   "$py" -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -3
+  # The image path's fastimage extra, offline: wheels carried in build/gpu-wheels (see
+  # benchmarks/README.md); one that does not import is removed again.
+  if ls build/gpu-wheels/*.whl >/dev/null 2>&1; then
+    "$py" -m pip install -q --no-deps --no-index build/gpu-wheels/*.whl 2>&1 | tail -3
+    "$py" -c 'import cv2' 2>/dev/null || "$py" -m pip uninstall -y -q opencv-python-headless
+    "$py" -c 'import simplejpeg' 2>/dev/null || "$py" -m pip uninstall -y -q simplejpeg
+  fi
 fi
 timeout -k 5 "${BENCH_S:-360}" "$py" benchmarks/gpu_feed.py --out "$out" "$@" 2>&1 \
   | tee "$out/gpu_feed.log"

@@ -28,8 +28,9 @@ EMITTED: dict[str, dict[str, dict[str, Any]]] = {
                             "torchvision": "0.28.0"}},
     "decode_torch": {"torch_pillow": {"images_per_s": 12800.4, "cpu_s_per_image": 0.00121,
                                       "num_workers": 16}},
-    "decode_stoker": {"stoker_image_path": {"images_per_s": 19950.0,
-                                            "cpu_s_per_image": 0.00079, "num_workers": 16}},
+    "decode_stoker": {"stoker_image_path": {
+        "images_per_s": 19950.0, "cpu_s_per_image": 0.00079, "num_workers": 16,
+        "decoder": "simplejpeg, OpenCV resize"}},
     "decode_gpu": {
         "torchvision_bare": {"images_per_s": 6100.0, "cpu_s_per_image": 0.00011},
         "decode_images_bare": {"images_per_s": 5300.0, "cpu_s_per_image": 0.00015},
@@ -73,7 +74,8 @@ def test_every_figure_lands_in_its_cell() -> None:
         "| --- | --- | --- | --- |",
         "| (a) torch's DataLoader, Pillow + `RandomResizedCrop` in `__getitem__` | 16 | 12,800 "
         "| 1.21 |",
-        "| (b) stoker's image path, `decode_crop_into` in `__getitem__` | 16 | 19,950 | 0.79 |",
+        "| (b) stoker's image path, `decode_crop_into` in `__getitem__` (simplejpeg, OpenCV "
+        "resize) | 16 | 19,950 | 0.79 |",
         "| (c) `DecodeImages` on the GPU through stoker's loader | 4 | 4,900 | 0.20 |",
         "| `DecodeImages` on the GPU, bare loop (no loader) |  | 5,300 | 0.15 |",
         "| (d) torchvision's batched `decode_jpeg(device=\"cuda\")`, bare loop |  | 6,100 "
