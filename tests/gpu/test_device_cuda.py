@@ -143,3 +143,27 @@ def test_gpu_decode_matches_the_cpu_path_within_decoder_rounding():
     same = (gpu.int() - cpu.int()).abs().float().mean().item()
     apart = (gpu.int() - other_crops.int()).abs().float().mean().item()
     assert same < 2.5 and apart > 3 * same, (same, apart)  # same crops, decoders round apart
+
+
+def test_the_batched_nvjpeg_decoder_takes_a_list_and_decodes_on_the_device():
+    """What tests/unit/test_decode_images_batched.py stands in for: torchvision's decode_jpeg
+    called once with the batch's list, each image RGB on the device, the batch's order."""
+    pytest.importorskip("torchvision", reason="GPU decoding needs torchvision")
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from stoker.image import gpu_decode
+
+    decoder = gpu_decode._gpu_decoder()
+    assert decoder is not None
+    data, sizes = [], [(40, 60), (33, 47), (64, 64)]
+    for k, (h, w) in enumerate(sizes):
+        buf = io.BytesIO()
+        pixels = np.random.default_rng(k).integers(0, 256, (h, w), dtype=np.uint8)
+        Image.fromarray(pixels).save(buf, format="JPEG")  # greyscale: RGB asked for
+        data.append(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8))
+    out = decoder(data, torch.device("cuda", 0))
+    assert [tuple(img.shape) for img in out] == [(3, h, w) for h, w in sizes]
+    assert all(img.device.type == "cuda" and img.dtype == torch.uint8 for img in out)
