@@ -50,7 +50,7 @@ def test_dry_run_fills_every_figure_of_the_record(tmp_path: Path) -> None:
 
 
 _BROKEN = """
-import multiprocessing, sys, threading
+import multiprocessing, os, sys
 sys.path.insert(0, {benchmarks!r})
 import gpu_feed
 
@@ -58,10 +58,11 @@ def fails(part):
     part.emit("half", {{"images_per_s": 1.0}})
     raise RuntimeError("the part broke")
 
-def hangs(part):
+def hangs(part):  # stuck, with a process of its own, on a pipe nobody writes to
     part.emit("before", {{"images_per_s": 2.0}})
-    multiprocessing.get_context("fork").Process(target=threading.Event().wait).start()
-    threading.Event().wait()
+    stuck, _ = os.pipe()
+    multiprocessing.get_context("fork").Process(target=os.read, args=(stuck, 1)).start()
+    os.read(stuck, 1)
 
 gpu_feed.PARTS.update(decode_torch=fails, decode_stoker=hangs)
 gpu_feed.DRY_BUDGET_S, gpu_feed.GRACE_S = 3, 1
