@@ -300,11 +300,17 @@ def timed_loop(gpu: Gpu, batches: Iterator[Any], warm: int, deadline: float,
 def second_epoch(gpu: Gpu, loader: Any, deadline: float, count: Callable[[Any], int],
                  step: Callable[[Any], None] | None = None) -> Timed:
     """One untimed epoch (workers start, pools fill), then the second (persistent workers)
-    timed from ``iter()`` to its last batch, or to ``deadline``."""
+    timed from ``iter()`` to its last batch, or to ``deadline``. The first gets at most half
+    the time left: a slow machine still times part of the second (``cut_short``)."""
+    warm_until = time.monotonic() + (deadline - time.monotonic()) / 2
+    cut = False
     for batch in loader:
         gpu.arrived(batch)
         if step is not None:
             step(batch)
-        if time.monotonic() > deadline:
-            return Timed(cut_short=True)
-    return timed_loop(gpu, iter(loader), 0, deadline, count, step)
+        if time.monotonic() > warm_until:
+            cut = True
+            break
+    result = timed_loop(gpu, iter(loader), 0, deadline, count, step)
+    result.cut_short = result.cut_short or cut
+    return result

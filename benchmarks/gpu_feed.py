@@ -47,7 +47,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _gpu_env import DRY, FULL, Gpu, make_jpegs  # noqa: E402
+from _gpu_env import DRY, FULL, Gpu, Sizes, make_jpegs  # noqa: E402
 from _gpu_parts import PARTS as _PARTS  # noqa: E402
 from _gpu_parts import Part  # noqa: E402
 from _gpu_step import step  # noqa: E402
@@ -75,14 +75,14 @@ def cuda_available() -> bool:
     return probe.exitcode == 0
 
 
-def _child(name: str, dry: bool, paths: list[str], budget_s: float, lines: str,
-           errors: str) -> None:
+def _child(name: str, dry: bool, sizes: Sizes, paths: list[str], budget_s: float,
+           lines: str, errors: str) -> None:
     os.setsid()  # its own group: killed with its loaders' workers if it runs out of time
     code = 0
     try:
         gpu = Gpu(dry)
-        part = Part(name, gpu, DRY if dry else FULL, paths, os.cpu_count() or 1,
-                    time.monotonic() + budget_s, lines)
+        part = Part(name, gpu, sizes, paths, os.cpu_count() or 1, time.monotonic() + budget_s,
+                    lines)
         PARTS[name](part)
     except BaseException:
         with open(errors, "w") as f:
@@ -93,12 +93,12 @@ def _child(name: str, dry: bool, paths: list[str], budget_s: float, lines: str,
     os._exit(code)
 
 
-def run_part(name: str, dry: bool, paths: list[str], budget_s: float,
+def run_part(name: str, dry: bool, sizes: Sizes, paths: list[str], budget_s: float,
              workdir: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run one part in a forked process; (its status, its figures as emitted)."""
     lines, errors = (os.path.join(workdir, f"{name}.{ext}") for ext in ("jsonl", "err"))
     proc = get_context("fork").Process(target=_child, name=f"gpu_feed-{name}",
-                                       args=(name, dry, paths, budget_s, lines, errors))
+                                       args=(name, dry, sizes, paths, budget_s, lines, errors))
     started = time.monotonic()
     proc.start()
     proc.join(budget_s + GRACE_S)
@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", choices=list(PARTS), default=list(PARTS))
     parser.add_argument("--budget-s", type=float, default=sum(BUDGETS_S.values()))
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--full-sizes", action="store_true",
+                        help="with --dry-run: the GPU run's sizes (its budgets, on the CPU)")
     args = parser.parse_args(argv)
     if not args.dry_run and not cuda_available():
         reason = (f"skipped: CUDA is not available (torch {torch.__version__}); these "
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.makedirs(args.out, exist_ok=True)
     out_path = os.path.join(args.out, "gpu_feed.json")
-    sizes = DRY if args.dry_run else FULL
+    sizes = DRY if args.dry_run and not args.full_sizes else FULL
     end = time.monotonic() + args.budget_s
     record: dict[str, Any] = {
         "issue": 46, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             if budget < min(5, own):
                 record["parts"][name] = {"status": "skipped: the run's budget was spent"}
                 continue
-            status, emitted = run_part(name, args.dry_run, paths, budget, workdir)
+            status, emitted = run_part(name, args.dry_run, sizes, paths, budget, workdir)
             record["parts"][name], record["emitted"][name] = status, emitted
             print(f"# part {name}: {status['status']} in {status['seconds']} s", flush=True)
             if "error" in status:
