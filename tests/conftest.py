@@ -7,16 +7,26 @@
   themselves: every test that states torch-compatible behaviour must pass against torch.
   Tests of stoker-only behaviour (where stoker deliberately does better than torch) are
   skipped in this mode via the ``stoker_only`` fixture.
+
+Also here, for every directory: the per-test timeout that fails one test and lets the run go
+on (``_timeouts``, NOTE [ A timeout fails one test, the run goes on ]); the fast tier's marker
+(``_tiers``: ``scripts/test.sh --fast``); and the end-of-run list of generated-example tests
+that a time budget stopped early (``_budget``).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch.utils.data
+
+import _budget
+import _tiers
+import _timeouts
 
 # A suite started in the background (``cmd &`` in a non-interactive shell, as a script or a CI
 # step may do) begins with SIGINT ignored, and every process it starts inherits that: the
@@ -82,3 +92,63 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     report = yield
     setattr(item, f"stoker_report_{report.when}", report)
     return report
+
+
+# -- the run: timeouts, the fast tier, example budgets ------------------------------------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _timeouts.start_backstop(config)  # before any test: part of every leak check's baseline
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
+    """pytest-timeout's ``signal`` method, raising ``_timeouts.TestTimedOut``."""
+    return _timeouts.set_timer(item, settings)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator:
+    backstop = _timeouts.backstop(item.config)
+    if backstop is not None:
+        backstop.arm(item)
+    try:
+        return (yield)
+    finally:
+        if backstop is not None:
+            backstop.disarm()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _tiers.mark_fast(config, items)
+
+
+@pytest.fixture(scope="session")
+def fast_tier(pytestconfig: pytest.Config) -> bool:
+    """Whether this run is the fast tier (``tests/_tiers.py``): budgets shrink to fit it."""
+    return _tiers.fast_requested(pytestconfig)
+
+
+@pytest.fixture
+def example_budget(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """``example_budget(name, max_examples, seconds)``: this test's ``_budget.ExampleBudget``
+    (the same one on every call, so each Hypothesis example shares it), reported at the end."""
+    made: list[_budget.ExampleBudget] = []
+
+    def get(name: str, max_examples: int, seconds: float) -> _budget.ExampleBudget:
+        if not made:
+            made.append(_budget.ExampleBudget(name, max_examples, seconds))
+        return made[0]
+
+    yield get
+    for budget in made:
+        budget.report(request.node)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    reports = [r for rs in terminalreporter.stats.values() for r in rs]
+    lines = list(dict.fromkeys(_budget.summary_lines(reports)))
+    if lines:
+        terminalreporter.section("example budgets")
+        for line in lines:
+            terminalreporter.line(line)

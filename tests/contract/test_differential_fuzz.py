@@ -26,7 +26,12 @@ process, thread, fd or shared memory behind (the integration suite's leak check,
 example). ``faulthandler`` is off while the cases run, as in a plain script (``as_a_script``).
 
 * ``test_stoker_matches_torch``: the bounded run in the default suite, derandomized (the same
-  examples every run), ``FUZZ_EXAMPLES`` examples (three to four minutes on a 2-core machine).
+  examples every run): ``FUZZ_EXAMPLES`` examples (three to four minutes on a quiet 2-core
+  machine) or ``FUZZ_BUDGET_S`` seconds, whichever ends first (``tests/_budget.py``: on a busy
+  machine it checks fewer, and the run's "example budgets" summary says how many); in the fast
+  tier (``scripts/test.sh --fast``, ``tests/_tiers.py``) ``FAST_FUZZ_EXAMPLES`` examples or
+  ``FAST_FUZZ_BUDGET_S`` seconds. ``STOKER_FUZZ_BOUNDED_EXAMPLES`` and
+  ``STOKER_FUZZ_BOUNDED_S`` override both tiers' bounds.
 * ``test_stoker_matches_torch_soak``: marked ``soak`` and ``slow`` (out of the default run):
   ``pytest tests/contract/test_differential_fuzz.py -m soak``, with
   ``STOKER_FUZZ_EXAMPLES`` examples (default 3000), ``STOKER_FUZZ_SEED`` (default random)
@@ -75,6 +80,8 @@ from _fuzz_spec import (
 from _fuzz_strategies import cases
 from hypothesis import HealthCheck, given, seed, settings
 
+from _budget import ExampleBudget
+
 try:  # where pytest keeps the stderr copy its faulthandler writes to (pytest >= 7.4)
     from _pytest.faulthandler import fault_handler_stderr_fd_key
 except ImportError:  # pragma: no cover - another pytest: faulthandler is left as it is
@@ -86,7 +93,9 @@ BEYOND_TORCH_ENV = "STOKER_BEYOND_TORCH"  # turns on what goes beyond torch: not
 _leak = sys.modules["_stoker_contract_leak_check"]
 
 FUZZ_EXAMPLES = 1200
-PER_EXAMPLE_S = 0.5  # a hang still ends the test: the bounded run averages ~0.15 s an example
+FUZZ_BUDGET_S = 360.0  # ~2x the quiet machine's time: the bounded run averages ~0.15 s an example
+FAST_FUZZ_EXAMPLES = 200  # the fast tier: every generator's common paths, ~30 s
+FAST_FUZZ_BUDGET_S = 45.0
 SHRINK_S = 600  # and hypothesis has time to shrink a failure to a small Case
 
 SOAK_EXAMPLES = int(os.environ.get("STOKER_FUZZ_EXAMPLES", "3000"))
@@ -139,11 +148,35 @@ def check(case: Case, loader_cls: type) -> None:
     assert found is None, f"stoker differs from torch:\n{found}"
 
 
-@pytest.mark.timeout(FUZZ_EXAMPLES * PER_EXAMPLE_S + SHRINK_S)
-@settings(max_examples=FUZZ_EXAMPLES, derandomize=True, **_SETTINGS)
-@given(case=cases())
-def test_stoker_matches_torch(Loader: type, case: Case) -> None:
-    check(case, Loader)
+def _bounds(fast: bool) -> tuple[int, float]:
+    """The bounded run's (examples, seconds): the tier's, or the environment's override."""
+    examples, seconds = (FAST_FUZZ_EXAMPLES, FAST_FUZZ_BUDGET_S) if fast else \
+        (FUZZ_EXAMPLES, FUZZ_BUDGET_S)
+    examples = int(os.environ.get("STOKER_FUZZ_BOUNDED_EXAMPLES", examples))
+    seconds = float(os.environ.get("STOKER_FUZZ_BOUNDED_S", seconds))
+    return examples, seconds
+
+
+# The budget ends the run of examples; the limit is for a hang (the example in flight when the
+# budget ends is bounded by its loaders' timeouts) and the shrinking of a failure.
+@pytest.mark.timeout(max(FUZZ_BUDGET_S, float(os.environ.get("STOKER_FUZZ_BOUNDED_S", 0)))
+                     + LAST_EXAMPLE_S + SHRINK_S)
+def test_stoker_matches_torch(Loader: type, fast_tier: bool, request: pytest.FixtureRequest,
+                              capsys: pytest.CaptureFixture) -> None:
+    examples, seconds = _bounds(fast_tier)
+    budget = ExampleBudget("differential fuzzer", examples, seconds)
+
+    @settings(max_examples=examples, derandomize=True, **_SETTINGS)
+    @given(case=cases())
+    def run(case: Case) -> None:
+        budget.run(check, case, Loader)
+
+    try:
+        run()
+    finally:
+        budget.report(request.node)
+        with capsys.disabled():
+            print(f"\nfuzz: {budget.line()}", flush=True)
 
 
 @pytest.mark.soak
