@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeGuard, TypeVar
 import torch.utils.data
 
 from stoker._core import beyond_torch as beyond
-from stoker._core.arguments import check_arguments, check_generator
+from stoker._core.arguments import check_arguments, check_generator, explain_unknown_keywords
 from stoker.fastpaths.switch import enabled as fast_paths_enabled
 
 # NOTE [ Import only what the loader needs ]: the engine, the state checks and the sampling
@@ -136,6 +136,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         debugging (NOTE [ One switch for the fast paths ]).
     """
 
+    @explain_unknown_keywords  # NOTE [ torch's errors, with a note ]
     def __init__(
         self,
         dataset: torch.utils.data.Dataset[T_co],

@@ -1,14 +1,24 @@
 """Checks of the arguments stoker's ``DataLoader`` adds to torch's, run in its constructor
 before any work: each error names the argument, the value and what it takes. torch's own
-arguments are checked by torch's constructor, with torch's messages."""
+arguments are checked by torch's constructor, with torch's messages.
+
+NOTE [ torch's errors, with a note ]
+Where torch's own check of an argument fails, stoker raises torch's error, same type and
+text, so code catching it still does; where that text does not name the argument or the fix
+(``random_()``'s for ``generator=0``, an ``AssertionError`` naming torch's iterator class for
+``prefetch_factor=0``, Python's for a misspelt keyword), a note (``add_note``) does.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import torch.utils.data
 
 from stoker._core import beyond_torch as beyond
+from stoker._core.notes import add_note
 
 _SEEDINGS = ("per_batch", "per_worker")
 _WORKER_TYPES = ("auto", "process", "thread")
@@ -83,7 +93,64 @@ def check_generator(generator: Any) -> None:
     ``generator``) there, so stoker makes the same call at the same moment, before anything
     reads the generator's state."""
     if generator is not None and not isinstance(generator, torch.Generator):
-        torch.empty((), dtype=torch.int64).random_(generator=generator)
+        try:
+            torch.empty((), dtype=torch.int64).random_(generator=generator)
+        except TypeError as exc:  # NOTE [ torch's errors, with a note ]
+            seed = generator if isinstance(generator, int) and not isinstance(
+                generator, bool) else "seed"
+            add_note(exc,
+                f"stoker: generator={generator!r} ({type(generator).__name__}) is not a "
+                "torch.Generator: the loader draws its shuffle order and its workers' base "
+                f"seed from it. Pass generator=torch.Generator().manual_seed({seed}) for a "
+                "seeded run, or leave generator=None.")
+            raise
+
+
+def note_iterator_check(exc: AssertionError, prefetch_factor: Any) -> None:
+    """A note on torch's worker iterator's own check of ``prefetch_factor`` (its
+    ``AssertionError``, raised as torch raises it: NOTE [ torch's errors, with a note ])."""
+    if str(exc).startswith("prefetch_factor must be greater than 0"):
+        add_note(exc,
+            f"stoker: prefetch_factor={prefetch_factor!r}: with num_workers > 0 each worker "
+            "keeps prefetch_factor batches loading ahead of the loop, so it must be 1 or "
+            "more; leave it None for torch's default of 2.")
+
+
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+
+def explain_unknown_keywords(init: _Init) -> _Init:
+    """``init`` (``DataLoader.__init__``) with a note on the ``TypeError`` Python raises for a
+    keyword it does not take: the argument meant ("did you mean num_workers?"). The error is
+    Python's (torch's constructor raises the same text); its signature is ``init``'s."""
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except TypeError as exc:
+            tb = exc.__traceback__
+            if tb is not None and tb.tb_next is None:  # raised binding the call, not inside
+                _note_unknown(exc, init, type(self).__name__, kwargs)
+            raise
+
+    return cast(_Init, __init__)  # type checkers keep ``init``'s signature
+
+
+def _note_unknown(exc: TypeError, init: Callable[..., None], owner: str,
+                  kwargs: dict[str, Any]) -> None:
+    import difflib
+    import inspect
+
+    params = inspect.signature(init).parameters
+    names = [n for n, p in params.items() if n != "self" and p.kind in (
+        p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for name in (k for k in kwargs if k not in names):
+        close = difflib.get_close_matches(name, names, n=1)
+        add_note(exc,
+            f"stoker: {owner} takes no argument {name!r}: did you mean {close[0]}?" if close
+            else f"stoker: {owner} takes no argument {name!r}; its arguments are "
+            f"{', '.join(names)} (help(stoker.DataLoader) describes each).")
 
 
 def _check_snapshot_steps(steps: Any) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
+from stoker._core.arguments import note_iterator_check
 from stoker._core.plan import Plan
 from stoker._core.specs import FetchSpec
 from stoker._core.torch_voice import warn_at_caller
@@ -134,7 +135,7 @@ class BaseIterator:
         self._len_reported = plan.len_reported
         progress = self._cursor.open(
             plan, resume, first, self._reiter_after_seed,
-            functools.partial(self._check_before_reiter, plan), self._fresh_worker_batches())
+            functools.partial(self._checked_before_reiter, plan), self._fresh_worker_batches())
         self._steps_target = self._pad_steps() if self._pad_steps is not None else None
         self._skips = SkipLedger(
             plan.skip_budget, functools.partial(_epoch_samples, self._index_sampler),
@@ -150,6 +151,13 @@ class BaseIterator:
     def _check_before_reiter(self, plan: Plan) -> None:
         """torch's worker iterator checks its arguments between the seed draw and its second
         ``iter(sampler)``: a failing check has called the sampler (``len(dataset)``) once."""
+
+    def _checked_before_reiter(self, plan: Plan) -> None:
+        try:
+            self._check_before_reiter(plan)
+        except AssertionError as exc:  # NOTE [ torch's errors, with a note ]
+            note_iterator_check(exc, plan.prefetch_factor)
+            raise
 
     # -- the device feed's view of this iterator (NOTE [ Batches on the device ]) -----------
 
