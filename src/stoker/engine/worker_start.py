@@ -32,6 +32,7 @@ from stoker.engine.worker_group import WorkerGroup
 from stoker.fastpaths.batched_getitem import compile_batched
 from stoker.fetch.fetchers import source_form
 from stoker.sampling.datapipes import distributed_settings, is_datapipe
+from stoker.workers import pickle_culprit
 from stoker.workers.launch import gc_frozen_for_fork, launch, make_worker, start_worker
 from stoker.workers.spec_once import PickledSpec
 from stoker.workers.thread_caps import pools_quiet_for_fork
@@ -89,17 +90,22 @@ def start_workers(group: WorkerGroup, ctx: BaseContext, specs: list[WorkerSpec],
     method = ctx.get_start_method()
     asked = "gc_freeze" in specs[0].fetch.beyond if specs else False
     failed: BaseException | None = None  # the sampler's, while priming
-    with pools_quiet_for_fork(method), gc_frozen_for_fork(method, asked):
-        if method == "fork" or len(specs) == 1:
-            for spec in specs:
-                group.workers.append(start_worker(ctx, spec))
-                if failed is None:
-                    try:
-                        prime(spec.worker_id)  # NOTE [ Tasks before the next fork ]
-                    except BaseException as exc:
-                        failed = exc
-        else:
-            _spawn_side_by_side(group, ctx, specs)
+    try:
+        with pools_quiet_for_fork(method), gc_frozen_for_fork(method, asked):
+            if method == "fork" or len(specs) == 1:
+                for spec in specs:
+                    group.workers.append(start_worker(ctx, spec))
+                    if failed is None:
+                        try:
+                            prime(spec.worker_id)  # NOTE [ Tasks before the next fork ]
+                        except BaseException as exc:
+                            failed = exc
+            else:
+                _spawn_side_by_side(group, ctx, specs)
+    except pickle_culprit.PICKLE_ERRORS as exc:
+        if method != "fork" and specs:  # NOTE [ What spawn cannot send ]
+            pickle_culprit.explain(exc, specs[0], method)
+        raise
     # torch starts every worker and sets its handler before its first prefetch draws from
     # the sampler: a sampler that raises there leaves the same process behind.
     _set_SIGCHLD_handler()
