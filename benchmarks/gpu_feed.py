@@ -34,6 +34,7 @@ import argparse
 import datetime
 import gc
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -78,6 +79,9 @@ def cuda_available() -> bool:
 def _child(name: str, dry: bool, sizes: Sizes, paths: list[str], budget_s: float,
            lines: str, errors: str) -> None:
     os.setsid()  # its own group: killed with its loaders' workers if it runs out of time
+    # Workers started by forkserver (cuda_forkserver, CUDA being up) fork from a server that
+    # imported this script once, instead of each importing it (and torch) again.
+    multiprocessing.set_forkserver_preload(["__main__"])
     code = 0
     try:
         gpu = Gpu(dry)

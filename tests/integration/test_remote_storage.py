@@ -217,10 +217,10 @@ def test_objects_of_known_size_stream_to_disk_and_one_of_another_size_is_named(
     """A whole object of known size goes to the cache through one GET straight to its file
     (streamed when large); one whose size is not what the manifest said, shorter or longer,
     fails at once (no retries: it is another object), naming it, and is not cached."""
-    from stoker.storage import remote
+    from stoker.storage import remote_requests
 
     if streamed:  # every object is "large": fsspec's streamed get
-        monkeypatch.setattr(remote, "_READ_WHOLE_MAX", 0)
+        monkeypatch.setattr(remote_requests, "_READ_WHOLE_MAX", 0)
     source = _remote(s3, tmp_path, fetch="shard", cache_dir=str(tmp_path / "c"),
                      cache_bytes=10**6).source
     sizes = [Path(p).stat().st_size for p in s3.local_urls]
