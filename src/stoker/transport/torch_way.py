@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import resource
 import threading
 import time
 from multiprocessing.reduction import ForkingPickler
@@ -27,6 +28,8 @@ from typing import Any
 import torch
 from torch.multiprocessing import get_sharing_strategy
 from torch.multiprocessing import reductions as torch_reductions
+
+from stoker._core.notes import add_note
 
 _loading = threading.local()  # the fds of the payload being loaded on this thread
 
@@ -119,7 +122,51 @@ def received(payload: bytes, fds: list[int]) -> Unpickled:
     try:
         return Unpickled(loads(payload, fds), seconds=time.perf_counter() - t0)
     except Exception as exc:
-        return Unpickled(None, exc)
+        return Unpickled(None, out_of_fds(exc))
+
+
+# NOTE [ Out of file descriptors ]
+# Each shared storage of a batch keeps a file descriptor open in the main process for as long
+# as the batch is held (torch's reductions, by construction), so a loop that keeps its batches
+# reaches `ulimit -n`. torch then raises a RuntimeError saying to raise the limit or change the
+# sharing strategy. Here the fds come with the message, and what fails is their receipt (the
+# kernel drops fds it has no slot for: OSError EMFILE, in ``workers/protocol.py``) or torch's
+# own rebuild (``_new_shared_fd_cpu`` dup()s the fd it is given: "could not duplicate a shared
+# memory file descriptor", which names no remedy). Either is raised as torch's error (its
+# type, its text; the original as the cause) when the batch is due, with a note naming the
+# limit and stoker's own remedy, the slabs (``slab_transport``: a slab is mapped without an
+# fd, however many batches are held).
+_TORCH_OUT_OF_FDS = (
+    "Too many open files. Communication with the workers is no longer possible. Please "
+    "increase the limit using `ulimit -n` in the shell or change the sharing strategy by "
+    "calling `torch.multiprocessing.set_sharing_strategy('file_system')` at the beginning of "
+    "your code"
+)
+
+
+def out_of_fds(exc: Exception) -> Exception:
+    """torch's error for a process out of file descriptors (NOTE [ Out of file descriptors ])
+    in place of the rebuild's, ``exc`` itself otherwise."""
+    if isinstance(exc, RuntimeError) and (
+            "could not duplicate a shared memory file descriptor" in str(exc)):
+        return too_many_open_files(exc)
+    return exc
+
+
+def too_many_open_files(cause: BaseException) -> RuntimeError:
+    """torch's error for a batch the main process had no file descriptor left for, caused by
+    ``cause``, with stoker's note (NOTE [ Out of file descriptors ])."""
+    err = RuntimeError(_TORCH_OUT_OF_FDS)
+    err.__cause__ = cause
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    most = "" if limit == resource.RLIM_INFINITY else f" {limit}"
+    add_note(err,
+        "stoker: each tensor of a batch from the workers keeps a file descriptor open while "
+        f"the batch is held (as under torch), and this process may have{most or ' no more'} "
+        "open (`ulimit -n`). Hold fewer batches (keep copies: `t.clone()`, or `t.tolist()`), or "
+        "pass beyond_torch={'slab_transport'} to stoker.DataLoader: batches then arrive in "
+        "reused shared-memory slabs, with no file descriptor per batch.")
+    return err
 
 
 def close(fds: list[int]) -> None:

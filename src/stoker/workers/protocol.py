@@ -327,9 +327,15 @@ def recv_from_worker(
     message = decode(conn.recv())
     if isinstance(message, Done) and message.fds:
         assert isinstance(message.payload, bytes)
-        fds = recv_fds(conn, message.fds)
-        with unpacking() if unpacking is not None else contextlib.nullcontext():
-            batch = torch_way.received(message.payload, fds)
+        try:
+            fds = recv_fds(conn, message.fds)
+        except OSError as exc:  # NOTE [ Out of file descriptors ]: torch's error, when due
+            if exc.errno != errno.EMFILE:
+                raise
+            batch = torch_way.Unpickled(None, torch_way.too_many_open_files(exc))
+        else:
+            with unpacking() if unpacking is not None else contextlib.nullcontext():
+                batch = torch_way.received(message.payload, fds)
         message = message._replace(payload=batch, fds=0)
     return message  # type: ignore[return-value]
 
@@ -368,8 +374,10 @@ def recv_fds(conn: Connection, count: int) -> list[int]:
     got: list[int] = []
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=conn.fileno())
     try:
-        while len(got) < count:
-            want = min(_FDS_PER_MESSAGE, count - len(got))
+        passed, short = 0, False
+        while passed < count:  # every message read, so the next one starts where it should
+            want = min(_FDS_PER_MESSAGE, count - passed)
+            passed += want
             space = socket.CMSG_SPACE(want * array.array("i").itemsize)
             msg, ancdata, _flags, _addr = sock.recvmsg(1, space)
             if not msg:
@@ -379,14 +387,16 @@ def recv_fds(conn: Connection, count: int) -> list[int]:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
             got.extend(fds)
-            if len(fds) < want:  # the kernel drops fds (MSG_CTRUNC) when no slot is free
-                raise OSError(
-                    errno.EMFILE, "Too many open files: the main process had no file "
-                    "descriptor left to receive a worker's shared memory (as under torch, "
-                    "each tensor of a batch you hold keeps one open); raise the limit "
-                    "(`ulimit -n`), keep fewer batches, call torch.multiprocessing."
-                    "set_sharing_strategy('file_system') as torch's docs advise, or pass "
-                    "beyond_torch={'slab_transport'} (no descriptor per batch)")
+            # the kernel drops fds (MSG_CTRUNC) when no slot is free
+            short = short or len(fds) < want
+        if short:
+            raise OSError(
+                errno.EMFILE, "Too many open files: the main process had no file "
+                "descriptor left to receive a worker's shared memory (as under torch, "
+                "each tensor of a batch you hold keeps one open); raise the limit "
+                "(`ulimit -n`), keep fewer batches, call torch.multiprocessing."
+                "set_sharing_strategy('file_system') as torch's docs advise, or pass "
+                "beyond_torch={'slab_transport'} (no descriptor per batch)")
     except BaseException:
         for fd in got:
             os.close(fd)
