@@ -4,7 +4,9 @@ the pack itself, its indexes replace the tar parsing."""
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 import zlib
 from pathlib import Path
 
@@ -110,3 +112,53 @@ def test_stream_over_a_pack_uses_its_indexes_and_checks_the_bytes(
     with pytest.raises(ShardError, match="not a readable tar shard|truncated"):
         list(TarShardStream(str(out)))
     assert scans  # without the file of indexes, shards are scanned
+
+
+
+def _write_shards(root: Path) -> list[str]:
+    """3 shards of 5 samples, keys unique, ``cls`` 0..14."""
+    paths = []
+    for s in range(3):
+        path = root / f"s{s}.tar"
+        with tarfile.open(path, "w") as tar:
+            for j in range(5):
+                data = str(s * 5 + j).encode()
+                info = tarfile.TarInfo(f"{s:02d}{j:03d}.cls")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        paths.append(str(path))
+    return paths
+
+
+def draw(sample: dict[str, bytes]) -> tuple[int, int]:
+    return int(sample["cls"]), int(stoker.sample_rng().integers(1 << 40))
+
+
+def test_a_transforms_sample_rng_draws_the_same_in_workers(tmp_path: Path) -> None:
+    """NOTE [ A stream's samples have no index ]: seeded per sample from the stream's seed,
+    epoch, shard and key, the draws do not depend on which worker reads the sample."""
+    paths = _write_shards(tmp_path)
+    alone = dict(TarShardStream(paths, transform=draw, shuffle_buffer=0, seed=3))
+    assert sorted(alone) == list(range(15))
+    stream = TarShardStream(paths, transform=draw, shuffle_buffer=4, seed=3)
+    loader = stoker.DataLoader(stream, batch_size=None, num_workers=2, timeout=60)
+    assert {int(i): int(d) for i, d in loader} == alone
+
+
+class _DrawsInIter(torch.utils.data.IterableDataset[int]):
+    def __iter__(self):
+        yield int(stoker.sample_rng().integers(10))
+
+
+def test_sample_rng_in_an_iterable_dataset_says_what_to_use_from_a_worker() -> None:
+    loader = stoker.DataLoader(_DrawsInIter(), batch_size=2, num_workers=2, timeout=60)
+    with pytest.raises(RuntimeError) as info:
+        list(loader)
+    assert str(info.value) == (
+        "stoker.sample_seed()/sample_rng()/sample_generator() seed from the index of the "
+        "sample being loaded, and an IterableDataset's samples have none (they come out of its "
+        "iterator). In an IterableDataset, make one generator per worker in __iter__, e.g. "
+        "numpy.random.default_rng(torch.initial_seed()) (torch seeds each worker differently, "
+        "and the main process at num_workers=0), and draw from it; or use a map-style dataset. "
+        "TarShardStream's transform may call them: it seeds each sample from its shard and key."
+    )

@@ -106,7 +106,8 @@ def build_tiers(paths: Sequence[str], candidate: str, packed: str | None,
             "packed", "+ stoker pack, TarShards", STOKER,
             TarShards(packed, transform=DecodeCropSample()),
             "dataset = JpegDataset(paths)",
-            "dataset = TarShards('shards/', transform=decode_crop)  # after `stoker pack`",
+            "dataset = TarShards('shards/', transform=decode)  # after `stoker pack`; "
+            "decode(sample): tier 4's decode_crop_into on sample['jpg']",
         ))
     return tiers
 

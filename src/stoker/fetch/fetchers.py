@@ -36,7 +36,7 @@ from typing import Any
 
 from stoker._core.dataset_hooks import SupportsPrepareBatch, provided
 from stoker._core.specs import FetchSpec
-from stoker.sampling.sample_rng import CURSOR, CURSOR_WORKS, SAMPLE_CONTEXT
+from stoker.sampling.sample_rng import CURSOR, CURSOR_WORKS, SAMPLE_CONTEXT, STREAM
 
 
 @dataclass(frozen=True)
@@ -288,8 +288,15 @@ def error_text(exc: BaseException) -> str:
 
 
 class IterableFetcher:
+    """Reads an iterable dataset; while its code runs, ``stoker.sample_rng()`` says what to use
+    in a stream (NOTE [ A stream's samples have no index ] in ``sampling.sample_rng``)."""
+
     def __init__(self, spec: FetchSpec) -> None:
-        self._iter = iter(spec.dataset)
+        SAMPLE_CONTEXT.index = STREAM
+        try:
+            self._iter = iter(spec.dataset)
+        finally:
+            SAMPLE_CONTEXT.index = None
         self._collate = spec.collate_fn
         self._auto = spec.auto_collation
         self._drop_last = spec.drop_last
@@ -329,15 +336,19 @@ class IterableFetcher:
     def gather(self, index: Any) -> Any:
         if self._ended:
             raise StopIteration
-        if not self._auto:
-            return next(self._iter)
-        data = []
-        for _ in index:
-            try:
-                data.append(next(self._iter))
-            except StopIteration:
-                self._ended = True
-                break
+        SAMPLE_CONTEXT.index = STREAM  # NOTE [ A stream's samples have no index ]
+        try:
+            if not self._auto:
+                return next(self._iter)
+            data = []
+            for _ in index:
+                try:
+                    data.append(next(self._iter))
+                except StopIteration:
+                    self._ended = True
+                    break
+        finally:
+            SAMPLE_CONTEXT.index = None
         if not data or (self._drop_last and len(data) < len(index)):
             raise StopIteration
         return data

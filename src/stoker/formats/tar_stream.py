@@ -75,6 +75,7 @@ from stoker.formats.tar_manifest import (
     size_mismatch,
 )
 from stoker.formats.tar_members import duplicate_field
+from stoker.sampling.sample_rng import with_sample_seed
 from stoker.storage import ByteSource
 from stoker.storage.source import ByteSourceExtras, extra, extra_value
 
@@ -97,7 +98,12 @@ class TarShardStream(IterableDataset[Any]):
     ``shards``: a list of ``.tar`` paths or URLs, a pattern of them (``"s-{000..099}.tar"``,
     expanded as WebDataset expands it), or a pack written by ``stoker pack`` (its
     ``index.json`` or the directory holding it), whose indexes spare the tar parsing.
-    ``verify_crc``: with a pack's indexes, check each member's CRC-32 as it is read."""
+    ``verify_crc``: with a pack's indexes, check each member's CRC-32 as it is read.
+
+    ``transform`` may draw from ``stoker.sample_rng()`` / ``sample_generator()``: each sample's
+    generator is seeded from ``seed``, the epoch and the sample's shard (its place in
+    ``shards``) and key, so its draws are the same under any loader, ``num_workers``, shuffle
+    and resume."""
 
     def __init__(
         self,
@@ -130,6 +136,7 @@ class TarShardStream(IterableDataset[Any]):
         if not shards:
             raise ValueError("no shards given: pass a list of .tar paths or URLs")
         self.shards = list(shards)
+        self._numbers = {path: n for n, path in enumerate(self.shards)}  # seeds its samples
         self.transform, self.shuffle_buffer, self.seed = transform, shuffle_buffer, seed
         self.verify_crc = verify_crc
         self.shuffle_initial = min(shuffle_initial, max(1, shuffle_buffer))
@@ -395,4 +402,9 @@ class TarShardStream(IterableDataset[Any]):
             yield self._out(sample)
 
     def _out(self, sample: dict[str, Any]) -> Any:
-        return sample if self.transform is None else self.transform(sample)
+        if self.transform is None:
+            return sample
+        # NOTE [ A stream's samples have no index ] in sampling.sample_rng: this one's have
+        url = sample["__url__"]
+        where = f"{self._numbers.get(url, url)}/{sample['__key__']}"
+        return with_sample_seed(self.transform, sample, self.seed, self.epoch, where)

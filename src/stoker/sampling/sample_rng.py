@@ -6,12 +6,22 @@ Inside a stoker loader, ``__getitem__`` can call ``stoker.sample_rng()`` (a nump
 ``num_workers``, any ``worker_concurrency``, threads or processes, and after a resume. Unlike
 the global RNGs they are safe to use from concurrent fetches, so a dataset that draws only
 from them can declare ``stoker_thread_safe = True`` and get concurrent fetches.
+
+NOTE [ A stream's samples have no index ]
+An ``IterableDataset``'s samples come out of its iterator: no index names the one being made,
+and its position in a worker's stream depends on ``num_workers``, so the loader publishes no
+per-sample seed there. While it reads an iterable dataset it publishes ``STREAM`` instead, so
+that a call says what to use in a stream rather than that it was made outside a loader. A
+stream that knows its samples can seed them itself (``with_sample_seed``): ``TarShardStream``
+seeds its ``transform`` from (its seed, its epoch, the sample's shard and key), the same under
+any loader, ``num_workers``, shuffle and resume.
 """
 
 from __future__ import annotations
 
 import threading
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,6 +42,21 @@ SAMPLE_CONTEXT = threading.local()
 # position only when called: a list iterator's ``__reduce__`` gives (iter, (list,), next
 # position), so the sample being loaded is ``list[position - 1]``.
 CURSOR = object()
+STREAM = object()  # NOTE [ A stream's samples have no index ]
+
+_OUTSIDE = (
+    "stoker.sample_seed()/sample_rng()/sample_generator() only work while a stoker "
+    "DataLoader is loading a sample (inside Dataset.__getitem__). Outside a loader, create "
+    "your own generator, e.g. numpy.random.default_rng(seed)."
+)
+_IN_STREAM = (
+    "stoker.sample_seed()/sample_rng()/sample_generator() seed from the index of the sample "
+    "being loaded, and an IterableDataset's samples have none (they come out of its "
+    "iterator). In an IterableDataset, make one generator per worker in __iter__, e.g. "
+    "numpy.random.default_rng(torch.initial_seed()) (torch seeds each worker differently, and "
+    "the main process at num_workers=0), and draw from it; or use a map-style dataset. "
+    "TarShardStream's transform may call them: it seeds each sample from its shard and key."
+)
 
 
 def _cursor_works() -> bool:
@@ -74,13 +99,22 @@ def sample_seed() -> int:
     index = getattr(SAMPLE_CONTEXT, "index", None)
     if index is CURSOR:
         index = _cursor_index(SAMPLE_CONTEXT)
-    if index is None:
-        raise RuntimeError(
-            "stoker.sample_seed()/sample_rng()/sample_generator() only work while a stoker "
-            "DataLoader is loading a sample (inside Dataset.__getitem__). Outside a loader, "
-            "create your own generator, e.g. numpy.random.default_rng(seed)."
-        )
+    if index is None or index is STREAM:
+        raise RuntimeError(_OUTSIDE if index is None else _IN_STREAM)
     return mix_seed(SAMPLE_CONTEXT.base, SAMPLE_CONTEXT.epoch, _index_word(index), 7)
+
+
+def with_sample_seed(fn: Callable[[Any], Any], arg: Any, base_seed: int, epoch: int,
+                     index: Any) -> Any:
+    """``fn(arg)`` with ``sample_seed()`` seeded for sample ``index`` of a stream that knows
+    its samples (NOTE [ A stream's samples have no index ]); the context around it restored."""
+    ctx = SAMPLE_CONTEXT
+    saved = getattr(ctx, "base", None), getattr(ctx, "epoch", None), getattr(ctx, "index", None)
+    ctx.base, ctx.epoch, ctx.index = base_seed, epoch, index
+    try:
+        return fn(arg)
+    finally:
+        ctx.base, ctx.epoch, ctx.index = saved
 
 
 def sample_rng() -> np.random.Generator:
