@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,16 @@ class Part:
         with open(self.lines_path, "a") as f:
             f.write(json.dumps(line) + "\n")
         print(json.dumps(line), flush=True)
+
+    def attempt(self, figure: str, measure: Callable[[], dict[str, Any]]) -> None:
+        """Emit ``measure()``'s values as ``figure``; if it raises, emit the error instead and
+        go on with the part's next figure."""
+        try:
+            values = measure()
+        except Exception as exc:
+            traceback.print_exc()
+            values = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        self.emit(figure, values)
 
     def until(self, seconds: float) -> float:
         """A deadline ``seconds`` from now, never past the part's own."""
@@ -112,23 +123,34 @@ def decode_gpu(part: Part) -> None:
             start = (k * s.batch) % len(items)
             yield [items[(start + j) % len(items)] for j in range(s.batch)]
 
-    decode_jpegs = gpu.decode_jpegs()
-    bare = timed_loop(gpu, (decode_jpegs(b) for b in batches(tensors)), 2, part.until(20), len)
-    part.emit("torchvision_bare", _per_image(bare, batch=s.batch))
+    part.attempt("torchvision_bare", lambda: _per_image(timed_loop(
+        gpu, (gpu.decode_jpegs()(b) for b in batches(tensors)), 2, part.until(20), len),
+        batch=s.batch))
+
+    from stoker.image.gpu_decode import _gpu_decoder
 
     decode = DecodeImages(size=s.out)
-    feed._BATCH.seed, feed._BATCH.device = 0, gpu.device
-    try:
-        direct = timed_loop(gpu, (decode(b) for b in batches(jpegs)), 2, part.until(20), len)
-    finally:
-        feed._BATCH.seed = feed._BATCH.device = None
-    part.emit("decode_images_bare", _per_image(direct, batch=s.batch))
+    how = {"decoder": "nvJPEG, batched (torchvision)" if _gpu_decoder() else
+           "Pillow (no torchvision)"}
 
-    workers = min(4, part.cores)
-    loader = gpu.stoker_loader(EncodedFiles(part.paths, n * s.batch, s.out), decode,
-                               batch_size=s.batch, num_workers=workers, **STOKER_BEST)
-    part.emit("decode_images_loader", _per_image(
-        second_epoch(gpu, loader, part.deadline, lambda b: len(b[0])), num_workers=workers))
+    def bare() -> dict[str, Any]:
+        feed._BATCH.seed, feed._BATCH.device = 0, gpu.device
+        try:
+            r = timed_loop(gpu, (decode(b) for b in batches(jpegs)), 2, part.until(20), len)
+        finally:
+            feed._BATCH.seed = feed._BATCH.device = None
+        return _per_image(r, batch=s.batch, **how)
+
+    part.attempt("decode_images_bare", bare)
+
+    def through_loader() -> dict[str, Any]:
+        workers = min(4, part.cores)
+        loader = gpu.stoker_loader(EncodedFiles(part.paths, n * s.batch, s.out), decode,
+                                   batch_size=s.batch, num_workers=workers, **STOKER_BEST)
+        r = second_epoch(gpu, loader, part.deadline, lambda b: len(b[0]))
+        return _per_image(r, num_workers=workers, **how)
+
+    part.attempt("decode_images_loader", through_loader)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,24 +201,31 @@ def feed(part: Part) -> None:
     shapes = {"image_uint8": (s.image_batch, torch.uint8, s.feed_batches),
               "tokens_int64": (s.token_batch, torch.int64, s.token_batches)}
     for name, (shape, dtype, count) in shapes.items():
-        plain = plain_copies(gpu, shape, dtype, count, part.until(10))
-        plain_rate = plain.items / plain.wall_s
-        part.emit(f"{name}.plain", {"batches_per_s": plain_rate, "shape": list(shape)})
+        def plain(shape: tuple[int, ...] = shape, dtype: torch.dtype = dtype,
+                  count: int = count) -> dict[str, Any]:
+            r = plain_copies(gpu, shape, dtype, count, part.until(10))
+            return {"batches_per_s": r.items / r.wall_s, "shape": list(shape)}
+
+        part.attempt(f"{name}.plain", plain)
+        plain_rate = part.emitted[f"{name}.plain"].get("batches_per_s")
         dataset = Batches(shape, dtype, count)
         for kind, make in _feed_loaders(gpu, dataset, workers).items():
-            touched = torch.zeros((), dtype=dtype, device=gpu.device)
+            def measure(make: Any = make, kind: str = kind, dtype: torch.dtype = dtype,
+                        plain_rate: float | None = plain_rate) -> dict[str, Any]:
+                touched = torch.zeros((), dtype=dtype, device=gpu.device)
 
-            def step(batch: torch.Tensor, kind: str = kind,
-                     touched: torch.Tensor = touched) -> None:
-                if kind == "torch":
-                    batch = batch.to(gpu.device, non_blocking=True)
-                touched.add_(batch.view(-1)[-1])  # a kernel reads the batch, no host sync
+                def step(batch: torch.Tensor) -> None:
+                    if kind == "torch":
+                        batch = batch.to(gpu.device, non_blocking=True)
+                    touched.add_(batch.view(-1)[-1])  # a kernel reads the batch, no host sync
 
-            r = second_epoch(gpu, make(), part.until(15), lambda _: 1, step)
-            rate = r.items / r.wall_s if r.wall_s else None
-            part.emit(f"{name}.{kind}", {
-                "batches_per_s": rate, "share_of_plain": rate / plain_rate if rate else None,
-                "num_workers": workers, "cut_short": r.cut_short})
+                r = second_epoch(gpu, make(), part.until(15), lambda _: 1, step)
+                rate = r.items / r.wall_s if r.wall_s else None
+                return {"batches_per_s": rate,
+                        "share_of_plain": rate / plain_rate if rate and plain_rate else None,
+                        "num_workers": workers, "cut_short": r.cut_short}
+
+            part.attempt(f"{name}.{kind}", measure)
 
 
 def machine(part: Part) -> None:

@@ -80,6 +80,8 @@ def _timed_steps(part: Part, trainer: Trainer, batches: Any, steps: int,
 
 
 def step(part: Part) -> None:
+    """The resident step, then each loader's; each figure on its own (one that fails is
+    recorded with its error, and the next loader still runs)."""
     gpu, s = part.gpu, part.sizes
     gpu.cuda_started()
     trainer = Trainer(gpu)
@@ -87,30 +89,21 @@ def step(part: Part) -> None:
     resident = (torch.randint(0, 256, shape, dtype=torch.uint8, device=gpu.device),
                 torch.randint(0, 1000, (s.batch,), device=gpu.device))
     n = s.warmup_steps + s.steps
-    base = _timed_steps(part, trainer, (resident for _ in range(n)), s.steps,
-                        _SECONDS["resident"])
-    part.emit("resident", {**base, "model": trainer.model_name, "batch": s.batch})
-    resident_s = base["step_s"]
+    part.attempt("resident", lambda: {
+        **_timed_steps(part, trainer, (resident for _ in range(n)), s.steps,
+                       _SECONDS["resident"]), "model": trainer.model_name, "batch": s.batch})
+    resident_s = part.emitted["resident"].get("step_s")
 
-    def ratio(figures: dict[str, Any]) -> dict[str, Any]:
+    def ratio(figures: dict[str, Any], started: float) -> dict[str, Any]:
         step_s = figures["step_s"]
-        return {**figures, "ratio_to_resident": step_s / resident_s if step_s else None}
+        return {**figures, "seconds": time.monotonic() - started,
+                "ratio_to_resident": step_s / resident_s if step_s and resident_s else None}
 
-    def torch_loader(workers: int, steps: int) -> Any:
-        dataset = PillowCrops(part.paths, (s.warmup_steps + steps) * s.batch, s.out)
-        return torch.utils.data.DataLoader(dataset, batch_size=s.batch, num_workers=workers,
-                                           pin_memory=gpu.pin_memory, shuffle=True)
+    def torch_loader() -> dict[str, Any]:
+        started = time.monotonic()
+        return ratio(_torch_steps(part, trainer), started)
 
-    tried = {}
-    for workers in sorted({max(1, part.cores // 2), part.cores}):
-        trial = _timed_steps(part, trainer, iter(torch_loader(workers, s.trial_steps)),
-                             s.trial_steps, _SECONDS["trial"])
-        tried[workers] = trial["step_s"] or float("inf")
-    best = min(tried, key=lambda w: tried[w])
-    figures = _timed_steps(part, trainer, iter(torch_loader(best, s.steps)), s.steps,
-                           _SECONDS["loader"])
-    part.emit("torch", ratio({**figures, "num_workers": best,
-                              "tried_step_s": {str(w): v for w, v in tried.items()}}))
+    part.attempt("torch", torch_loader)
 
     from stoker.image import DecodeImages
 
@@ -120,14 +113,37 @@ def step(part: Part) -> None:
                               min(4, part.cores)),
     }
     for name, (dataset_type, transform, workers) in setups.items():
-        started = time.monotonic()
-        loader = gpu.stoker_loader(dataset_type(part.paths, n * s.batch, s.out), transform,
-                                   batch_size=s.batch, shuffle=True, num_workers=workers,
-                                   **STOKER_BEST)
-        figures = _timed_steps(part, trainer, iter(loader), s.steps, _SECONDS["loader"])
-        stats = loader.stats()
-        part.emit(name, ratio({**figures, "num_workers": workers,
-                               "seconds": time.monotonic() - started,
-                               "wait_share": stats.as_dict().get("wait_share"),
-                               "stats": str(stats)[:600]}))
-        del loader
+        def measure(dataset_type: Any = dataset_type, transform: Any = transform,
+                    workers: int = workers) -> dict[str, Any]:
+            started = time.monotonic()
+            loader = gpu.stoker_loader(dataset_type(part.paths, n * s.batch, s.out),
+                                       transform, batch_size=s.batch, shuffle=True,
+                                       num_workers=workers, **STOKER_BEST)
+            figures = _timed_steps(part, trainer, iter(loader), s.steps, _SECONDS["loader"])
+            stats = loader.stats()
+            return ratio({**figures, "num_workers": workers,
+                          "wait_share": stats.as_dict().get("wait_share"),
+                          "stats": str(stats)[:600]}, started)
+
+        part.attempt(name, measure)
+
+
+def _torch_steps(part: Part, trainer: Trainer) -> dict[str, Any]:
+    """torch's DataLoader at the best of a few ``num_workers`` (a short trial each), then
+    ``steps`` steps at that."""
+    s, gpu = part.sizes, part.gpu
+
+    def loader(workers: int, steps: int) -> Any:
+        dataset = PillowCrops(part.paths, (s.warmup_steps + steps) * s.batch, s.out)
+        return torch.utils.data.DataLoader(dataset, batch_size=s.batch, num_workers=workers,
+                                           pin_memory=gpu.pin_memory, shuffle=True)
+
+    tried = {}
+    for workers in sorted({max(1, part.cores // 2), part.cores}):
+        trial = _timed_steps(part, trainer, iter(loader(workers, s.trial_steps)),
+                             s.trial_steps, _SECONDS["trial"])
+        tried[workers] = trial["step_s"] or float("inf")
+    best = min(tried, key=lambda w: tried[w])
+    figures = _timed_steps(part, trainer, iter(loader(best, s.steps)), s.steps,
+                           _SECONDS["loader"])
+    return {**figures, "num_workers": best, "tried_step_s": {str(w): v for w, v in tried.items()}}
