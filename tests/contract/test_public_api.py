@@ -291,3 +291,29 @@ def test_subpackage_all_is_locked(name):
     for attr in module.__all__:
         # Defined in the subpackage, or an exception re-exported from stoker.errors.
         assert getattr(module, attr).__module__.startswith((f"stoker.{name}", "stoker.errors"))
+
+
+# -------------------------------------------------------------------------------- stats()
+
+# What ``loader.stats()`` returns is API too (its fields are read by users' loggers through
+# ``as_dict()``): the record's fields in order, and the named parts of ``worker_times``.
+STATS_FIELDS = [
+    "batches", "samples", "skipped", "empty_batches", "num_workers", "wait_s", "loop_s",
+    "fetch_wall_s", "fetch_cpu_s", "collate_s", "pack_s", "unpack_s", "pin_s", "to_device_s",
+    "device_copy_s", "device_wait_s", "device_bytes", "device_batches", "fetch_queued_s",
+    "cpu_steal_share", "main_cpu_s", "main_queued_s", "worker_times", "cpu_idle_share",
+    "queue_measured", "batched", "inline", "threads", "tasks_moved", "tasks_loaded_twice",
+    "concurrency", "tuner", "beyond_torch", "advice", "summary",
+]
+WORKER_TIMES_FIELDS = ("fetch_wall_s", "fetch_cpu_s", "queued_s", "collate_pack_s")
+
+
+def test_stats_record_fields_are_locked():
+    import dataclasses
+
+    stats = stoker.DataLoader(list(range(4)), batch_size=2).stats()
+    assert [f.name for f in dataclasses.fields(stats)] == STATS_FIELDS
+    from stoker._core.stats import WorkerTimes
+
+    assert WorkerTimes._fields == WORKER_TIMES_FIELDS
+    assert issubclass(WorkerTimes, tuple)  # unpacking as four numbers keeps working

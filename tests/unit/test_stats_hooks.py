@@ -139,3 +139,48 @@ def test_add_stats_hook_refuses_what_is_not_a_hook() -> None:
     loader = stoker.DataLoader(_Squares(), batch_size=4)
     with pytest.raises(TypeError, match="batch_delivered"):
         loader.add_stats_hook(print)  # type: ignore[arg-type]
+
+
+def _worker_report(wall: float, cpu: float, queued: float) -> BatchReport:
+    return BatchReport(concurrency=1, fetch_wall_s=wall, fetch_cpu_s=cpu, collate_s=0.25,
+                       pack_s=0.125, decisions=(), batched="", queued_s=queued,
+                       gives_back=False, init_fn_seeded=False, packed_at=1.0)
+
+
+def test_worker_times_are_named_and_add_up_to_the_totals() -> None:
+    import dataclasses
+    import json
+
+    from stoker._core.stats import WorkerTimes
+    from stoker.doctor.measure import Run, stats_between
+    from stoker.doctor.records import run_from_dict, run_to_dict
+
+    acc = StatsAccumulator(num_workers=2)
+    acc.worker_batch(1, _worker_report(1.0, 0.5, 2.0))  # queued over all it did: > its wall
+    acc.worker_batch(0, _worker_report(0.5, 0.25, 0.0))
+    acc.worker_batch(1, _worker_report(1.0, 0.5, 0.5))
+    stats = acc.snapshot()
+    assert stats.worker_times == (WorkerTimes(0.5, 0.25, 0.0, 0.375),
+                                  WorkerTimes(2.0, 1.0, 2.5, 0.75))
+    w1 = stats.worker_times[1]
+    assert (w1.fetch_wall_s, w1.fetch_cpu_s, w1.queued_s, w1.collate_pack_s) == (
+        2.0, 1.0, 2.5, 0.75)
+    wall, cpu, queued, other = w1  # still a tuple
+    assert sum(w.fetch_wall_s for w in stats.worker_times) == stats.fetch_wall_s == 2.5
+    assert sum(w.fetch_cpu_s for w in stats.worker_times) == stats.fetch_cpu_s == 1.25
+    assert sum(w.queued_s for w in stats.worker_times) == stats.fetch_queued_s == 2.5
+    assert sum(w.collate_pack_s for w in stats.worker_times) == (
+        stats.collate_s + stats.pack_s)
+    # the docstring says why queued time may exceed the fetch wall time
+    doc = " ".join((LoaderStats.__doc__ or "").split())
+    assert "It is not a part of ``fetch_wall_s`` and can exceed it" in doc
+    # the doctor's difference of two snapshots and its JSON round trip keep the names
+    later = dataclasses.replace(stats, worker_times=(WorkerTimes(1.0, 0.5, 0.5, 1.0),
+                                                     WorkerTimes(3.0, 2.0, 3.0, 1.0)))
+    diff = stats_between(stats, later)
+    assert diff.worker_times == (WorkerTimes(0.5, 0.25, 0.5, 0.625),
+                                 WorkerTimes(1.0, 1.0, 0.5, 0.25))
+    assert all(type(w) is WorkerTimes for w in diff.worker_times)
+    back = run_from_dict(json.loads(json.dumps(run_to_dict(Run("r", {}, stats=stats)))))
+    assert back.stats.worker_times == stats.worker_times
+    assert all(type(w) is WorkerTimes for w in back.stats.worker_times)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -17,13 +17,37 @@ class TunerEvent:
     reason: str
 
 
+class WorkerTimes(NamedTuple):
+    """One worker's time on its batches, summed, in seconds (``LoaderStats.worker_times``).
+
+    A tuple, so ``wall, cpu, queued, other = times`` reads it as before. ``queued_s`` is not a
+    part of ``fetch_wall_s``: it is metered over all the worker does (fetching, collating,
+    packing, waking up for its next task), so on a busy machine it can exceed the fetch wall
+    time (NOTE [ Where a thread's time goes ] in ``profile/timesplit.py``).
+    """
+
+    fetch_wall_s: float = 0.0  # wall time of its fetches (``__getitem__``, ``__getitems__``)
+    fetch_cpu_s: float = 0.0  # CPU time of those fetches
+    queued_s: float = 0.0  # runnable but waiting for a CPU, over all the worker did
+    collate_pack_s: float = 0.0  # collating its batches and packing them for the main process
+
+
 @dataclass(frozen=True)
 class LoaderStats:
     """Where the time went, summed over the epochs since the loader was created.
 
     Times are seconds. ``wait_s`` is the time the training loop spent blocked in ``next()``;
     ``loop_s`` the time between ``next()`` calls (the user's step). The fetch, collate and
-    pack figures are summed over all workers (CPU-seconds of work, not wall time).
+    pack figures are summed over all workers (CPU-seconds of work, not wall time), and
+    ``worker_times`` holds each worker's part of them (a ``WorkerTimes`` per worker, in
+    worker-id order: the parts add up to ``fetch_wall_s``, ``fetch_cpu_s``,
+    ``fetch_queued_s`` and ``collate_s + pack_s``).
+
+    ``fetch_queued_s`` is the time the loading threads were runnable but waiting for a CPU
+    over all they did: fetching, and also collating, packing and waking up for their next
+    task. It is not a part of ``fetch_wall_s`` and can exceed it (a machine whose CPUs are
+    busy queues a worker each time a task wakes it); compare it with the wall time of all
+    their work, as the doctor's "Per thread" lines do.
     """
 
     batches: int = 0
@@ -50,20 +74,22 @@ class LoaderStats:
     device_wait_s: float = 0.0
     device_bytes: int = 0
     device_batches: int = 0
-    # Worker time runnable but waiting for a CPU (more threads than cores), and the share of
-    # the machine's CPU time a hypervisor gave to other guests (steal) meanwhile: neither is
-    # I/O, though both make fetches take longer than their CPU time.
+    # Loading threads' time runnable but waiting for a CPU (more threads than cores, other
+    # processes), over all they did (fetch, collate, pack, waking up: not a part of
+    # fetch_wall_s, see above), and the share of the machine's CPU time a hypervisor gave to
+    # other guests (steal) meanwhile: neither is I/O, though both make fetches take longer
+    # than their CPU time.
     fetch_queued_s: float = 0.0
     cpu_steal_share: float = 0.0
     # NOTE [ Where a thread's time goes ] (profile/timesplit.py): the calling thread's time in
     # ``next()`` on a CPU and runnable-but-queued (the rest of ``wait_s`` it was blocked:
-    # waiting for a worker, storage, a lock), estimated from sampled calls; per worker,
-    # (fetch wall, fetch CPU, queued, collate + pack) seconds in worker-id order; the share
+    # waiting for a worker, storage, a lock), estimated from sampled calls; per worker, its
+    # ``WorkerTimes`` (fetch wall, fetch CPU, queued, collate + pack) in worker-id order; the share
     # of the machine's CPU time that was idle meanwhile (None: unknown); whether queued time
     # could be read at all (Linux).
     main_cpu_s: float = 0.0
     main_queued_s: float = 0.0
-    worker_times: tuple[tuple[float, float, float, float], ...] = ()
+    worker_times: tuple[WorkerTimes, ...] = ()
     cpu_idle_share: float | None = None
     queue_measured: bool = False
     # batches fetched whole, not sample by sample (NOTE [ Vectorised fetch ], NOTE [ torch's

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from stoker._core.stats import LoaderStats
+from stoker._core.stats import LoaderStats, WorkerTimes
 from stoker.doctor.interrupts import NOTED
 from stoker.doctor.machine import Load, between, mark
 from stoker.profile.events import EventRecorder
@@ -167,9 +167,8 @@ def stats_between(a: LoaderStats, b: LoaderStats) -> LoaderStats:
     return replace(diff, summary=summarize(diff))
 
 
-def _minus(b: tuple[float, float, float, float], a: tuple[float, float, float, float]
-           ) -> tuple[float, float, float, float]:
-    return b[0] - a[0], b[1] - a[1], b[2] - a[2], b[3] - a[3]
+def _minus(b: WorkerTimes, a: WorkerTimes) -> WorkerTimes:
+    return WorkerTimes(*(y - x for x, y in zip(a, b, strict=True)))
 
 
 def _samples(batch: Any) -> int:

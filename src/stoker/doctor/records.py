@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from stoker._core.stats import LoaderStats, TunerEvent
+from stoker._core.stats import LoaderStats, TunerEvent, WorkerTimes
 from stoker.doctor.machine import Load
 from stoker.doctor.measure import MemorySample, Run
 from stoker.profile.events import EventRecorder
@@ -30,7 +30,7 @@ def run_from_dict(d: dict[str, Any]) -> Run:
     stats = dict(d["stats"])
     stats["concurrency"] = tuple(stats["concurrency"])
     stats["tuner"] = tuple(TunerEvent(**t) for t in stats["tuner"])
-    stats["worker_times"] = tuple(tuple(w) for w in stats.get("worker_times", ()))
+    stats["worker_times"] = tuple(WorkerTimes(*w) for w in stats.get("worker_times", ()))
     stats["beyond_torch"] = tuple(stats.get("beyond_torch", ()))
     stats["advice"] = tuple(stats.get("advice", ()))
     return Run(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from stoker._core.stats import LoaderStats, StatsHook, TunerEvent
+from stoker._core.stats import LoaderStats, StatsHook, TunerEvent, WorkerTimes
 from stoker.profile.events import EventRecorder
 
 if TYPE_CHECKING:  # NOTE [ Import only what the loader needs ]: loads with the workers
@@ -209,7 +209,7 @@ class StatsAccumulator:
         self._steal_at_start: tuple[int, int, int] | None = None
         # NOTE [ Where a thread's time goes ] (profile/timesplit.py)
         self.clock = CallingThreadClock()
-        self.worker_times: dict[int, tuple[float, float, float, float]] = {}
+        self.worker_times: dict[int, WorkerTimes] = {}
         # The per-batch timeline: None (the default) records nothing (profile/events.py).
         self.events: EventRecorder | None = None
         self.hooks: tuple[StatsHook, ...] = ()  # told of every batch handed out
@@ -257,10 +257,10 @@ class StatsAccumulator:
         # "" or which batched form: "source", "call" or "torch" (NOTE [ torch's own datasets ])
         self.batched += bool(report.batched)
         self.fetch_queued_s += report.queued_s
-        wall, cpu, queued, other = self.worker_times.get(worker_id, (0.0, 0.0, 0.0, 0.0))
-        self.worker_times[worker_id] = (wall + report.fetch_wall_s, cpu + report.fetch_cpu_s,
-                                        queued + report.queued_s,
-                                        other + report.collate_s + report.pack_s)
+        wall, cpu, queued, other = self.worker_times.get(worker_id, WorkerTimes())
+        self.worker_times[worker_id] = WorkerTimes(
+            wall + report.fetch_wall_s, cpu + report.fetch_cpu_s, queued + report.queued_s,
+            other + report.collate_s + report.pack_s)
         self.concurrency[worker_id] = report.concurrency
         self.fetch_wall_s += report.fetch_wall_s
         self.fetch_cpu_s += report.fetch_cpu_s

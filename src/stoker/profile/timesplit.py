@@ -89,8 +89,9 @@ def splits(s: LoaderStats) -> list[TimeSplit]:
     """The calling thread's ``next()`` and each worker's batches, for a report."""
     out = [TimeSplit.of("calling thread, in next()", s.wait_s, s.main_cpu_s, s.main_queued_s,
                         s.cpu_steal_share, s.queue_measured)]
-    for wid, (wall, cpu, queued, other) in enumerate(s.worker_times):
-        out.append(worker_split(f"worker {wid}", wall, cpu, queued, other, s))
+    for wid, w in enumerate(s.worker_times):
+        out.append(worker_split(f"worker {wid}", w.fetch_wall_s, w.fetch_cpu_s, w.queued_s,
+                                w.collate_pack_s, s))
     if s.threads and s.fetch_wall_s > 0:
         out.append(TimeSplit.of("fetch threads", s.fetch_wall_s, s.fetch_cpu_s,
                                 s.fetch_queued_s, s.cpu_steal_share, s.queue_measured))
