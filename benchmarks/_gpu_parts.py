@@ -6,6 +6,7 @@ as soon as it has it, so a part that fails or runs out of time keeps what it mea
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import traceback
 from collections.abc import Callable
@@ -239,6 +240,10 @@ def machine(part: Part) -> None:
         props = torch.cuda.get_device_properties(part.gpu.device)
         info.update(device=props.name, device_memory_gib=round(props.total_memory / 2**30, 1),
                     cuda=torch.version.cuda, gpus=torch.cuda.device_count())
+    try:
+        info["dev_shm_gib"] = round(shutil.disk_usage("/dev/shm").total / 2**30, 1)
+    except OSError:
+        info["dev_shm_gib"] = None
     for module in ("torchvision", "simplejpeg", "cv2", "PIL", "numpy"):
         try:
             info[module] = __import__(module).__version__
