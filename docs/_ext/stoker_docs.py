@@ -8,6 +8,10 @@ A page marks where generated Markdown goes with an HTML comment on a line of its
 * ``<!-- stoker:notes -->``: the index of the ``NOTE [ ... ]`` blocks in ``src/stoker``.
 
 ``tests/docs`` imports the same functions to check the pages against the code.
+
+It also lets inline code wrap where a reader expects it: after ``_``, ``.`` and ``/`` in a name
+(``worker_<wbr>concurrency``), so a table with long names fits its column without breaking
+words anywhere (``_static/stoker.css``; ``tests/docs/test_site.py`` renders every page).
 """
 
 from __future__ import annotations
@@ -165,6 +169,29 @@ def _fill(app: Any, docname: str, source: list[str]) -> None:
     source[0] = text
 
 
+_CODE_WORD = re.compile(r'(<span class="pre">)([^<]*)(</span>)')
+_BREAK_AFTER = re.compile(r"(/|(?<=[A-Za-z0-9])[_.](?=[A-Za-z0-9]))")
+
+
+def _wrappable(text: str) -> str:
+    """``<wbr>`` inside each word of inline code after a ``/``, and after a ``_`` or ``.``
+    between letters or digits (``__init__`` stays whole): a break opportunity that copying
+    the text leaves out."""
+    def one(m: re.Match[str]) -> str:
+        word = m.group(2)
+        return m.group(1) + word[:1] + _BREAK_AFTER.sub(r"\1<wbr>", word[1:-1]) + (
+            word[-1:] if len(word) > 1 else "") + m.group(3)
+
+    return _CODE_WORD.sub(one, text)
+
+
+def _code_breaks(app: Any, pagename: str, templatename: str, context: dict[str, Any],
+                 doctree: Any) -> None:
+    if "body" in context:
+        context["body"] = _wrappable(context["body"])
+
+
 def setup(app: Any) -> dict[str, Any]:
     app.connect("source-read", _fill)
+    app.connect("html-page-context", _code_breaks)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -4,13 +4,15 @@
   docstring and an entry in the API reference (the built site's ``objects.inv``);
 * every exception and warning class of ``stoker.errors`` has a troubleshooting entry saying
   what to do, and every module that calls ``warnings.warn`` is named on that page;
-* every ``NOTE [ ... ]`` referred to in ``src/stoker`` has exactly one block.
+* every ``NOTE [ ... ]`` referred to in ``src/stoker`` has exactly one block;
+* no built page is wider than its content column in a 1280 px window (headless Chromium).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import re
 import subprocess
 import sys
@@ -19,6 +21,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from _browser import CHROMIUM, MISSING, probe
 from _docs_pages import DOCS, ROOT, pages
 
 sys.path.insert(0, str(DOCS / "_ext"))
@@ -154,3 +157,51 @@ def test_every_table_has_a_header_row() -> None:
                     i and re.match(r"\s*\|", lines[i - 1])):
                 headless.append(f"{page.relative_to(ROOT)}:{i + 1}")
     assert not headless, f"tables without a header row: {headless}"
+
+
+# Everything in the content column (``div.body``) that reaches past its edges, or hides part
+# of itself behind a scrollbar (a ``pre`` with ``overflow: auto``), as the browser laid it out.
+_OVERFLOW_PROBE = """
+<script>
+window.addEventListener("load", () => {
+  const column = document.querySelector("div.body"), col = column.getBoundingClientRect();
+  const over = [];
+  for (const el of column.querySelectorAll("*")) {
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 && r.height === 0) continue;
+    const clipped = el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1
+      && getComputedStyle(el).overflowX !== "visible";
+    if (clipped || r.right > col.right + 1 || r.left < col.left - 1) {
+      over.push({tag: el.tagName.toLowerCase(), cls: String(el.className), clipped: clipped,
+                 left: Math.round(r.left), right: Math.round(r.right),
+                 text: (el.textContent || "").trim().slice(0, 80)});
+    }
+  }
+  const found = {window: innerWidth, page: document.documentElement.scrollWidth,
+                 column: [Math.round(col.left), Math.round(col.right)], over: over};
+  const out = document.createElement("pre");
+  out.id = "probe";
+  out.style.display = "none";
+  out.textContent = JSON.stringify(found);
+  document.body.appendChild(out);
+});
+</script>
+"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=MISSING)
+@pytest.mark.timeout(900)
+def test_no_page_is_wider_than_its_column_at_1280_px(site: Path, tmp_path: Path) -> None:
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    wide = {}
+    for page in sorted(DOCS.glob("*.md")):
+        seen = probe(site / f"{page.stem}.html", _OVERFLOW_PROBE, tmp_path / "profile")
+        assert seen["window"] == 1280, seen
+        if seen["over"] or seen["page"] > seen["window"]:
+            wide[page.name] = {"page": seen["page"], "column": seen["column"],
+                               "over": seen["over"][:6]}
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert not left, f"chromium left processes behind: {left}"
+    assert not wide, "pages wider than their column at 1280 px:\n" + json.dumps(wide, indent=1)
