@@ -216,7 +216,7 @@ def test_script_mode_measures_the_scripts_own_loop(tmp_path: Any) -> None:
                        sys.executable, "_doctor_script.py", "100", timeout_s=280)
     assert "against the script's own training step" in text
     # torch's DataLoader in the script became stoker's: its kwargs were read from it
-    assert "your setting: stoker.DataLoader(dataset, ..., batch_size=8, num_workers=2" in text
+    assert "your setting: stoker.DataLoader(dataset, batch_size=8, num_workers=2)" in text
     run = doc["detailed_run"]
     assert run["batches"] > 0 and not run["error"], text
     # the step is the script's 5 ms sleep: the loop spent real time in it

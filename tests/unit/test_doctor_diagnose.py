@@ -184,9 +184,48 @@ def test_a_stoker_loaders_arguments_come_back_from_its_attributes() -> None:
                                worker_concurrency=3, drop_last=True)
     kwargs = kwargs_of(loader)
     assert kwargs["batch_size"] == 4 and kwargs["drop_last"] is True
-    assert isinstance(kwargs["sampler"], torch.utils.data.RandomSampler)
+    assert kwargs["shuffle"] is True and "sampler" not in kwargs  # what the user wrote
     assert kwargs["num_workers"] == 2 and kwargs["worker_concurrency"] == 3
     assert kwargs["prefetch_factor"] == 2 and "collate_fn" not in kwargs
     assert "device" not in kwargs
     rebuilt = stoker.DataLoader(data, **kwargs)
     assert len(rebuilt) == len(loader) == 2
+
+
+def test_your_setting_is_what_the_user_wrote_with_the_defaults_marked() -> None:
+    import torch
+
+    import stoker
+    from stoker.doctor.loader_kwargs import kwargs_of
+    from stoker.doctor.measure import Run
+    from stoker.doctor.records import plain_kwargs
+    from stoker.doctor.report import Context, _header
+
+    data = torch.utils.data.TensorDataset(torch.arange(64))
+    setup = Setup(num_workers=2, worker_type="process", cores=2)
+    for loader in (stoker.DataLoader(data, batch_size=32, shuffle=True, num_workers=2),
+                   torch.utils.data.DataLoader(data, batch_size=32, shuffle=True,
+                                               num_workers=2)):
+        for kwargs in (kwargs_of(loader), plain_kwargs(kwargs_of(loader))):  # factory, script
+            lines = _header(Context("train:make_loader", kwargs, setup, 0.0), Run("r", {}))
+            assert lines[1:3] == [
+                "  your setting: stoker.DataLoader(dataset, batch_size=32, shuffle=True, "
+                "num_workers=2)",
+                '    left at their defaults: prefetch_factor=2, persistent_workers=False, '
+                'pin_memory=False, worker_type="auto", worker_concurrency="auto", '
+                "beyond_torch=None",
+            ], (type(loader), lines)
+    # a sampler of the user's own is an object: shown as "...", and what it is not told
+    given = {"batch_size": 8, "sampler": object(), "num_workers": 2, "prefetch_factor": 4,
+             "beyond_torch": True}
+    lines = _header(Context("m:f", given, setup, 0.0), Run("r", {}))
+    assert lines[1:3] == [
+        "  your setting: stoker.DataLoader(dataset, ..., batch_size=8, num_workers=2, "
+        "prefetch_factor=4, beyond_torch=True)",
+        '    left at their defaults: persistent_workers=False, pin_memory=False, '
+        'worker_type="auto", worker_concurrency="auto"']
+    lines = _header(Context("m:f", {"batch_size": 8}, setup, 0.0), Run("r", {}))
+    assert lines[1:3] == [
+        "  your setting: stoker.DataLoader(dataset, batch_size=8)",
+        '    left at their defaults: pin_memory=False, worker_type="auto", '
+        'worker_concurrency="auto", beyond_torch=None']

@@ -96,19 +96,31 @@ def _distinct(found: list[Candidate], kwargs: Mapping[str, Any]) -> list[Candida
     return out
 
 
+_DEFAULTS = {"batch_size": 1, "num_workers": 0, "pin_memory": False, "drop_last": False,
+             "timeout": 0, "persistent_workers": False, "in_order": True,
+             "worker_type": "auto", "worker_concurrency": "auto", "seeding": None,
+             "beyond_torch": None,
+             "on_error": "raise", "skip_budget": 0.01, "prefetch_factor": None,
+             "device": None, "device_prefetch": 1, "device_transform": None,
+             "multiprocessing_context": None, "generator": None, "worker_init_fn": None,
+             "sampler": None, "batch_sampler": None, "collate_fn": None, "shuffle": None}
+# The arguments the doctor's candidates change, named with their defaults when left at them.
+_TRIED = ("prefetch_factor", "persistent_workers", "pin_memory", "worker_type",
+          "worker_concurrency", "beyond_torch")
+
+
+def _defaults(merged: Mapping[str, Any]) -> dict[str, Any]:
+    """The defaults for these arguments: with workers, torch's ``prefetch_factor`` is 2."""
+    return {**_DEFAULTS, "prefetch_factor": 2 if merged.get("num_workers", 0) else None}
+
+
 def code_line(kwargs: Mapping[str, Any], overrides: Mapping[str, Any]) -> str:
-    """``stoker.DataLoader(dataset, ...)`` with the user's plain arguments and the change."""
-    defaults = {"batch_size": 1, "num_workers": 0, "pin_memory": False, "drop_last": False,
-                "timeout": 0, "persistent_workers": False, "in_order": True,
-                "worker_type": "auto", "worker_concurrency": "auto", "seeding": None,
-                "beyond_torch": None,
-                "on_error": "raise", "skip_budget": 0.01, "prefetch_factor": None,
-                "device": None, "device_prefetch": 1, "device_transform": None,
-                "multiprocessing_context": None, "generator": None, "worker_init_fn": None,
-                "sampler": None, "batch_sampler": None, "collate_fn": None, "shuffle": None}
+    """``stoker.DataLoader(dataset, ...)`` with the user's plain arguments and the change;
+    an argument at its default is left out, as the user would leave it out."""
     merged = {**kwargs, **overrides}
     if merged.get("num_workers", 0) == 0:
         merged.pop("prefetch_factor", None)
+    defaults = _defaults(merged)
     parts, hidden = ["dataset"], False
     for key, value in merged.items():
         if key == "...":  # arguments that were objects (a sampler, a collate_fn)
@@ -123,3 +135,19 @@ def code_line(kwargs: Mapping[str, Any], overrides: Mapping[str, Any]) -> str:
     if hidden:
         parts.insert(1, "...")
     return f"stoker.DataLoader({', '.join(parts)})"
+
+
+def defaults_left(kwargs: Mapping[str, Any]) -> str:
+    """The arguments a candidate may change that ``kwargs`` leaves at their defaults, as
+    ``name=value`` (the default in effect), for the report's "your setting"."""
+    defaults = _defaults(kwargs)
+    workers = kwargs.get("num_workers", 0) > 0
+    out = []
+    for key in _TRIED:
+        if key in ("prefetch_factor", "persistent_workers") and not workers:
+            continue  # torch refuses them without workers
+        if key not in kwargs and "..." in kwargs:
+            continue  # perhaps one of the objects left out (records.plain_kwargs): unknown
+        if kwargs.get(key, defaults[key]) == defaults[key]:
+            out.append(f"{key}={defaults[key]!r}".replace("'", '"'))
+    return ", ".join(out)

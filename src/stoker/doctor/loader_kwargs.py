@@ -10,8 +10,8 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
 # stoker's own keyword arguments, read back from a stoker loader's attributes.
-_STOKER_ATTRS = ("worker_type", "worker_concurrency", "seeding", "on_error", "skip_budget",
-                 "device", "device_prefetch", "device_transform")
+_STOKER_ATTRS = ("worker_type", "worker_concurrency", "beyond_torch", "seeding", "on_error",
+                 "skip_budget", "device", "device_prefetch", "device_transform")
 
 
 def kwargs_of(loader: DataLoader[Any]) -> dict[str, Any]:
@@ -20,12 +20,12 @@ def kwargs_of(loader: DataLoader[Any]) -> dict[str, Any]:
 
     kwargs: dict[str, Any] = {}
     if loader.batch_size is not None:
-        kwargs.update(batch_size=loader.batch_size, sampler=loader.sampler,
+        kwargs.update(batch_size=loader.batch_size, **_order(loader),
                       drop_last=loader.drop_last)
     elif loader.batch_sampler is not None:
         kwargs.update(batch_sampler=loader.batch_sampler)
     else:
-        kwargs.update(batch_size=None, sampler=loader.sampler)
+        kwargs.update(batch_size=None, **_order(loader))
     if loader.collate_fn not in (default_collate, default_convert) and not _stokers(
         loader.collate_fn
     ):
@@ -43,6 +43,23 @@ def kwargs_of(loader: DataLoader[Any]) -> dict[str, Any]:
         for name in ("device", "device_prefetch", "device_transform"):
             kwargs.pop(name, None)
     return kwargs
+
+
+def _order(loader: Any) -> dict[str, Any]:
+    """``shuffle=True`` for the sampler ``shuffle=True`` made, nothing for the default one
+    (what the user wrote, and what rebuilds the same order); else the sampler object."""
+    from torch.utils.data import RandomSampler, SequentialSampler
+    from torch.utils.data.dataloader import _InfiniteConstantSampler
+
+    sampler = loader.sampler
+    if type(sampler) is _InfiniteConstantSampler or (
+            type(sampler) is SequentialSampler and sampler.data_source is loader.dataset):
+        return {}
+    if (type(sampler) is RandomSampler and sampler.data_source is loader.dataset
+            and not sampler.replacement and sampler._num_samples is None
+            and sampler.generator is loader.generator):
+        return {"shuffle": True}
+    return {"sampler": sampler}
 
 
 def _stokers(fn: Any) -> bool:

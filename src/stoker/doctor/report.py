@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stoker.doctor.candidates import code_line
+from stoker.doctor.candidates import code_line, defaults_left
 from stoker.doctor.conclude import conclude
 from stoker.doctor.diagnose import Diagnosis, Setup
 from stoker.doctor.measure import Run
@@ -50,9 +50,11 @@ def _header(ctx: Context, run: Run) -> list[str]:
     step = ("the script's own training step" if ctx.step_ms is None
             else f"a simulated {ctx.step_ms:g} ms training step" if ctx.step_ms
             else "no training step (the loader alone)")
+    left = defaults_left(kw)
     out = [
         f"stoker doctor: {ctx.source}",
         f"  your setting: {code_line(kw, {})}",
+        *([f"    left at their defaults: {left}"] if left else []),
         f"  machine: {ctx.setup.cores} cores; against {step}",
         f"  measured {run.seconds:.1f} s after a warm-up: {run.batches} batches, "
         f"{run.samples_per_s:,.0f} samples/s (first batch after {run.first_batch_s:.2f} s)",
