@@ -2,14 +2,25 @@
 verdict, the timeline and the settings bars are on the page, visible and drawn. The page is
 the one ``stoker doctor --report x.html`` writes, for a recorded run; a small script appended
 to a copy of it reports what the browser laid out, read back with ``--dump-dom``, and a
-screenshot shows the verdict's text drawn where the browser placed it."""
+screenshot shows the verdict's text drawn where the browser placed it. The pictures are
+inline SVG, so the browser's boxes of what is drawn in them (legends, bars, lines, texts; the
+ids ``doctor/picture.py`` gives them) are checked too: a legend beside the bars, not over
+them; a rate, not a ramp up from 0; a memory legend of roles whose entries are drawn; the
+reason no settings were tried.
+
+Chromium runs in its own process group with a timeout on every call; the group is killed
+after each call, so none of its helpers outlives the test (the leak check around every
+integration test would name it)."""
 
 from __future__ import annotations
 
+import contextlib
+import html
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 from typing import Any
 
@@ -17,7 +28,7 @@ import pytest
 
 from stoker._core.stats import LoaderStats
 from stoker.doctor.candidates import Candidate
-from stoker.doctor.measure import Run
+from stoker.doctor.measure import MemorySample, Run
 from stoker.doctor.sweep import Sweep
 from stoker.profile.events import EventRecorder
 from stoker.workers.protocol import BatchReport
@@ -91,10 +102,31 @@ def _recorded() -> tuple[Run, Sweep]:
 
 def _chromium(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
     assert CHROMIUM is not None
-    return subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-         "--disable-crash-reporter", "--disable-breakpad", "--hide-scrollbars", *args],
-        capture_output=True, text=True, timeout=timeout_s, check=False)
+    argv = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--disable-crash-reporter", "--disable-breakpad", "--hide-scrollbars", *args]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        raise AssertionError(f"chromium did not finish in {timeout_s} s: {argv}") from None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # a helper that outlived the browser
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _probed(page: Any, probe: str, tmp_path: Any) -> dict[str, Any]:
+    """What ``probe`` (a script appended to a copy of ``page``) reports of the laid-out page."""
+    probed = tmp_path / f"probed-{page.stem}.html"
+    probed.write_text(page.read_text().replace("</body>", probe + "</body>"))
+    dom = _chromium(f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2000",
+                    "--virtual-time-budget=5000", "--dump-dom", probed.as_uri())
+    found = re.search(r'<pre id="probe">(.*?)</pre>', dom.stdout, re.S)
+    assert found, f"no probe result; chromium said:\n{dom.stderr[-3000:]}"
+    return json.loads(html.unescape(found.group(1)))
 
 
 @pytest.mark.timeout(300)
@@ -106,22 +138,15 @@ def test_the_html_report_shows_the_verdict_the_timeline_and_the_settings(tmp_pat
     page = tmp_path / "report.html"
     write_report(str(page), run, sweep, text="VERDICT  " + VERDICT + "\nRECOMMENDATION ...\n",
                  verdict=VERDICT)
-    probed = tmp_path / "probed.html"
-    probed.write_text(page.read_text().replace("</body>", _PROBE + "</body>"))
     profile = str(tmp_path / "profile")
-
-    dom = _chromium(f"--user-data-dir={profile}", "--window-size=1280,2000",
-                    "--virtual-time-budget=5000", "--dump-dom", probed.as_uri())
-    found = re.search(r'<pre id="probe">(.*?)</pre>', dom.stdout, re.S)
-    assert found, f"no probe result; chromium said:\n{dom.stderr[-3000:]}"
-    seen = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    seen = _probed(page, _PROBE, tmp_path)
     for part in ("verdict", "timeline", "settings", "report"):
         box = seen[part]
         assert box["found"] and box["shown"] and box["drawn"], (part, box)
         assert box["width"] > 300 and box["height"] > 20, (part, box)
     assert seen["verdict"]["text"] == VERDICT
     assert seen["verdict"]["top"] < seen["timeline"]["top"] < seen["settings"]["top"]
-    assert seen["timeline"]["natural"][1] > 500 and seen["settings"]["natural"][1] > 150
+    assert seen["timeline"]["height"] > 500 and seen["settings"]["height"] > 150
     assert seen["timeline"]["width"] <= seen["page"][0]  # fits the window: no side scrolling
 
     shot = tmp_path / "shot.png"
@@ -135,3 +160,104 @@ def test_the_html_report_shows_the_verdict_the_timeline_and_the_settings(tmp_pat
     strip = pixels[top:top + int(seen["verdict"]["height"])]
     assert (strip.min(axis=2) < 0.3).mean() > 0.01, "the verdict's line is blank on screen"
     os.remove(shot)
+
+
+_PROBE_PICTURES = """
+<script>
+function box(el) {
+  const r = el.getBoundingClientRect();
+  return {id: el.id, left: r.left, right: r.right, top: r.top, bottom: r.bottom,
+          width: r.width, height: r.height};
+}
+function said(el) {  // the texts matplotlib drew as paths: each one's comment
+  const out = [], walk = document.createTreeWalker(el, NodeFilter.SHOW_COMMENT);
+  while (walk.nextNode()) out.push(walk.currentNode.nodeValue.trim());
+  return out;
+}
+function one(id) {
+  const el = document.getElementById(id);
+  return el ? Object.assign(box(el), {said: said(el)}) : null;
+}
+window.addEventListener("load", () => {
+  const out = document.createElement("pre");
+  out.id = "probe";
+  out.textContent = JSON.stringify({
+    legend_timeline: one("legend-timeline"),
+    bars: Array.from(document.querySelectorAll('[id^="bar-"]'), box),
+    throughput_area: one("throughput-area"), throughput_line: one("throughput-line"),
+    legend_memory: one("legend-memory"),
+    memory_lines: Array.from(document.querySelectorAll('[id^="memory-"]'), box),
+    no_sweep: one("no-sweep"), page: [innerWidth, document.body.scrollWidth]});
+  document.body.appendChild(out);
+});
+</script>
+"""
+
+
+def _four_measured_batches() -> Run:
+    """Two warm-up batches and four measured ones; two epochs of two workers each (new pids
+    each epoch) and a worker sampled once, beside the main process."""
+    rec = EventRecorder()
+    rec.started = 10.0
+    times = [10.102 + 0.05 * k for k in range(6)]
+    for k, t in enumerate(times):
+        rec.worker_batch(k % 2, _report(0.05, t - 0.002), t - 0.001)
+        rec.step(t - 0.04, t, 8)
+        rec.main_stage("unpack", t - 0.001, t)
+    memory = [MemorySample(10.0 + 0.05 * k, 100, "main", 300.0 + k, 250.0) for k in range(8)]
+    for pids, start in (((201, 202), 10.05), ((301, 302), 10.25)):
+        for pid in pids:
+            memory += [MemorySample(start + 0.05 * k, pid, "worker", 120.0, 20.0 + k)
+                       for k in range(3)]
+    memory.append(MemorySample(10.38, 303, "worker", 110.0, 15.0))
+    return Run("your setting", {}, samples_per_s=160.0, batches=4, samples=32, seconds=0.2,
+               events=rec, started=10.0, warm_at=times[2], memory=memory,
+               batch_times=[(t, 8) for t in times],
+               stats=LoaderStats(batches=4, num_workers=2, concurrency=(1, 1)))
+
+
+def _overlap(a: dict[str, float], b: dict[str, float]) -> bool:
+    return (a["left"] < b["right"] and b["left"] < a["right"] and a["top"] < b["bottom"]
+            and b["top"] < a["bottom"])
+
+
+@pytest.mark.timeout(300)
+def test_the_pictures_legends_rates_memory_and_no_sweep_reason_as_drawn(tmp_path: Any) -> None:
+    pytest.importorskip("matplotlib")
+    from stoker.doctor.conclude import _NO_SWEEP
+    from stoker.doctor.picture import write_report
+
+    busy = _NO_SWEEP["contention"]
+    page = tmp_path / "report.html"
+    write_report(str(page), _four_measured_batches(), None, text="VERDICT  busy\n",
+                 verdict="busy", no_sweep=busy)
+    seen = _probed(page, _PROBE_PICTURES, tmp_path)
+
+    # the timeline's legend is drawn beside the lanes: it covers no bar, the main loop's least
+    legend = seen["legend_timeline"]
+    assert legend and legend["width"] > 20 and legend["height"] > 20, seen
+    main = [b for b in seen["bars"] if b["id"].startswith("bar-main-loop-")]
+    assert {b["id"] for b in main} == {"bar-main-loop-wait", "bar-main-loop-step"}, seen["bars"]
+    assert all(b["width"] > 0 for b in seen["bars"]), seen["bars"]
+    assert not [b["id"] for b in seen["bars"] if _overlap(b, legend)], (legend, seen["bars"])
+
+    # four measured batches at a steady 160 samples/s: a level line, well above 0
+    area, line = seen["throughput_area"], seen["throughput_line"]
+    assert area and line and line["width"] > 0.3 * area["width"], (area, line)
+    assert line["bottom"] < area["bottom"] - 0.5 * area["height"], (
+        "the throughput line goes down to 0", area, line)
+    assert line["height"] < 0.1 * area["height"], ("not a level rate", area, line)
+
+    # memory: one legend entry per role, and every line it stands for drawn
+    assert seen["legend_memory"]["said"] == ["main process", "workers"], seen["legend_memory"]
+    lines = seen["memory_lines"]
+    assert len(lines) == 2 * 6, lines  # PSS and USS of the main process and 5 worker pids
+    assert all(x["width"] > 0 or x["height"] > 0 for x in lines), lines  # none left undrawn
+    once = [x for x in lines if x["id"].startswith("memory-worker-4-")]  # pid 303: one sample
+    assert len(once) == 2 and all(x["width"] > 0 and x["height"] > 0 for x in once), once
+
+    # the sweep was skipped because the machine was busy: the picture says so, not --no-sweep
+    said = " ".join(seen["no_sweep"]["said"])
+    assert said == "no settings tried: " + busy, seen["no_sweep"]
+    assert seen["no_sweep"]["width"] > 200
+    assert seen["page"][1] <= seen["page"][0]  # nothing wider than the window

@@ -147,3 +147,37 @@ def test_the_png_carries_the_verdict_line() -> None:
     fig = png_figure(_run(100), None, verdict)
     assert fig.get_suptitle().replace("\n", " ") == verdict
     assert png_figure(_run(100), None, "").get_suptitle() == ""
+
+
+def _drawn_texts(sweep: Sweep | None, no_sweep: str) -> list[str]:
+    from matplotlib.figure import Figure
+
+    from stoker.doctor.picture import _sweep
+
+    ax = Figure().subplots(1, 1)
+    _sweep(ax, sweep, no_sweep)
+    return [t.get_text().replace("\n", " ") for t in ax.texts]
+
+
+def test_the_picture_says_why_no_settings_were_tried_as_the_text_does() -> None:
+    pytest.importorskip("matplotlib")
+    from stoker.doctor.conclude import no_sweep_reason
+
+    consumer = diagnose(_stats(wait_s=0.5, loop_s=9.5, fetch_wall_s=1.0, fetch_cpu_s=1.0),
+                        PROCESSES)
+    busy = diagnose(_stats(num_workers=1, concurrency=(1,), fetch_wall_s=10.0,
+                           fetch_cpu_s=5.0, fetch_queued_s=4.8, queue_measured=True),
+                    Setup(num_workers=1, worker_type="process", cores=2))
+    for d in (consumer, busy):
+        why = no_sweep_reason(d)
+        (line,) = conclude(d, None, KWARGS).recommendation
+        assert why and line == "RECOMMENDATION  keep your setting: " + why
+        assert _drawn_texts(None, why) == ["no settings tried: " + why]
+        assert "--no-sweep" not in _drawn_texts(None, why)[0]
+    io = diagnose(_stats(fetch_wall_s=20.0, fetch_cpu_s=1.0), PROCESSES)
+    assert no_sweep_reason(io) == ""  # input-bound: settings are tried
+    assert no_sweep_reason(io, asked=True) == "you asked for none (--no-sweep)."
+    assert no_sweep_reason(io, interrupted=True) == (
+        "interrupted (Ctrl-C) during the first run.")
+    assert _drawn_texts(None, no_sweep_reason(io, asked=True)) == [
+        "no settings tried: you asked for none (--no-sweep)."]

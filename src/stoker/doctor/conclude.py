@@ -38,6 +38,16 @@ def sweeps(d: Diagnosis) -> bool:
     return d.kind not in _NO_SWEEP
 
 
+def no_sweep_reason(d: Diagnosis, asked: bool = False, interrupted: bool = False) -> str:
+    """Why no settings are tried, in the words the text report gives ('' when they are):
+    ``--no-sweep`` (``asked``), Ctrl-C during the first run, or the verdict's own reason."""
+    if asked:
+        return "you asked for none (--no-sweep)."
+    if interrupted:
+        return "interrupted (Ctrl-C) during the first run."
+    return _NO_SWEEP.get(d.kind, "")
+
+
 @dataclass(frozen=True)
 class Conclusion:
     change: str  # the VERDICT's "what to change" line

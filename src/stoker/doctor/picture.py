@@ -1,11 +1,17 @@
 """The doctor's picture: timeline per worker and the main loop, throughput and memory over
 time, the sweep as bars. matplotlib (the ``doctor`` extra) draws it, without pyplot, so no
 global backend is touched; ``.png`` writes the image, ``.html`` one self-contained page (the
-image inlined, the text report beside it)."""
+pictures inlined as SVG, the text report beside them).
+
+What is drawn carries ids a browser can find (``tests/integration/
+test_doctor_report_browser.py`` checks the page by what Chromium lays out): ``legend-timeline``
+and ``bar-<lane>-<stage>`` (``bar-main-loop-wait``), ``throughput-area`` and
+``throughput-line``, ``legend-memory`` and ``memory-<role>-<k>-pss``/``-uss``, ``no-sweep``.
+The legends sit beside the plots, never over them; the memory legend names a role (the main
+process, the workers), not each process (workers forked again each epoch are new processes)."""
 
 from __future__ import annotations
 
-import base64
 import html
 import io
 import os
@@ -14,7 +20,7 @@ from typing import Any
 
 from stoker.doctor.measure import Run
 from stoker.doctor.sweep import Sweep
-from stoker.doctor.timeline import lanes, spans, throughput
+from stoker.doctor.timeline import lanes, spans, throughput_steps
 
 INSTALL_HINT = ("the --report picture needs matplotlib, which is not installed. Install the "
                 "doctor extra: pip install 'stoker[doctor]'  (or drop --report; --trace needs "
@@ -22,6 +28,7 @@ INSTALL_HINT = ("the --report picture needs matplotlib, which is not installed. 
 COLORS = {"wait": "#d62728", "step": "#2ca02c", "unpack": "#9467bd", "pin": "#8c564b",
           "fetch": "#1f77b4", "fetch (straggler)": "#ff7f0e", "collate": "#17becf",
           "pack": "#bcbd22"}
+_VECTOR_BARS = 3000  # a lane's stage with more bars is drawn as pixels in the SVG (its size)
 
 
 class MissingPlotting(RuntimeError):
@@ -42,34 +49,36 @@ def check_report_path(path: str) -> str:
 
 
 def write_report(path: str, run: Run, sweep: Sweep | None, text: str = "",
-                 verdict: str = "") -> None:
+                 verdict: str = "", no_sweep: str = "") -> None:
     """``.png``: one image, the verdict line on top. ``.html``: the verdict as text, the
-    timeline (with throughput and memory) and the settings tried as two images, then the
-    whole text report (``id``s ``verdict``, ``timeline``, ``settings``, ``report``)."""
+    timeline (with throughput and memory) and the settings tried as two pictures, then the
+    whole text report (``id``s ``verdict``, ``timeline``, ``settings``, ``report``).
+    ``no_sweep``: why no settings were tried (``conclude.no_sweep_reason``), drawn in their
+    place."""
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise MissingPlotting(INSTALL_HINT) from exc
     if path.lower().endswith(".png"):
         with open(path, "wb") as f:
-            f.write(_png(png_figure(run, sweep, verdict)))
+            f.write(_png(png_figure(run, sweep, verdict, no_sweep)))
         return
     timeline = Figure(figsize=(12, 8.6), layout="constrained")
     _time_panels(timeline.subplots(3, 1, height_ratios=[3, 1.4, 1.4]), run)
     settings = Figure(figsize=(12, 2.6), layout="constrained")
-    _sweep(settings.subplots(1, 1), sweep)
+    _sweep(settings.subplots(1, 1), sweep, no_sweep)
     with open(path, "w") as f:
-        f.write(_page(verdict, _png(timeline), _png(settings), text))
+        f.write(_page(verdict, _svg(timeline), _svg(settings), text))
 
 
-def png_figure(run: Run, sweep: Sweep | None, verdict: str) -> Any:
+def png_figure(run: Run, sweep: Sweep | None, verdict: str, no_sweep: str = "") -> Any:
     """The ``.png`` report: the verdict line on top, then the panels."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(12, 11.6), layout="constrained")
     axes = fig.subplots(4, 1, height_ratios=[3, 1.4, 1.4, 1.6])
     _time_panels(axes[:3], run)
-    _sweep(axes[3], sweep)
+    _sweep(axes[3], sweep, no_sweep)
     if verdict:
         fig.suptitle(_wrapped(verdict), fontsize=10, x=0.01, ha="left", fontweight="bold")
     return fig
@@ -91,23 +100,39 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
+def _svg(fig: Any) -> str:
+    """The figure as an ``<svg>`` element to inline in a page (no XML prologue); text drawn
+    as paths, so it looks the same in every browser."""
+    from matplotlib import rc_context
+    from matplotlib.backends.backend_svg import FigureCanvasSVG
+
+    buf = io.BytesIO()
+    with rc_context({"svg.fonttype": "path"}):
+        FigureCanvasSVG(fig).print_svg(buf)
+    svg = buf.getvalue().decode("utf-8")
+    return svg[svg.index("<svg"):]
+
+
+def _slug(text: str) -> str:
+    return "-".join("".join(c if c.isalnum() else " " for c in text.lower()).split())
+
+
 def _wrapped(text: str, width: int = 120) -> str:
     import textwrap
 
     return "\n".join(textwrap.wrap(text, width))
 
 
-def _page(verdict: str, timeline: bytes, settings: bytes, text: str) -> str:
-    def img(ident: str, alt: str, png: bytes) -> str:
-        data = base64.b64encode(png).decode("ascii")
-        return (f"<img id='{ident}' alt='{alt}' style='max-width:100%' "
-                f"src='data:image/png;base64,{data}'>\n")
+def _page(verdict: str, timeline: str, settings: str, text: str) -> str:
+    def picture(ident: str, label: str, svg: str) -> str:
+        return f'<div id="{ident}" role="img" aria-label="{html.escape(label)}">{svg}</div>\n'
 
     return ("<!doctype html>\n<html><head><meta charset='utf-8'><title>stoker doctor</title>"
-            "</head><body style='font-family:sans-serif'>\n<h1>stoker doctor</h1>\n"
+            "<style>#timeline svg, #settings svg {display:block; max-width:100%; height:auto}"
+            "</style></head><body style='font-family:sans-serif'>\n<h1>stoker doctor</h1>\n"
             f"<h2 id='verdict'>{html.escape(verdict)}</h2>\n"
-            + img("timeline", "timeline: where each batch's time went", timeline)
-            + img("settings", "settings tried on your dataset (samples/s)", settings)
+            + picture("timeline", "timeline: where each batch's time went", timeline)
+            + picture("settings", "settings tried on your dataset (samples/s)", settings)
             + f"<pre id='report' style='white-space:pre-wrap'>{html.escape(text)}</pre>\n"
             "</body></html>\n")
 
@@ -120,7 +145,9 @@ def _timeline(ax: Any, run: Run) -> None:
         bars[(s.lane, s.name)].append((s.start, max(s.end - s.start, 1e-4)))
     for (lane, name), xs in bars.items():
         y = len(order) - 1 - order.index(lane)
-        ax.broken_barh(xs, (y - 0.4, 0.8), facecolors=COLORS.get(name, "grey"), label=name)
+        drawn = ax.broken_barh(xs, (y - 0.4, 0.8), facecolors=COLORS.get(name, "grey"),
+                               label=name, gid=f"bar-{_slug(lane)}-{_slug(name)}")
+        drawn.set_rasterized(len(xs) > _VECTOR_BARS)
     ax.set_yticks(range(len(order)), list(reversed(order)))
     ax.set_xlabel("seconds since the loader was built")
     if run.warm_at:
@@ -131,42 +158,62 @@ def _timeline(ax: Any, run: Run) -> None:
     handles: dict[str, Any] = {}
     for h, lbl in zip(*ax.get_legend_handles_labels(), strict=True):
         handles.setdefault(lbl, h)
-    if handles:
-        ax.legend(handles.values(), handles.keys(), loc="upper right", ncols=4, fontsize=8)
+    if handles:  # beside the lanes: over them it hid the main loop's bars
+        ax.legend(handles.values(), handles.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0),
+                  fontsize=8).set_gid("legend-timeline")
     if not found:
         ax.text(0.5, 0.5, "no timeline recorded", ha="center", transform=ax.transAxes)
 
 
 def _throughput(ax: Any, run: Run) -> None:
-    points = throughput(run)
-    if points:
-        ax.plot([p[0] for p in points], [p[1] for p in points], color="#1f77b4")
+    ax.patch.set_gid("throughput-area")
+    edges, rates = throughput_steps(run)
+    if rates:
+        ax.stairs(rates, edges, baseline=None, color="#1f77b4", linewidth=1.5,
+                  gid="throughput-line")
+        ax.set_ylim(0, max(rates) * 1.15 or 1.0)
+    else:
+        ax.text(0.5, 0.5, "fewer than two batches: no rate to draw", ha="center",
+                transform=ax.transAxes)
     ax.set_ylabel("samples/s")
     ax.set_title("throughput over time")
 
 
+_ROLES = {"main": ("main process", "#d62728"), "worker": ("workers", "#1f77b4")}
+
+
 def _memory(ax: Any, run: Run) -> None:
-    by_pid: dict[tuple[int, str], list[Any]] = defaultdict(list)
+    by_pid: dict[tuple[str, int], list[Any]] = defaultdict(list)
     for m in run.memory:
-        by_pid[(m.pid, m.role)].append(m)
-    for (pid, role), ms in sorted(by_pid.items()):
+        by_pid[(m.role, m.pid)].append(m)
+    seen: dict[str, int] = defaultdict(int)
+    for (role, _pid), ms in sorted(by_pid.items(), key=lambda kv: (kv[0][0], kv[1][0].at)):
+        name, color = _ROLES.get(role, (role, "grey"))
+        k, first = seen[role], not seen[role]
+        seen[role] += 1
         xs = [m.at - run.started for m in ms]
-        line = ax.plot(xs, [m.pss_mib for m in ms], label=f"{role} {pid} PSS")[0]
-        ax.plot(xs, [m.uss_mib for m in ms], linestyle="--", color=line.get_color(),
-                label=f"{role} {pid} USS")
+        marker = "." if len(ms) == 1 else None  # one sample: a dot, not an invisible line
+        ax.plot(xs, [m.pss_mib for m in ms], color=color, marker=marker,
+                label=name if first else "_", gid=f"memory-{role}-{k}-pss")
+        ax.plot(xs, [m.uss_mib for m in ms], color=color, marker=marker, linestyle="--",
+                label="_", gid=f"memory-{role}-{k}-uss")
     ax.set_ylabel("MiB")
-    ax.set_title("memory per process (PSS solid, USS dashed)")
+    ax.set_title("memory per process (PSS solid, USS dashed; a line per process)")
     if by_pid:
-        ax.legend(fontsize=7, ncols=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0)
+                  ).set_gid("legend-memory")
     else:
         ax.text(0.5, 0.5, "memory not sampled (needs psutil)", ha="center",
                 transform=ax.transAxes)
 
 
-def _sweep(ax: Any, sweep: Sweep | None) -> None:
+def _sweep(ax: Any, sweep: Sweep | None, no_sweep: str = "") -> None:
     ax.set_title("settings tried on your dataset (samples/s)")
     if sweep is None:
-        ax.text(0.5, 0.5, "no sweep (--no-sweep)", ha="center", transform=ax.transAxes)
+        why = f"no settings tried: {no_sweep}" if no_sweep else "no settings tried"
+        ax.text(0.5, 0.5, _wrapped(why, 110), ha="center", va="center",
+                transform=ax.transAxes, gid="no-sweep")
+        ax.set_axis_off()
         return
     rows = [(c.name(), r.samples_per_s) for c, r in sweep.ranked()]
     rows.append(("your setting (median)", sweep.baseline_rate))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker.doctor.candidates import candidates
-from stoker.doctor.conclude import conclude, sweeps
+from stoker.doctor.conclude import conclude, no_sweep_reason
 from stoker.doctor.decode_verdict import DecodeFinding, find
 from stoker.doctor.diagnose import Diagnosis, Setup, diagnose
 from stoker.doctor.measure import Bounds, Run, measure
@@ -89,9 +89,9 @@ class Session:
         setup = setup_of(self.kwargs)
         diagnosis = diagnose(first.stats, setup, self.draws_global_rng)
         decode = self.decode_finding(diagnosis)
-        sweep = None
-        if not (self.args.no_sweep or first.interrupted) and sweeps(diagnosis):
-            sweep = self._sweep(first, diagnosis, setup)
+        # why no settings are tried: the text says it, the picture shows it in their place
+        why_not = no_sweep_reason(diagnosis, self.args.no_sweep, first.interrupted)
+        sweep = None if why_not else self._sweep(first, diagnosis, setup)
         self.progress.done()
         ctx = Context(self.source, self.kwargs, setup, self.step_ms, self.draws_global_rng,
                       () if decode is None else decode.lines)
@@ -99,7 +99,8 @@ class Session:
         print(text, end="")
         return write_outputs(self.args, Outcome(first, diagnosis, sweep, text, self.kwargs,
                                                 self.draws_global_rng,
-                                                None if decode is None else decode.data))
+                                                None if decode is None else decode.data,
+                                                why_not))
 
     def _sweep(self, first: Run, diagnosis: Diagnosis, setup: Setup) -> Sweep:
         import torch
@@ -143,6 +144,7 @@ class Outcome:
     kwargs: Any = None
     draws_global_rng: bool | None = None
     decode: dict[str, Any] | None = None  # decode_verdict.py's finding; None: not sampled
+    no_sweep: str = ""  # why no settings were tried (conclude.no_sweep_reason); '' if tried
 
 
 def write_outputs(args: argparse.Namespace, out: Outcome) -> int:
@@ -161,7 +163,7 @@ def write_outputs(args: argparse.Namespace, out: Outcome) -> int:
 
         try:
             write_report(args.report, out.first, out.sweep, out.text,
-                         verdict=out.diagnosis.headline)
+                         verdict=out.diagnosis.headline, no_sweep=out.no_sweep)
             print(f"report written to {args.report}")
         except MissingPlotting as exc:
             print(f"stoker doctor: {exc}", file=sys.stderr)

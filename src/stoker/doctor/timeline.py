@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -63,6 +64,29 @@ def throughput(run: Run, window_s: float | None = None) -> list[tuple[float, flo
         count += samples
     out.append((edge - run.started, count / window_s))
     return out
+
+
+def throughput_steps(run: Run) -> tuple[list[float], list[float]]:
+    """Samples/s as steps for the picture: ``rates[k]`` held from ``edges[k]`` to
+    ``edges[k + 1]`` (seconds since the run started), from the first batch on (the start-up
+    before it is the timeline's, not a rate). Windows of 0.25 s, or of three typical gaps
+    between batches when batches come slower; the last window takes the remainder. With
+    fewer than 8 batches, one step per gap between two batches: a window holding one or two
+    batches beside empty ones would draw a ramp up from 0, not a rate."""
+    times = [t - run.started for t, _ in run.batch_times]
+    if len(times) < 2 or times[-1] <= times[0]:
+        return [], []
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    later = [n for _, n in run.batch_times[1:]]
+    if len(times) < 8:
+        return times, [n / gap if gap > 0 else 0.0 for n, gap in zip(later, gaps, strict=True)]
+    window = max(0.25, 3 * statistics.median(gaps))
+    count = max(1, math.floor((times[-1] - times[0]) / window))
+    edges = [times[0] + k * window for k in range(count)] + [times[-1]]
+    samples = [0] * count
+    for at, n in zip(times[1:], later, strict=True):
+        samples[min(int((at - times[0]) / window), count - 1)] += n
+    return edges, [n / (b - a) for n, a, b in zip(samples, edges, edges[1:], strict=False)]
 
 
 def lanes(found: list[Span]) -> list[str]:
