@@ -28,7 +28,7 @@ def _table_module() -> ModuleType:
     return module
 
 
-# About 8 s on the 2-core machine under load; the limits only catch a hang.
+# 10-15 s on the quiet 2-core machine (about 40 s at load 12); the limits only catch a hang.
 @pytest.mark.timeout(180)
 def test_dry_run_fills_every_figure_of_the_record(tmp_path: Path) -> None:
     proc = subprocess.run(
