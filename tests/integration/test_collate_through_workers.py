@@ -66,6 +66,9 @@ SETTINGS = settings(
     ],
 )
 MAX_GROUPS = 6
+# Examples are bounded by time too (tests/_budget.py): 50 take ~10 s a path on a quiet 2-core
+# machine; on a busy one the test checks what fits and the run's summary says how many.
+BUDGET_S = 45.0
 
 # The unit strategies build namedtuples kept in a dict (``NAMEDTUPLES``), which pickle cannot
 # find by name; a batch that crosses from a worker must pickle its containers, so every sample
@@ -214,13 +217,9 @@ def check_groups(Loader: type, groups: list[list[Any]], num_workers: int) -> Non
     event(f"{collated} groups collate, {raised} raise")
 
 
-@SETTINGS
-@given(groups=groups_strategy)
-@example(groups=EXAMPLES[0])
-@example(groups=EXAMPLES[1])
-@example(groups=EXAMPLES[2])
-def test_inline_path_collates_like_torch(Loader, groups):
-    check_groups(Loader, groups, num_workers=0)
+def budget(example_budget: Any, path: str) -> Any:
+    return example_budget(f"collate through the {path} path",
+                          SETTINGS.max_examples + len(EXAMPLES), BUDGET_S)
 
 
 @SETTINGS
@@ -228,7 +227,16 @@ def test_inline_path_collates_like_torch(Loader, groups):
 @example(groups=EXAMPLES[0])
 @example(groups=EXAMPLES[1])
 @example(groups=EXAMPLES[2])
-def test_worker_path_collates_like_torch(Loader, stoker_only, groups):
+def test_inline_path_collates_like_torch(Loader, example_budget, groups):
+    budget(example_budget, "inline").run(check_groups, Loader, groups, num_workers=0)
+
+
+@SETTINGS
+@given(groups=groups_strategy)
+@example(groups=EXAMPLES[0])
+@example(groups=EXAMPLES[1])
+@example(groups=EXAMPLES[2])
+def test_worker_path_collates_like_torch(Loader, stoker_only, example_budget, groups):
     """stoker-only: torch's own workers rebuild errors around a rewritten message.
 
     In a worker, torch stacks tensors into shared memory with ``out=`` of the first sample's
@@ -238,7 +246,7 @@ def test_worker_path_collates_like_torch(Loader, stoker_only, groups):
     type and message (``default_collate`` run with ``get_worker_info()`` set), NOTE [ Collate
     in a worker is torch's in-worker collate ].
     """
-    check_groups(Loader, groups, num_workers=2)
+    budget(example_budget, "worker").run(check_groups, Loader, groups, num_workers=2)
 
 
 class _Images(torch.utils.data.Dataset):

@@ -4,17 +4,21 @@ detection, ShardedSampler coverage under each evenness policy with a collective 
 across ranks × 2 workers, and an elastic resume saved at world size 3, finished at 2.
 
 Each rank writes what it read to a JSON file; the assertions run here, in the parent, on the
-union. Every blocking call has a timeout: the process group's (collectives) and the launcher's
-deadline (a hung rank is killed and reported).
+union. Every blocking call has a timeout: the process group's (collectives) and the launcher's,
+derived from progress, not from a guess at how long a launch takes on a busy machine: each
+rank marks its progress (joined the group, each step, each part of the plan) in a file, and a
+launch is hung only when no rank has marked anything for ``STALL_S``; then every rank's stack
+(faulthandler, on SIGUSR1), its last mark and the launch's processes are reported, and the
+ranks are killed (issue 47: a fixed 45 s launch deadline failed on a busy machine).
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
 import pickle
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,7 +27,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pytest
 import torch
@@ -49,9 +53,14 @@ from stoker.distributed import (
 # re-creates its thread pools after fork. "spawn" works too (the functions below are
 # importable), only slower.
 START_METHOD = "fork"
-LAUNCH_DEADLINE_S = 45.0  # two launches fit in pytest's 120 s per-test timeout
-LAUNCHER_SLACK_S = 15.0  # the launcher's own start (imports torch) and its report
-COLLECTIVE_TIMEOUT_S = 30.0
+COLLECTIVE_TIMEOUT_S = 60.0  # a peer's step is milliseconds of work; a busy machine's queue
+STALL_S = COLLECTIVE_TIMEOUT_S + 30  # no rank marked progress: hung (after a collective's own
+                                     # timeout, whose error says more)
+LAUNCH_CAP_S = 300.0  # a launch still progressing after this is broken too (quiet: ~10 s)
+LAUNCHER_SLACK_S = 60.0  # the launcher's own start (imports torch on a busy machine) and report
+POLL_S = 1.0  # how often a waiting launcher looks at the progress marks (joins in between)
+# The runs fixture (two launches) runs in the first test's setup.
+pytestmark = pytest.mark.timeout(2 * (LAUNCH_CAP_S + LAUNCHER_SLACK_S) + 60)
 N, BATCH = 23, 4  # 23 is prime: no world size divides it, so every policy has a tail to handle
 ELASTIC_N, ELASTIC_BATCH, ELASTIC_STEPS = 23, 2, 2
 
@@ -81,6 +90,15 @@ class Stream(IterableDataset[tuple[int, int]]):
 
 # -- what each rank runs ---------------------------------------------------------------------
 
+_progress: TextIO | None = None  # this rank's progress file (set by _rank_with_progress)
+
+
+def mark(what: str) -> None:
+    """Note progress (the launcher's hang detection reads it); a no-op outside a launch."""
+    if _progress is not None:
+        _progress.write(f"{time.monotonic():.3f} {what}\n")
+        _progress.flush()
+
 
 def _read_epoch(sampler: ShardedSampler, rank: int) -> tuple[list[list[int]], int]:
     """One epoch the way a DDP loop sees it; an all_reduce per step stands in for DDP's."""
@@ -92,6 +110,7 @@ def _read_epoch(sampler: ShardedSampler, rank: int) -> tuple[list[list[int]], in
         step = torch.tensor([1, len(real)])
         dist.all_reduce(step)  # would time out if some rank had stopped stepping
         assert int(step[0]) == dist.get_world_size()
+        mark(f"epoch {sampler.epoch} step {steps}")
         batches.append(real)
         sampler.advance(BATCH)
         steps += 1
@@ -111,12 +130,14 @@ def plan_shard(rank: int, world: int) -> dict[str, Any]:
             dist.all_gather_object(all_steps, steps)
             epochs.append({"epoch": sampler.epoch, "batches": batches, "all_steps": all_steps})
         out[even] = epochs
+        mark(f"sampler even={even} done")
     # Forked workers, as under torchrun: they inherit the process group, so shard_info() sees
     # the rank. (Spawned ranks would default to spawned workers, which inherit neither.)
     loader = DataLoader(
         Stream(N * 3), batch_size=None, num_workers=2, multiprocessing_context="fork"
     )
     out["stream"] = [list(x) for x in loader]
+    mark("stream read")
     out["datapipe"] = {name: _read_datapipe(cls) for name, cls in
                        (("torch", DataLoader), ("stoker", stoker.DataLoader))}
     return out
@@ -131,7 +152,11 @@ def _read_datapipe(loader_cls: type) -> list[list[int]]:
     pipe = IterableWrapper(range(N * 2)).shuffle(buffer_size=7).sharding_filter()
     loader = loader_cls(pipe, batch_size=None, shuffle=True, num_workers=2,
                         persistent_workers=True, multiprocessing_context="fork")
-    return [[int(x) for x in loader] for _ in range(2)]
+    epochs = []
+    for epoch in range(2):
+        epochs.append([int(x) for x in loader])
+        mark(f"datapipe {loader_cls.__module__} epoch {epoch}")
+    return epochs
 
 
 def plan_elastic_save(rank: int, world: int) -> dict[str, Any]:
@@ -184,6 +209,7 @@ def plan_stoker_loader(rank: int, world: int, state: dict[str, Any] | None) -> d
         dist.all_reduce(torch.tensor([len(real)]))  # would time out if a rank stopped early
         read += real
         steps += 1
+        mark(f"stoker loader step {steps}")
         if state is None and steps == 1:
             saved = {"state": loader.state_dict(), "read": list(read)}
     return {"read": read, "steps": steps, "len": len(loader), "saved": saved}
@@ -197,6 +223,7 @@ def plan(rank: int, world: int, elastic_state: dict[str, Any] | None,
         out["elastic_save"] = plan_elastic_save(rank, world)
     else:
         out["elastic_load"] = plan_elastic_load(rank, world, elastic_state)
+    mark("elastic done")
     out["stoker_loader"] = plan_stoker_loader(rank, world, loader_state)
     return out
 
@@ -210,12 +237,14 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str, kwargs: dict[str,
         init_method=f"tcp://127.0.0.1:{port}",
         timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
     )
+    mark("joined the process group")
     try:
         result = plan(rank, world, **kwargs)
         dist.barrier()  # nobody tears the group down while a peer still uses it
     finally:
         dist.destroy_process_group()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    mark("done")
 
 
 # -- the launcher ------------------------------------------------------------------------------
@@ -227,40 +256,112 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_with_stack_dump(rank: int, main: Any, dump_dir: str, dump_after_s: float,
-                          *args: Any) -> None:
-    """``main(rank, *args)``; a rank still running after ``dump_after_s`` writes every thread's
-    stack to ``dump_dir`` first, for the launcher's TimeoutError to show where it hung."""
-    with open(os.path.join(dump_dir, f"stacks-rank{rank}.txt"), "w") as out:
-        faulthandler.dump_traceback_later(dump_after_s, file=out)
+def _rank_with_progress(rank: int, main: Any, work: str, *args: Any) -> None:
+    """``main(rank, *args)``, marking progress in ``work/progress-rank<r>.txt`` (``mark``); on
+    SIGUSR1 the rank writes every thread's stack to ``work/stacks-rank<r>.txt`` (the launcher
+    asks when the launch stalls)."""
+    global _progress
+    with open(os.path.join(work, f"stacks-rank{rank}.txt"), "w") as stacks, \
+            open(os.path.join(work, f"progress-rank{rank}.txt"), "w") as progress:
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+        _progress = progress
+        mark("started")
         try:
             main(rank, *args)
         finally:
-            faulthandler.cancel_dump_traceback_later()
+            _progress = None
+            faulthandler.unregister(signal.SIGUSR1)
 
 
-def run_ranks(main: Any, args: tuple, world: int, deadline_s: float = LAUNCH_DEADLINE_S,
+def _progress_size(work: str) -> int:
+    """How much progress every rank (and the launcher) has marked so far, in bytes."""
+    total = 0
+    for name in os.listdir(work):
+        if name.startswith("progress-"):
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(os.path.join(work, name))
+    return total
+
+
+def _last_marks(work: str) -> str:
+    out = []
+    for name in sorted(os.listdir(work)):
+        if name.startswith("progress-"):
+            lines = Path(work, name).read_text().splitlines()
+            out.append(f"{name[len('progress-'):-4]}: {lines[-1] if lines else '(nothing)'}")
+    return "\n".join(out)
+
+
+def _processes(root_pid: int) -> str:
+    """The launch's processes (the launcher, its ranks, their workers): pid, state, command."""
+    import psutil
+
+    try:
+        root = psutil.Process(root_pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return "(gone)"
+    lines = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            lines.append(f"pid {proc.pid} ({proc.status()}, cpu {sum(proc.cpu_times()[:2]):.1f} s)"
+                         f": {' '.join(proc.cmdline())[:200]}")
+    return "\n".join(lines)
+
+
+class _Progress:
+    """When a launch last marked progress: ``stalled()`` after ``stall_s`` without any, or
+    ``cap_s`` in all."""
+
+    def __init__(self, work: str, stall_s: float, cap_s: float) -> None:
+        self.work, self.stall_s, self.cap_s = work, stall_s, cap_s
+        self.start = self.last = time.monotonic()
+        self.size = _progress_size(work)
+
+    def stalled(self) -> str | None:
+        now = time.monotonic()
+        size = _progress_size(self.work)
+        if size != self.size:
+            self.size, self.last = size, now
+        if now - self.last >= self.stall_s:
+            return f"no progress marked for {now - self.last:.0f} s"
+        if now - self.start >= self.cap_s:
+            return f"still running after {now - self.start:.0f} s (the cap)"
+        return None
+
+
+def run_ranks(main: Any, args: tuple, world: int, stall_s: float = STALL_S,
               start_method: str = START_METHOD) -> None:
     """``main(rank, *args)`` on ``world`` new processes, started by a fresh launcher process as
     torchrun's agent starts ranks: nothing of this pytest process (its earlier tests' objects,
-    threads, garbage) is inherited by a rank. Returns when all ended; raises TimeoutError after
-    ``deadline_s`` (the ranks are killed; the error carries their stacks), or RuntimeError with
-    the launcher's report when a rank failed."""
+    threads, garbage) is inherited by a rank. Returns when all ended; raises TimeoutError when
+    the launch stalls (no progress marked for ``stall_s``: the ranks are killed, the error
+    carries their stacks and last marks), or RuntimeError with the launcher's report when a
+    rank failed."""
     with tempfile.TemporaryDirectory(prefix="stoker-launch-") as work:
         job = Path(work, "job.pkl")
-        job.write_bytes(pickle.dumps((main, args, world, deadline_s, start_method)))
+        job.write_bytes(pickle.dumps((main, args, world, stall_s, start_method, work)))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         launcher = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), str(job)], env=env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        try:
-            report, _ = launcher.communicate(timeout=deadline_s + LAUNCHER_SLACK_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(launcher.pid, signal.SIGKILL)  # its session: the ranks and their workers
-            report, _ = launcher.communicate(timeout=10)
-            raise TimeoutError(f"the rank launcher was still running {LAUNCHER_SLACK_S} s "
-                               f"after the ranks' deadline:\n{report[-8000:]}") from None
+        # The launcher reports a stalled launch itself; this catches a stalled launcher.
+        progress = _Progress(work, stall_s + LAUNCHER_SLACK_S, LAUNCH_CAP_S + LAUNCHER_SLACK_S)
+        while True:
+            try:
+                report, _ = launcher.communicate(timeout=POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                why = progress.stalled()
+                if why is None:
+                    continue
+                processes = _processes(launcher.pid)
+                os.killpg(launcher.pid, signal.SIGKILL)  # its session: ranks and workers
+                report, _ = launcher.communicate(timeout=30)
+                raise TimeoutError(f"the rank launcher: {why}; its last marks:\n"
+                                   f"{_last_marks(work)}\nits processes:\n{processes}\n"
+                                   f"its output:\n{report[-8000:]}") from None
     if launcher.returncode == 0:
         return
     if "TimeoutError: " in report:
@@ -269,31 +370,48 @@ def run_ranks(main: Any, args: tuple, world: int, deadline_s: float = LAUNCH_DEA
                        f"{report[-12000:]}")
 
 
-def _launch_here(main: Any, args: tuple, world: int, deadline_s: float,
-                 start_method: str) -> None:
-    """The launcher's part of ``run_ranks``: start the ranks, wait, report."""
-    dump_dir = tempfile.mkdtemp(prefix="stoker-ranks-")
-    ctx = tmp.start_processes(_rank_with_stack_dump,
-                              args=(main, dump_dir, max(1.0, deadline_s - 5), *args),
-                              nprocs=world, join=False, start_method=start_method)
-    deadline = time.monotonic() + deadline_s
+def _stacks_of(ctx: Any, work: str, world: int) -> str:
+    """Ask every live rank for its stacks (SIGUSR1) and read them, waiting until each has
+    written (or ended)."""
+    from _polling import poll_until
+
+    alive = [r for r, p in enumerate(ctx.processes) if p.is_alive()]
+    for r in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(ctx.processes[r].pid, signal.SIGUSR1)
+    files = {r: Path(work, f"stacks-rank{r}.txt") for r in range(world)}
+    poll_until(lambda: all(not ctx.processes[r].is_alive()
+                           or (files[r].exists() and files[r].stat().st_size > 0)
+                           for r in alive), 10)
+    return "".join(f"\n--- rank {r}{'' if r in alive else ' (ended)'}:\n"
+                   f"{files[r].read_text() if files[r].exists() else ''}"
+                   for r in range(world))
+
+
+def _launch_here(main: Any, args: tuple, world: int, stall_s: float, start_method: str,
+                 work: str) -> None:
+    """The launcher's part of ``run_ranks``: start the ranks, wait while they progress,
+    report."""
+    Path(work, "progress-launcher.txt").write_text("started\n")
+    ctx = tmp.start_processes(_rank_with_progress, args=(main, work, *args), nprocs=world,
+                              join=False, start_method=start_method)
+    progress = _Progress(work, stall_s, LAUNCH_CAP_S)
     try:
-        while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
-            if time.monotonic() >= deadline:
+        while not ctx.join(timeout=POLL_S):
+            why = progress.stalled()
+            if why is not None:
                 running = sum(p.is_alive() for p in ctx.processes)
-                stacks = "".join(
-                    f"\n--- {name}:\n{Path(dump_dir, name).read_text()}"
-                    for name in sorted(os.listdir(dump_dir))
-                )
-                raise TimeoutError(f"{running} of {world} ranks still running after "
-                                   f"{deadline_s} s; their stacks:{stacks}")
+                processes = _processes(os.getpid())
+                raise TimeoutError(
+                    f"{running} of {world} ranks still running: {why}; their last marks:\n"
+                    f"{_last_marks(work)}\nthe processes:\n{processes}\ntheir stacks:"
+                    f"{_stacks_of(ctx, work, world)}")
     finally:
         for proc in ctx.processes:  # kill stragglers (timeout) and release the sentinel fds
             if proc.is_alive():
                 proc.kill()
             proc.join(timeout=10)
             proc.close()
-        shutil.rmtree(dump_dir, ignore_errors=True)
 
 
 def launch(world: int, out_dir: Path, **kwargs: Any) -> list[dict[str, Any]]:
@@ -409,4 +527,8 @@ def test_stoker_loader_resumes_elastically_from_three_ranks_to_two(
 
 
 if __name__ == "__main__":  # run_ranks' launcher: python test_distributed.py JOB
-    _launch_here(*pickle.loads(Path(sys.argv[1]).read_bytes()))
+    # From the importable module, not this __main__ copy: ``mark`` (called by the job's
+    # functions, which unpickle from there) and ``_rank_with_progress`` share one ``_progress``.
+    import test_distributed
+
+    test_distributed._launch_here(*pickle.loads(Path(sys.argv[1]).read_bytes()))

@@ -15,12 +15,20 @@ import pytest
 import torch
 import torch.distributed as dist
 from _format_files import READERS, N, expected, readers, tensor_reader, write_all
-from test_distributed import COLLECTIVE_TIMEOUT_S, _free_port, run_ranks
+from test_distributed import (
+    COLLECTIVE_TIMEOUT_S,
+    LAUNCH_CAP_S,
+    LAUNCHER_SLACK_S,
+    _free_port,
+    mark,
+    run_ranks,
+)
 
 import stoker
 
 WORLD = 3
-LAUNCH_DEADLINE_S = 90.0
+# The ranks fixture's launch runs in the first test's setup (its hang detection: run_ranks).
+pytestmark = pytest.mark.timeout(LAUNCH_CAP_S + LAUNCHER_SLACK_S + 60)
 
 
 def _read(name: str, root: str) -> dict[str, Any]:
@@ -39,6 +47,7 @@ def _read(name: str, root: str) -> dict[str, Any]:
             dist.all_reduce(torch.tensor([1]))  # would time out if a rank stopped early
             rows += real
             steps += 1
+            mark(f"{type(dataset).__name__} step {steps}")
         epochs.append({"rows": rows, "steps": steps})
     return {"epochs": epochs}
 
@@ -63,7 +72,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     write_all(str(root))
     out = root / "out"
     out.mkdir()
-    run_ranks(_rank_main, (WORLD, _free_port(), str(root), str(out)), WORLD, LAUNCH_DEADLINE_S)
+    run_ranks(_rank_main, (WORLD, _free_port(), str(root), str(out)), WORLD)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

@@ -1,13 +1,26 @@
-"""Run a framework script in fresh processes (torchrun, or plain python) with a deadline."""
+"""Run a framework script in fresh processes (torchrun, or plain python) until it ends or stalls.
+
+A fixed deadline (it was 100 s) is a guess at how long a framework's start takes: Lightning's
+``ddp_spawn`` imports torch and Lightning again in each spawned rank, which on a busy machine
+took longer than the guess (issue 47). ``run`` instead waits while the script's processes make
+progress: they print, or together use CPU time. It is hung when, for ``STALL_S``, its whole
+process tree has printed nothing and used less than ``STALL_CPU_S`` of CPU (a wait on a peer
+uses none; an import or a step on a busy machine uses some, however slowly). Then every Python
+process in the tree writes its threads' stacks (``PYTHONFAULTHANDLER``: faulthandler on
+SIGABRT) into the output the error shows, and the tree is killed. ``RUN_CAP_S`` bounds a run
+that progresses forever.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +28,12 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[2] / "src"
-DEADLINE_S = 100.0  # under pytest's 120 s per-test timeout
+STALL_S = 60.0  # no output and (almost) no CPU used by the script's processes: hung
+STALL_CPU_S = 0.5  # CPU seconds of the whole tree in STALL_S that still count as progress
+RUN_CAP_S = 600.0  # a run still progressing after this is broken too (quiet: 20-40 s)
+POLL_S = 1.0
+# A test running the script N times gets pytest.mark.timeout(N * DEADLINE_S): only a backstop.
+DEADLINE_S = RUN_CAP_S + 2 * STALL_S
 
 
 def need(*modules: str) -> None:
@@ -46,10 +64,69 @@ def run(script: str, out: Path, *, nproc: int | None = None, args: tuple[str, ..
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{output[-6000:]}"
-    return output
+    env["PYTHONFAULTHANDLER"] = "1"  # so that a stalled run can show every process's stacks
+    log = out.parent / f"{out.name}-{Path(script).stem}.log"
+    with open(log, "w+") as output:
+        proc = subprocess.Popen(cmd, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        try:
+            hung = _wait(proc, log)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+        text = log.read_text(errors="replace")
+    assert hung is None, f"{script} {hung}; its processes' stacks and output:\n{text[-12000:]}"
+    assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{text[-6000:]}"
+    return text
+
+
+def _tree_cpu_s(root: Any) -> float:
+    """CPU seconds used so far by ``root`` and its live descendants (and reaped children)."""
+    import psutil
+
+    total = 0.0
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            continue
+    return total
+
+
+def _wait(proc: subprocess.Popen, log: Path) -> str | None:
+    """Wait for ``proc`` to end; what was wrong if it stalled or ran past ``RUN_CAP_S`` (its
+    tree's Python processes are then asked for their stacks, SIGABRT, before it is killed)."""
+    import psutil
+
+    root = psutil.Process(proc.pid)
+    start = last = time.monotonic()
+    seen = (log.stat().st_size, _tree_cpu_s(root))
+    while True:
+        try:
+            proc.wait(timeout=POLL_S)
+            return None
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        size, cpu = log.stat().st_size, _tree_cpu_s(root)
+        if size != seen[0] or cpu - seen[1] >= STALL_CPU_S:
+            seen, last = (size, cpu), now
+        if now - last < STALL_S and now - start < RUN_CAP_S:
+            continue
+        why = (f"made no progress for {now - last:.0f} s (no output, under {STALL_CPU_S} s "
+               f"of CPU)" if now - last >= STALL_S else f"still running after {RUN_CAP_S} s")
+        for p in reversed([root, *root.children(recursive=True)]):
+            try:
+                p.send_signal(signal.SIGABRT)  # faulthandler writes its stacks, then it dies
+            except psutil.Error:
+                continue
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        return why
 
 
 def records(out: Path) -> list[dict[str, Any]]:
