@@ -35,7 +35,13 @@ from _remote_datasets import (  # noqa: E402
     records_on_server,
 )
 from _s3_server import S3Server  # noqa: E402
-from test_distributed import _free_port, run_ranks  # noqa: E402
+from test_distributed import (  # noqa: E402
+    LAUNCH_CAP_S,
+    LAUNCHER_SLACK_S,
+    _free_port,
+    mark,
+    run_ranks,
+)
 from test_tar_stream import Numbers, label  # noqa: E402
 
 import stoker  # noqa: E402
@@ -838,15 +844,17 @@ def _rank_main(rank: int, port: int, out_dir: str, options: dict[str, Any], urls
         for batch in loader:
             if not isinstance(batch, stoker.EndOfData):
                 read += batch[:, 0].tolist()
+            mark(f"{len(read)} read")
         dist.barrier()
     finally:
         dist.destroy_process_group()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(read))
 
 
+@pytest.mark.timeout(LAUNCH_CAP_S + LAUNCHER_SLACK_S + 60)  # run_ranks detects a hang
 def test_two_ranks_with_two_workers_each_read_their_own_share(s3, tmp_path) -> None:
     args = (_free_port(), str(tmp_path), s3.storage_options, s3.urls, str(tmp_path / "cache"))
-    run_ranks(_rank_main, args, WORLD, deadline_s=90)
+    run_ranks(_rank_main, args, WORLD)
     shares = [json.loads(Path(tmp_path, f"rank{r}.json").read_text()) for r in range(WORLD)]
     assert all(shares)
     assert not set(shares[0]) & set(shares[1])
