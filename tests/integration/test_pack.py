@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ import psutil
 import pytest
 from _pack_datasets import BLOCK_ENV, N, Records
 
+from _polling import poll_until
 from stoker.cli import main as cli_main
 from stoker.errors import PackError
 from stoker.formats import ImageFolder, ShardError, TarShards, pack, verify_pack
@@ -90,13 +90,14 @@ def test_killed_pack_resumes_keeping_finished_shards(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = _run_pack_cli(out, "--workers", "1", f"{BLOCK_ENV}=25")
     done = [out / f"shard-00000{k}.tar.idx.npz" for k in (0, 1)]
-    deadline = time.monotonic() + KILL_DEADLINE_S
     try:
         # Poll for the files (no timing assumed): shards 0-1 finished, shard 2 blocked at 25.
-        while not (all(p.exists() for p in done) and (out / "shard-000002.tar.partial").exists()):
-            assert proc.poll() is None, proc.communicate(timeout=10)
-            assert time.monotonic() < deadline, "the pack never got to shard 2"
-            time.sleep(0.05)
+        at_shard_2 = poll_until(
+            lambda: proc.poll() is not None or (
+                all(p.exists() for p in done) and (out / "shard-000002.tar.partial").exists()),
+            KILL_DEADLINE_S)
+        assert proc.poll() is None, proc.communicate(timeout=10)
+        assert at_shard_2, "the pack never got to shard 2"
         workers = psutil.Process(proc.pid).children(recursive=True)
         assert workers
         os.kill(proc.pid, signal.SIGKILL)  # the driver only, as the OOM killer would

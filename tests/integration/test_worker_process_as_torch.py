@@ -16,10 +16,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from _polling import poll_until
 
 HERE = Path(__file__).parent
 RUN_S = 300  # a hang guard for one fresh interpreter's run, never a timing assertion
@@ -68,12 +69,10 @@ def test_a_dataset_sees_torchs_worker_process(method, stoker_only):
 
 def _wait_for(path: Path, proc: subprocess.Popen) -> None:
     """Until ``path`` exists; fails at once if ``proc`` ended first."""
-    deadline = time.monotonic() + RUN_S
-    while not path.exists():
-        if proc.poll() is not None:
-            pytest.fail(f"the script ended before {path.name}: exit code {proc.returncode}")
-        assert time.monotonic() < deadline, f"no {path.name} after {RUN_S} s"
-        time.sleep(0.05)  # polling a file another process writes; not a timing assertion
+    if not poll_until(lambda: path.exists() or proc.poll() is not None, RUN_S):
+        pytest.fail(f"no {path.name} after {RUN_S} s")
+    if not path.exists():
+        pytest.fail(f"the script ended before {path.name}: exit code {proc.returncode}")
 
 
 def _ctrl_c(loader: str, out: Path) -> dict:
@@ -117,9 +116,7 @@ def _running(pid: int) -> bool:
 
 
 def _reap(pid: int) -> None:
-    deadline = time.monotonic() + RUN_S
-    while _running(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    poll_until(lambda: not _running(pid), RUN_S)  # not our child: nothing to wait() on
 
 
 def test_a_tool_a_worker_runs_stops_on_ctrl_c_as_under_torch(tmp_path, stoker_only):
