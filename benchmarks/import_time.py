@@ -75,19 +75,19 @@ def _one_run(label: str, prefix: str, write: bool = False) -> float:
 
 def _measure(packages: list[str], runs: int, tmp: str) -> dict[tuple[str, str], list[float]]:
     cached, empty = os.path.join(tmp, "bytecode"), os.path.join(tmp, "none")
-    for module in packages:
-        _one_run(module, cached, write=True)  # writes the bytecode the `bytecode` runs read
+    for label in packages:
+        _one_run(label, cached, write=True)  # writes the bytecode the `bytecode` runs read
     out: dict[tuple[str, str], list[float]] = {}
     for i in range(runs):
-        for module in packages if i % 2 == 0 else packages[::-1]:
+        for label in packages if i % 2 == 0 else packages[::-1]:
             for mode, prefix in (("bytecode", cached), ("source", empty)):
-                out.setdefault((module, mode), []).append(_one_run(module, prefix) * 1000)
+                out.setdefault((label, mode), []).append(_one_run(label, prefix) * 1000)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=5, help="fresh processes per package")
+    parser.add_argument("--runs", type=int, default=5, help="fresh processes per statement")
     args = parser.parse_args()
     packages = [label for label, (module, _) in PACKAGES.items() if _installed(module)]
     load = os.getloadavg()
@@ -95,20 +95,20 @@ def main() -> None:
         runs = _measure(packages, args.runs, tmp)
     machine = {"cpus": os.cpu_count(), "python": platform.python_version(),
                "load_average": [round(x, 2) for x in load]}
-    for (module, mode), times in runs.items():
+    for (label, mode), times in runs.items():
         print(json.dumps({
-            "workload": "import_after_torch", "loader": module, "variant": mode,
+            "workload": "import_after_torch", "loader": label, "variant": mode,
             "median_ms": round(statistics.median(times), 2),
             "runs_ms": [round(x, 2) for x in times], "machine": machine,
         }))
     print(f"\n# import after `import torch`, {args.runs} fresh processes each, "
           f"load average {load[0]:.2f} on {os.cpu_count()} CPUs")
-    print(f"{'package':<32} {'code from':<9} {'median ms':>10}  runs ms")
-    for (module, mode), times in runs.items():
-        print(f"{module:<32} {mode:<9} {statistics.median(times):>10.1f}  "
+    print(f"{'measured':<32} {'code from':<9} {'median ms':>10}  runs ms")
+    for (label, mode), times in runs.items():
+        print(f"{label:<32} {mode:<9} {statistics.median(times):>10.1f}  "
               + " ".join(f"{x:.1f}" for x in times))
-    for module in sorted(set(PACKAGES) - set(packages)):
-        print(f"{module:<32} {'':<9} {'not installed':>10}")
+    for label in sorted(set(PACKAGES) - set(packages)):
+        print(f"{label:<32} {'':<9} {'not installed':>10}")
 
 
 if __name__ == "__main__":

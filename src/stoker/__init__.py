@@ -22,10 +22,10 @@ from stoker.errors import (
     WorkerDiedError,
     WorkerError,
 )
-from stoker.loader import DataLoader
 
-# NOTE [ Import only what the loader needs ]: the rest loads when first read.
+# NOTE [ Import only what the loader needs ]: loaded when first read (torch too: `stoker --help`).
 _LAZY = {
+    "DataLoader": "stoker.loader",
     "EndOfData": "stoker.distributed",
     "Mix": "stoker.mix",
     "Plan": "stoker._core.plan",
@@ -66,6 +66,7 @@ if _typing.TYPE_CHECKING:
     from stoker._core.stats import StatsHook
     from stoker.collate import default_collate, default_convert
     from stoker.distributed import EndOfData
+    from stoker.loader import DataLoader
     from stoker.mix import Mix
     from stoker.sampling.sample_rng import sample_generator, sample_rng, sample_seed
     from stoker.stateful import StatefulDataLoader

@@ -22,8 +22,8 @@ from _s3_server import S3Server  # noqa: E402
 
 import stoker  # noqa: E402
 from stoker.formats import TarShards, pack  # noqa: E402
-from stoker.storage import open_source, prefetch  # noqa: E402
-from stoker.storage.prefetch import _FETCH_FOR_OTHERS_THREADS  # noqa: E402
+from stoker.storage import open_source, prefetch_threads  # noqa: E402
+from stoker.storage.prefetch_threads import _FETCH_FOR_OTHERS_THREADS  # noqa: E402
 
 _MAX_CLAIMS = 32  # the bound these tests set, smaller than the default: fewer shards to serve
 SHARDS = 5 * _MAX_CLAIMS
@@ -31,7 +31,7 @@ SHARDS = 5 * _MAX_CLAIMS
 
 @pytest.fixture(autouse=True)
 def _bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prefetch, "_MAX_CLAIMS", _MAX_CLAIMS)
+    monkeypatch.setattr(prefetch_threads, "_MAX_CLAIMS", _MAX_CLAIMS)
 
 
 # Counting while downloads end and claims are taken is no snapshot: a claim released and

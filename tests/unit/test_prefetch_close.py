@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from stoker.storage import prefetch
+from stoker.storage import prefetch, prefetch_threads
 
 _WAIT_S = 30.0
 
@@ -70,9 +70,10 @@ def test_close_releases_each_unstarted_claim_once(
             go.set()
             super().shutdown(wait=wait)
 
-    monkeypatch.setattr(prefetch, "release_claim", release)
-    monkeypatch.setattr(prefetch, "ThreadPoolExecutor", Pool)
-    monkeypatch.setattr(prefetch, "_FETCH_FOR_OTHERS_THREADS", 1)
+    for module in (prefetch, prefetch_threads):
+        monkeypatch.setattr(module, "release_claim", release)
+    monkeypatch.setattr(prefetch_threads, "ThreadPoolExecutor", Pool)
+    monkeypatch.setattr(prefetch_threads, "_FETCH_FOR_OTHERS_THREADS", 1)
     pf = prefetch.Prefetcher(_Source(_Cache(tmp_path, running, go, released)), 0)
     pf.fetch_claimed(["a", "b", "c", "d"])  # "a" downloads; b, c, d wait, claimed
     assert running.wait(_WAIT_S)

@@ -20,9 +20,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from stoker.sampling.sharded import Even, ShardedSampler
 
 ContextSource = Literal["pinned", "process_group", "env", "default"]
 
@@ -86,6 +90,30 @@ def rank_and_world() -> tuple[int, int]:
     """``(rank, world_size)`` of ``detect()``: a module-level function, so it pickles."""
     ctx = detect()
     return ctx.rank, ctx.world_size
+
+
+def rank_share(dataset: Any, sampler: Any, batch_sampler: Any, shuffle: Any,
+               generator: torch.Generator | None, even: Even) -> ShardedSampler:
+    """``DataLoader(shard=True)``'s sampler: this rank's share of each epoch's order."""
+    if sampler is not None or batch_sampler is not None:
+        raise ValueError(
+            "shard=True builds its own sampler (this rank's share of each epoch); "
+            "remove sampler=/batch_sampler=, or drop shard=True and pass a "
+            "DistributedSampler yourself (a DistributedSampler passed with shard=True, as "
+            "Lightning injects one, is used in place of stoker's)."
+        )
+    # Every rank must draw the same order: seed from the generator (seeded alike on every
+    # rank) or 0, like DistributedSampler's default.
+    seed = 0 if generator is None else int(
+        torch.empty((), dtype=torch.int64).random_(generator=generator).item()
+    )
+    # Rank and world size are read when a pass starts, not now: Lightning's ddp builds the
+    # loader before the process group exists, with WORLD_SIZE set and RANK not yet.
+    from stoker.sampling.sharded import ShardedSampler
+
+    return ShardedSampler(
+        len(dataset), shuffle=bool(shuffle), seed=seed, even=even, context=rank_and_world,
+    )
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:

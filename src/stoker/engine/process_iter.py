@@ -38,13 +38,11 @@ from stoker._core.dataset_hooks import (
     provided,
 )
 from stoker._core.plan import Plan
-from stoker.engine.base_iter import BaseIterator
 from stoker.engine.cuda_safety import safe_context
+from stoker.engine.dispatch import Dispatch
 from stoker.engine.loader_state import EngineState
 from stoker.engine.prefetch_depth import depth_for
 from stoker.engine.stats import UNPACK, stage_range
-from stoker.engine.stragglers import MovePolicy, StragglerWatch
-from stoker.engine.task_book import TaskBook
 from stoker.engine.worker_death import DeathWatch
 from stoker.engine.worker_group import StallClock, StreamLog, WorkerGroup
 from stoker.engine.worker_start import start_workers, worker_specs
@@ -67,13 +65,13 @@ def _dataset_epoch(dataset: Any) -> int | None:
     return epoch_of() if callable(epoch_of) else None
 
 
-
 _unpacking = functools.partial(stage_range, UNPACK)  # NOTE [ Batches cross as torch's do ]
 
-class ProcessIterator(BaseIterator):
-    """Conducts one loader's workers: ``TaskBook`` says which task is where, ``WorkerGroup``
-    owns the processes and sockets, ``MovePolicy`` moves tasks off stragglers,
-    ``DeathWatch`` and ``StallClock`` report dead and stuck workers."""
+
+class ProcessIterator(Dispatch):
+    """Conducts one loader's workers: ``Dispatch`` sends their tasks, ``TaskBook`` says which
+    task is where, ``WorkerGroup`` owns the processes and sockets, ``MovePolicy`` moves tasks
+    off stragglers, ``DeathWatch`` and ``StallClock`` report dead and stuck workers."""
 
     _reiter_after_seed = True
 
@@ -162,29 +160,6 @@ class ProcessIterator(BaseIterator):
         while progress.streams.missing(progress.finished) and not self._group.stopped:
             self._receive()
 
-    # -- epoch state -------------------------------------------------------------------------
-
-    def _prime(self, wid: int) -> None:
-        """NOTE [ Tasks before the next fork ] in ``engine.worker_start``."""
-        book = self._book
-        if not self._is_iterable and book.load[wid] < min(1, book.depth[wid]) and not (
-                book.sampler_done) and book.take_turn(wid):
-            self._try_put_index(wid)
-
-    def _fill(self) -> None:
-        """Send tasks until every worker holds its depth of them."""
-        for _ in range(self._book.missing()):
-            if self._book.sampler_done:
-                return
-            self._try_put_index()
-
-    def _init_dispatch(self) -> None:
-        self._asked = [0] * self._num_workers  # samples asked of each worker this epoch
-        self._book = TaskBook(self._num_workers, self._prefetch, self._in_order,
-                              self._gives_back)
-        self._moves = MovePolicy(self._book, StragglerWatch(self._num_workers), self._may_move)
-        self._stall.replied(time.monotonic())
-
     def reset(self, plan: Plan) -> None:
         """Next epoch on persistent workers (called by ``DataLoader.__iter__``; torch's
         ``_reset``): of the new pass's ``plan`` only the epoch's facts are read."""
@@ -204,93 +179,6 @@ class ProcessIterator(BaseIterator):
                                               _dataset_epoch(self._dataset)))
         self._init_dispatch()
         self._fill()
-
-    # -- sending -----------------------------------------------------------------------------
-
-    def _send(self, wid: int, message: msg.ToWorker) -> None:
-        w = self._group.workers[wid]
-        try:
-            msg.send(w.conn, message)
-        except OSError:  # EPIPE/ECONNRESET: it died since the last poll; report the death
-            self._deaths.lost(self._book, w, self._file_reply)
-
-    def _let_idle_workers_go(self) -> None:
-        """Non-persistent workers with nothing left this epoch (the sampler is spent and
-        their tasks are answered, or their iterable ended) exit now, while the last batches
-        are consumed, instead of all together at the end of the epoch."""
-        if self._persistent:
-            return
-        book = self._book
-        for w in self._group.workers:
-            wid = w.worker_id
-            if not w.stop_sent and (
-                not book.active[wid] or (book.sampler_done and book.load[wid] == 0)
-            ) and not (book.active[wid] and self._moves.queued_elsewhere()):
-                self._group.stop_early(w)
-
-    def _try_put_index(self, wid: int | None = None) -> None:
-        """Send the next task to worker ``wid``, or to the one the book picks."""
-        if wid is None:
-            wid = self._book.pick_worker()
-        if wid is None:
-            return
-        try:
-            position, index = self._cursor.next_index()
-        except StopIteration:
-            self._book.sampler_done = True
-            self._let_idle_workers_go()
-            return
-        self._book.new_task(position, index)
-        self._send_task(wid, position, index)
-
-    def _send_task(self, wid: int, position: int, index: Any) -> None:
-        try:  # NOTE [ The main process fetches for its workers ] in storage.prefetch_threads
-            if self._fetch_for_batch is not None:
-                self._fetch_for_batch(list(index) if self._fetch_spec.auto_collation
-                                      else [index])
-            elif self._fetch_for_stream is not None:
-                self._asked[wid] += self._step_samples
-                self._fetch_for_stream(wid, self._num_workers, self._asked[wid])
-        except Exception:  # the worker reads the batch as always, and reports there
-            pass
-        self._group.collect_released()
-        release = self._group.take_release(wid)
-        self._send(wid, msg.Task(self._cursor.epoch, position, index, release))
-        if self._book.sent(wid, position) and self._may_move:  # timed only to move tasks
-            self._moves.watch.started(wid, time.monotonic())
-
-    # -- moving queued tasks to idle workers (NOTE [ Idle workers take queued tasks ]) --------
-
-    def _idle_workers(self) -> list[int]:
-        book = self._book
-        return [
-            w.worker_id for w in self._group.workers
-            if not w.stop_sent and book.active[w.worker_id] and book.load[w.worker_id] == 0
-        ]
-
-    def _move_queued_tasks(self) -> None:
-        """Give each idle worker a task queued behind a straggler at another worker."""
-        due = self._moves.due(self._idle_workers())
-        if due is None or due > time.monotonic():
-            return
-        self._read_waiting_replies()  # a task that looks queued may be answered already
-        for thief in self._idle_workers():
-            victim = self._moves.victim(self._worker_pids, time.monotonic())
-            if victim is None:
-                break
-            position = self._book.take_queued(victim)
-            self._send(victim, msg.Cancel(self._cursor.epoch, position))
-            self._book.moved[position] = {victim, thief}
-            self._send_task(thief, position, self._book.indices[position])
-            self._stats.tasks_moved += 1
-        self._let_idle_workers_go()
-
-    def _read_waiting_replies(self) -> None:
-        """File every reply already sent (a dead worker is reported by the next wait)."""
-        for w in self._group.workers:
-            if not w.stop_sent:
-                for reply in self._group.drain(w):
-                    self._file_reply(w, reply)
 
     # -- receiving ---------------------------------------------------------------------------
 

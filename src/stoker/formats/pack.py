@@ -37,16 +37,12 @@ NOTE [ A pack stopped by a bad sample ]
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import dataclasses
 import json
 import mmap
 import multiprocessing as mp
 import os
-import signal
 import sys
-import tarfile
-import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -71,16 +67,22 @@ from stoker.formats.pack_report import (
     stopped_error,
     verify_pack,
 )
+from stoker.formats.pack_writer import (
+    DEFAULT_JPEG_QUALITY,
+    _Stopped,
+    init_worker,
+    shard_meta,
+    shard_name,
+    write_shard,
+)
 from stoker.formats.tar_index import (
     INDEX_SUFFIX,
     TABLES_NAME,
     ShardTable,
     index_path,
-    scan_shard,
     tables_to_bytes,
 )
 from stoker.formats.tar_manifest import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION
-from stoker.storage import LocalSource
 
 PLAN_NAME = "pack.json"
 SIZE_PROBE_SAMPLES = 16
@@ -101,7 +103,7 @@ class PackOptions:
     shard_size_mb: float = 256.0
     workers: int | None = None
     max_side: int | None = None
-    jpeg_quality: int = 90
+    jpeg_quality: int = DEFAULT_JPEG_QUALITY
     fields: tuple[str, ...] | None = None
     verify: bool = False
     progress: bool | None = None
@@ -180,19 +182,6 @@ def _plan(records: Records, options: PackOptions) -> dict[str, Any]:
     return plan
 
 
-def _shard_name(plan: dict[str, Any], k: int) -> str:
-    return f"{plan['name']}-{k:06d}.tar"
-
-
-def _meta(plan: dict[str, Any]) -> dict[str, Any]:
-    meta: dict[str, Any] = {"source": plan["source"]}
-    if plan["max_side"]:
-        meta["max_side"] = plan["max_side"]
-        meta["jpeg_quality"] = plan["jpeg_quality"]
-        meta["resample"] = plan["resample"]
-    return meta
-
-
 def _settle_plan(out_dir: str, plan: dict[str, Any], options: PackOptions) -> dict[str, Any]:
     """The plan to follow: the one on disk when it packs the same thing (resume), else ours."""
     path = os.path.join(out_dir, PLAN_NAME)
@@ -232,7 +221,7 @@ def _settle_plan(out_dir: str, plan: dict[str, Any], options: PackOptions) -> di
 
 
 def _finished(out_dir: str, plan: dict[str, Any], k: int) -> ShardTable | None:
-    shard = os.path.join(out_dir, _shard_name(plan, k))
+    shard = os.path.join(out_dir, shard_name(plan, k))
     if not os.path.exists(index_path(shard)) or not os.path.exists(shard):
         return None
     with open(index_path(shard), "rb") as f:
@@ -250,111 +239,10 @@ def _written_table(out_dir: str, plan: dict[str, Any], k: int) -> ShardTable:
 
 
 def _clean(out_dir: str, plan: dict[str, Any], k: int) -> None:
-    shard = os.path.join(out_dir, _shard_name(plan, k))
+    shard = os.path.join(out_dir, shard_name(plan, k))
     for path in (shard, shard + ".partial", index_path(shard), index_path(shard) + ".partial"):
         if os.path.exists(path):
             os.remove(path)
-
-
-# -- the shard writer (runs in pack's worker processes) ----------------------------------------
-
-_JOB: dict[str, Any] = {}
-
-
-def _init_worker(records: Records, plan: dict[str, Any], out_dir: str, counts: Any) -> None:
-    _JOB.update(records=records, plan=plan, out_dir=out_dir, counts=counts, writing=False)
-    signal.signal(signal.SIGINT, _interrupt_a_shard)  # NOTE [ Ctrl-C in a pack ]
-    parent = os.getppid()
-    threading.Thread(target=_exit_with, args=(parent,), name="stoker-pack-parent-watch",
-                     daemon=True).start()
-
-
-def _interrupt_a_shard(signum: int, frame: Any) -> None:
-    """NOTE [ Ctrl-C in a pack ]"""
-    if _JOB.get("writing"):
-        raise KeyboardInterrupt
-
-
-def _exit_with(parent: int) -> None:
-    """A pool worker whose driver died (kill -9, OOM) would wait on its task queue forever:
-    the queue's write end lives on in the worker's siblings. Leave once the parent is gone;
-    its unfinished shard is redone by the next run (NOTE [ Resumable pack ])."""
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(1)
-
-
-class _Stopped(Exception):
-    """Another shard failed: this one stopped (NOTE [ A pack stopped by a bad sample ])."""
-
-
-def _write_shard(k: int) -> tuple[int, int, int]:
-    """Write shard ``k`` (NOTE [ Resumable pack ]); returns (k, samples, bytes)."""
-    plan, out_dir = _JOB["plan"], _JOB["out_dir"]
-    shard = os.path.join(out_dir, _shard_name(plan, k))
-    start = k * plan["samples_per_shard"]
-    indices = range(start, min(plan["samples"], start + plan["samples_per_shard"]))
-    _JOB["writing"] = True
-    try:
-        return _write_whole_shard(k, shard, indices)
-    finally:
-        _JOB["writing"] = False
-
-
-def _write_whole_shard(k: int, shard: str, indices: range) -> tuple[int, int, int]:
-    plan = _JOB["plan"]
-    try:
-        with open(shard + ".partial", "wb") as f:
-            _write_samples(f, k, indices)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException as exc:
-        if _JOB["counts"] is not None and not isinstance(exc, _Stopped):
-            _JOB["counts"][-1] = 1  # stop the other shards now, not when the driver hears
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(shard + ".partial")
-        raise
-    os.replace(shard + ".partial", shard)
-    table = scan_shard(LocalSource(), shard, _meta(plan))
-    if len(table) != len(indices):  # samples merged or lost on read: never index such a shard
-        os.remove(shard)
-        raise PackError(
-            f"{shard}: {len(indices)} samples written, but reading it back finds {len(table)}; "
-            "the shard is removed. Their keys or field names break the rules of NOTE [ Keys "
-            "and fields in a tar ] in a way stoker pack did not catch: please report it"
-        )
-    write_atomic(index_path(shard), table.to_bytes())
-    return k, len(table), table.size_bytes
-
-
-def _write_samples(f: Any, k: int, indices: range) -> None:
-    records, plan, counts = _JOB["records"], _JOB["plan"], _JOB["counts"]
-    quality = plan["jpeg_quality"] or PackOptions.jpeg_quality
-    previous = None
-    with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for index in indices:
-            if counts is not None and counts[-1]:
-                raise _Stopped
-            key, fields = packed_record(records, index, plan["max_side"], quality)
-            if key == previous:
-                raise PackError(
-                    f"{records.where(index)}: its __key__ {key!r} is the key of sample "
-                    f"{index - 1} too, and adjacent samples with one key read back as one "
-                    "sample; give every sample its own key"
-                )
-            previous = key
-            for name, data in fields.items():
-                _add_member(tar, f"{key}.{name}", data)
-            if counts is not None:  # one slot per shard: one writer, no lock
-                counts[k] += 1
-
-
-def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    import io
-
-    info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime = len(data), 0o644, 0  # same bytes on every run
-    tar.addfile(info, io.BytesIO(data))
 
 
 # -- the driver -------------------------------------------------------------------------------
@@ -414,10 +302,10 @@ def _run(records: Records, plan: dict[str, Any], out_dir: str, todo: list[int],
     counts = np.frombuffer(shared, dtype=np.int64) if shared is not None else None
     written: dict[int, tuple[int, int]] = {}
     with cf.ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_init_worker,
+        workers, mp_context=context, initializer=init_worker,
         initargs=(records, plan, out_dir, counts),
     ) as pool:
-        pending = {pool.submit(_write_shard, k) for k in todo}
+        pending = {pool.submit(write_shard, k) for k in todo}
         try:
             while pending:
                 finished, pending = cf.wait(pending, timeout=0.25,
@@ -455,9 +343,9 @@ def _write_manifest(out_dir: str, plan: dict[str, Any], tables: list[ShardTable]
         "samples": sum(len(t) for t in tables), "index_suffix": INDEX_SUFFIX,
         "tables": TABLES_NAME, "tables_bytes": len(all_tables),
         "shards": [
-            {"path": _shard_name(plan, k), "samples": len(t), "size_bytes": t.size_bytes}
+            {"path": shard_name(plan, k), "samples": len(t), "size_bytes": t.size_bytes}
             for k, t in enumerate(tables)
         ],
-        "meta": _meta(plan),
+        "meta": shard_meta(plan),
     }
     write_atomic(os.path.join(out_dir, MANIFEST_NAME), json.dumps(manifest, indent=1).encode())

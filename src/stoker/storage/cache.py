@@ -43,18 +43,6 @@ Measured (20,000 samples in 200 shards of 1.27 MB, a 3 MB tmpfs under a cache of
 before, the epoch failed with ``[Errno 28] No space left on device``; now it completes with
 every sample.
 
-NOTE [ Partial files of dead downloads ]
-A download killed (kill -9, OOM) leaves its ``.partial`` file, counted at its reserved size.
-Cleared only by a later download of the same object, the partial of an object nobody asks for
-again (another pack or URL on the same directory) kept its bytes of the budget forever: a
-stale 60 KB reservation left a 100 KB cache room for one 30 KB shard at a time. A live
-download holds its object's lock (``.locks/<final name>``) from before its partial is made
-until after it is renamed or removed, both under ``.dir.lock``; so a recount, under
-``.dir.lock``, removes each partial whose object's lock it can take without waiting (or
-whose lock file is gone: nobody holds it either), and keeps one whose lock is held. Taking
-the lock to test it makes a ``fill`` of that object wait for the test only, and a ``claim``
-skip the object (its reader downloads it instead).
-
 NOTE [ Reading a shard while it arrives ]
 A download writes its object front to back into its ``.partial`` file (s3fs is asked to: it
 would write the parts of an object over 50 MB at once, each at its offset), so the file's size
@@ -85,7 +73,6 @@ CRC check still catches an old copy there (NOTE [ A pack written again at the sa
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import functools
 import hashlib
@@ -94,17 +81,18 @@ import posixpath
 import re
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from collections.abc import Callable
 
-from stoker.storage.cache_locks import evict, locked, open_held, release, unheld
-
-_LOCK_DIR = ".locks"
-_DIR_LOCK = ".dir.lock"
-_LEDGER = ".usage"
-_EVICTIONS = ".evictions"  # one byte per file evicted, ever: see ``evictions``
-_PARTIAL = ".partial"
-
+from stoker.storage.cache_ledger import (
+    DIR_LOCK,
+    LOCK_DIR,
+    PARTIAL,
+    CacheLedger,
+    causes,
+    disk_full,
+    unlink,
+)
+from stoker.storage.cache_locks import locked, open_held, release, unheld
 
 # NOTE [ Reading a shard while it arrives ]: how often a reader looks again at a download in
 # flight (first, then at most): the bytes come at the network's pace, ~1 MB in 10 ms here.
@@ -115,8 +103,10 @@ _ARRIVAL_POLL_S = (0.001, 0.01)
 # [ Pieces of large objects ] in ``remote.py``): a NUL, which no object key holds.
 PIECE_MARK = "\0piece:"
 
-class ShardCache:
-    """Whole objects on local disk under ``directory``, at most ``budget_bytes`` of them."""
+
+class ShardCache(CacheLedger):
+    """Whole objects on local disk under ``directory``, at most ``budget_bytes`` of them (their
+    bookkeeping: ``CacheLedger``)."""
 
     def __init__(self, directory: str, budget_bytes: int) -> None:
         if budget_bytes <= 0:
@@ -128,7 +118,7 @@ class ShardCache:
         self.budget_bytes = int(budget_bytes)
         self._warned_full = False
         self._versions: dict[str, str] = {}  # NOTE [ Cached copies named by their content ]
-        os.makedirs(os.path.join(self.directory, _LOCK_DIR), exist_ok=True)
+        os.makedirs(os.path.join(self.directory, LOCK_DIR), exist_ok=True)
 
     def __repr__(self) -> str:
         return f"ShardCache({self.directory!r}, budget_bytes={self.budget_bytes})"
@@ -185,7 +175,7 @@ class ShardCache:
         is in flight, or it ended without them: the caller pins the cached copy, or fetches
         the object itself."""
         final = self.path_for(url)
-        partial = f"{final}.{size_bytes}{_PARTIAL}"
+        partial = f"{final}.{size_bytes}{PARTIAL}"
         lock = self._object_lock(url)
         pause = _ARRIVAL_POLL_S[0]
         while True:
@@ -215,24 +205,15 @@ class ShardCache:
         stale: NOTE [ A pack written again at the same place ] in ``formats/tar_index.py``),
         pinned or not: a process reading it keeps its open copy. Counted as an eviction."""
         final = self.path_for(url)
-        with locked(os.path.join(self.directory, _DIR_LOCK)):
+        with locked(os.path.join(self.directory, DIR_LOCK)):
             try:
                 st = os.stat(final)
             except FileNotFoundError:
                 return
-            if st.st_ino != inode or not _unlink(final):
+            if st.st_ino != inode or not unlink(final):
                 return  # already replaced by a fresh copy
             self._add_to_ledger(-st.st_size)
             self._record_evictions(1)
-
-    def evictions(self) -> int:
-        """How many files any process has evicted from this directory: a process that
-        remembers which objects were cached can trust that while this number stays the same
-        (one ``stat`` instead of one per object)."""
-        try:
-            return os.stat(os.path.join(self.directory, _EVICTIONS)).st_size
-        except FileNotFoundError:
-            return 0
 
     def claim(self, url: str) -> int | None:
         """Take the object's download lock now, without waiting, for a download another
@@ -263,7 +244,7 @@ class ShardCache:
             release(claim)
 
     def _object_lock(self, url: str) -> str:
-        return os.path.join(self.directory, _LOCK_DIR, os.path.basename(self.path_for(url)))
+        return os.path.join(self.directory, LOCK_DIR, os.path.basename(self.path_for(url)))
 
     def _fill_locked(self, url: str, size_bytes: int | None, download: Callable[[], bytes],
                      download_into: Callable[[str], int] | None) -> bool:
@@ -275,7 +256,7 @@ class ShardCache:
             data = download()
             if size_bytes is None:
                 size_bytes = len(data)
-        partial = f"{final}.{size_bytes}{_PARTIAL}"
+        partial = f"{final}.{size_bytes}{PARTIAL}"
         try:
             if size_bytes > self.budget_bytes or not self._reserve(final, partial, size_bytes):
                 return False
@@ -293,14 +274,14 @@ class ShardCache:
                     written = f.write(data)
             if written != size_bytes:
                 raise OSError(f"{url}: downloaded {written} bytes, the object is {size_bytes}")
-            with locked(os.path.join(self.directory, _DIR_LOCK)):
+            with locked(os.path.join(self.directory, DIR_LOCK)):
                 os.replace(partial, final)  # under the lock: a count never sees both names
         except BaseException as exc:
-            with locked(os.path.join(self.directory, _DIR_LOCK)):
-                if _unlink(partial):
+            with locked(os.path.join(self.directory, DIR_LOCK)):
+                if unlink(partial):
                     self._add_to_ledger(-size_bytes)
             if _raised_for(exc, partial):  # the cache's directory was removed under us
-                os.makedirs(os.path.join(self.directory, _LOCK_DIR), exist_ok=True)
+                os.makedirs(os.path.join(self.directory, LOCK_DIR), exist_ok=True)
                 return False
             if not disk_full(exc):
                 raise
@@ -323,121 +304,6 @@ class ShardCache:
                 RuntimeWarning, stacklevel=2)
         self.budget_bytes = used
 
-    def used_bytes(self) -> int:
-        """Bytes the cache's files take (reservations of downloads in flight included)."""
-        return sum(e.size for e in self._entries())
-
-    def used_bytes_locked(self) -> int:
-        """``used_bytes`` counted while no process reserves, evicts or renames."""
-        with locked(os.path.join(self.directory, _DIR_LOCK)):
-            return self.used_bytes()
-
-    def _reserve(self, final: str, partial: str, size_bytes: int) -> bool:
-        with locked(os.path.join(self.directory, _DIR_LOCK)):
-            used = self._read_ledger()
-            if used is None or used + size_bytes > self.budget_bytes:
-                used = self._recount_and_evict(final, size_bytes)
-                if used + size_bytes > self.budget_bytes:
-                    self._write_ledger(used)
-                    return False
-            self._write_ledger(used + size_bytes)  # first: a death now leaves it counting more
-            with open(partial, "wb"):  # its name holds the reservation
-                pass
-        return True
-
-    def _recount_and_evict(self, final: str, size_bytes: int) -> int:
-        """The bytes in use, counted from the directory (under ``.dir.lock``) after clearing
-        what dead downloads left (of this object: we hold its lock, so nobody else's; of
-        others: NOTE [ Partial files of dead downloads ]) and evicting least recently used
-        unpinned files until ``size_bytes`` fit, if they can. Cached files are sorted only
-        when room is needed."""
-        dead_prefix = os.path.basename(final) + "."
-        used, cached = 0, []
-        for entry in self._entries():
-            if not entry.partial:
-                cached.append(entry)
-            elif os.path.basename(entry.path).startswith(dead_prefix) or self._abandoned(
-                    entry.path):
-                _unlink(entry.path)
-                continue
-            used += entry.size
-        evicted = 0
-        if used + size_bytes > self.budget_bytes:
-            for entry in sorted(cached, key=lambda e: e.mtime):
-                if evict(entry.path):
-                    used -= entry.size
-                    evicted += 1
-                    if used + size_bytes <= self.budget_bytes:
-                        break
-        if evicted:
-            self._record_evictions(evicted)
-        return used
-
-    def _abandoned(self, partial: str) -> bool:
-        """Whether no process holds the download lock of ``partial``'s object: its download
-        died (NOTE [ Partial files of dead downloads ]). Asked under ``.dir.lock``."""
-        name = os.path.basename(partial)[: -len(_PARTIAL)].rsplit(".", 1)[0]
-        return unheld(os.path.join(self.directory, _LOCK_DIR, name))
-
-    def _record_evictions(self, count: int) -> None:
-        try:
-            with open(os.path.join(self.directory, _EVICTIONS), "ab") as f:
-                f.write(b"e" * count)
-        except OSError as exc:  # a full disk: a process trusting its memory of what is
-            if not disk_full(exc):  # cached finds a shard gone and downloads it itself
-                raise
-
-    def _read_ledger(self) -> int | None:
-        try:
-            fd = os.open(os.path.join(self.directory, _LEDGER), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:  # none yet: count instead
-            return None
-        try:
-            return int(os.read(fd, 64))
-        except ValueError:  # cut short, or not ours: count instead
-            return None
-        finally:
-            os.close(fd)
-
-    def _write_ledger(self, used: int) -> None:
-        # In place, one fixed-width write: every reader holds .dir.lock, so none sees it half
-        # written, and a killed process completes a write or makes none. Not a new file and a
-        # rename each time: creating a file took ~0.45 ms of CPU on an ext4 disk here, a
-        # third of a shard's whole cache bookkeeping.
-        path = os.path.join(self.directory, _LEDGER)
-        data = b"%020d\n" % max(0, used)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                os.pwrite(fd, data, 0)
-                os.ftruncate(fd, len(data))  # a longer ledger left by another version
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            if not disk_full(exc):
-                raise
-            _unlink(path)  # the next reservation counts the directory instead
-
-    def _add_to_ledger(self, delta: int) -> None:
-        used = self._read_ledger()
-        if used is not None:
-            self._write_ledger(used + delta)
-
-    def _entries(self) -> list[_Entry]:
-        out = []
-        with os.scandir(self.directory) as it:
-            for entry in it:
-                if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
-                    continue
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                partial = entry.name.endswith(_PARTIAL)  # counted at its reserved size
-                size = max(st.st_size, _reserved_size(entry.name)) if partial else st.st_size
-                out.append(_Entry(entry.path, size, st.st_mtime, partial))
-        return out
-
 
 @functools.lru_cache(maxsize=1 << 16)
 def _file_name(url: str, version: str) -> str:
@@ -450,48 +316,13 @@ def _file_name(url: str, version: str) -> str:
     return f"{digest}-{name}"
 
 
-def disk_full(exc: BaseException | None) -> bool:
-    """Whether ``exc``, or an error it was raised from, says the local disk is full."""
-    return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
-               for e in _chain(exc))
-
-
 def _raised_for(exc: BaseException, local: str) -> bool:
     """Whether ``exc``, or an error it was raised from, is the local file ``local`` (or its
     directory) missing; not an object missing from the store."""
     return any(isinstance(e, FileNotFoundError) and e.filename is not None
                and os.fspath(e.filename) in (local, os.path.basename(local))
-               for e in _chain(exc))
-
-
-def _chain(exc: BaseException | None) -> Iterator[BaseException]:
-    for _ in range(8):  # a read error wraps the cause in one or two more
-        if exc is None:
-            return
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
-class _Entry(NamedTuple):
-    path: str
-    size: int
-    mtime: float
-    partial: bool
+               for e in causes(exc))
 
 
 def _no_download() -> bytes:
     raise AssertionError("a claimed fill knows its size: it streams into its file")
-
-
-def _reserved_size(partial_name: str) -> int:
-    """The size a ``<name>.<size>.partial`` file reserves (0 for one without it)."""
-    digits = partial_name[: -len(_PARTIAL)].rsplit(".", 1)[-1]
-    return int(digits) if digits.isdigit() else 0
-
-
-def _unlink(path: str) -> bool:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    return True

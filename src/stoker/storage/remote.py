@@ -2,10 +2,10 @@
 any ``fsspec`` protocol), and ``open_source``, which picks it or ``LocalSource`` for a path.
 
 Reads are ranged GETs (one per sample: random access) or, with a cache, whole objects kept on
-local disk (one GET per shard: see ``stoker.storage.cache`` and ``stoker.storage.prefetch``).
-Every read is retried on transient errors with backoff and its length verified
-(``stoker.storage.retry``). Credentials come from each store's standard chain: nothing is
-passed unless the caller gives ``storage_options``.
+local disk (one GET per shard: see ``stoker.storage.cache`` and ``stoker.storage.prefetch``) or
+pieces of them (``remote_pieces``). Every request (``remote_requests``) is retried on transient
+errors with backoff and its length verified (``stoker.storage.retry``). Credentials come from
+each store's standard chain: nothing is passed unless the caller gives ``storage_options``.
 
 NOTE [ Remote handles after fork ]
 fsspec's async filesystems run an asyncio loop on a thread; neither the loop nor the aiohttp
@@ -16,27 +16,6 @@ workers, forked or spawned, open their own on first use. What a forked child inh
 parent's handle is left untouched (closing it there would close the parent's sockets).
 The filesystem and its loop thread are opened and closed by ``stoker.storage.fsspec_handle``,
 also when a source is collected without ``close()`` (NOTE [ A source dropped without close ]).
-
-NOTE [ Pieces of large objects ]
-In ``"shard"`` mode a sample read by range waits for its object's bytes to arrive (NOTE
-[ Reading a shard while it arrives ] in ``cache.py``): under a global shuffle of 64 MB shards
-the first batch (32 samples, ~18 of 20 shards) touches most of the dataset. With
-``piece_bytes`` given, an object larger than twice it is cached by pieces instead: piece ``k``
-holds bytes ``[k x piece_bytes, (k+1) x piece_bytes)``, fetched by one ranged GET and cached
-under its own name (the object's URL, ``PIECE_MARK``, ``k``; tagged with the object's content
-like the object). A range read takes the one or two pieces holding it; ``pieces_of`` names
-them, so a reader hands the pieces a batch needs to ``fetch_for_workers`` or ``prefetch`` as it
-would hand shards: the first batch waits for ~32 pieces, and every byte is still downloaded
-once an epoch. Whole reads (``read``, ``fetch_local``) keep whole objects.
-Off by default (``piece_bytes=None``): it multiplies the GETs (64 for a 64 MB shard at 1 MiB),
-which costs a server that reads a whole object to answer a range as much as whole GETs.
-Measured on the S3 server of the tests and benchmarks (moto): a 65 KB range of a 64 MB object
-took 48-53 ms of the server's CPU, as much as a quarter of sending the whole object, and an
-epoch of 20,000 samples in 64 MB shards by 1 MiB pieces reached 432 samples/s where whole
-shards reach the network's 1,480 (``benchmarks/remote_shards.py --image-size 500x375
---shard-mb 64 --bandwidth-mbps 100``). Object stores that serve a range at its own cost (S3,
-GCS, MinIO) do not pay that: give ``piece_bytes`` (e.g. ``8 << 20``, the part size AWS
-advises for ranged GETs) for a fast first batch under a global shuffle of large shards.
 """
 
 from __future__ import annotations
@@ -46,9 +25,9 @@ import os
 import threading
 from typing import Any, Literal
 
-from stoker.storage.cache import PIECE_MARK, ShardCache
-from stoker.storage.exit_watch import exit_callback
+from stoker.storage.cache import ShardCache
 from stoker.storage.fsspec_handle import Handle, close_handle, open_filesystem
+from stoker.storage.remote_requests import RemoteRequests
 from stoker.storage.retry import ReadRequest, RetryPolicy, read_with_retries
 from stoker.storage.source import ByteSource, LocalSource
 
@@ -60,10 +39,6 @@ _BACKENDS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs")
              "gcs": ("gcsfs", "gcs"), "http": ("aiohttp", "remote"),
              "https": ("aiohttp", "remote")}
 _LIST_AT_LEAST = 4  # objects of unknown size worth a directory listing
-# get_into reads objects up to this size at once (less CPU than streaming them); larger ones
-# stream to disk, so readers have their first bytes early (NOTE [ Reading a shard while it
-# arrives ] in cache.py: 2 MiB arrive in ~20 ms at 100 MB/s).
-_READ_WHOLE_MAX = 2 << 20
 _PIECE_BYTES = None  # NOTE [ Pieces of large objects ]: off unless asked for
 _INHERITED: list[object] = []  # NOTE [ Remote handles after fork ]: never closed in a child
 _LOCKS_LOCK = threading.Lock()  # guards replacing a source's inherited lock; new in a child
@@ -111,7 +86,7 @@ def _require_obstore_client(protocol: str, storage_options: dict[str, Any]) -> N
                           "started: pip install 'stoker[obstore]'")
 
 
-class RemoteSource:
+class RemoteSource(RemoteRequests):
     """Objects of one object store, addressed by full URLs.
 
     ``storage_options`` go to the fsspec filesystem (e.g. ``endpoint_url`` for an
@@ -356,150 +331,6 @@ class RemoteSource:
         cache first: ``"shard"`` mode."""
         return self.fetch == "shard" and self.cache is not None
 
-    # ------------------------------------------------------------------ pieces
-    def _pieced(self, path: str) -> int | None:
-        """The object's size when it is cached by pieces, else None (NOTE [ Pieces of large
-        objects ])."""
-        piece = self.piece_bytes
-        if piece is None or self.fetch != "shard" or self.cache is None:
-            return None
-        size = self._sizes.get(path)
-        return size if size is not None and size > 2 * piece else None
-
-    def pieces_of(self, path: str, offset: int, length: int) -> list[str]:
-        """The names of what holds ``length`` bytes of ``path`` from ``offset`` in the cache:
-        the pieces of a large object, else the object itself (NOTE [ Pieces of large
-        objects ]). Each can be handed to ``fetch_for_workers`` and ``prefetch``."""
-        size = self._pieced(path)
-        if size is None:
-            return [path]
-        piece = int(self.piece_bytes or 0)
-        first = min(offset, size - 1) // piece
-        last = min(offset + max(length, 1) - 1, size - 1) // piece
-        return [f"{path}{PIECE_MARK}{k}" for k in range(first, last + 1)]
-
-    def _piece_span(self, name: str) -> tuple[str, int, int] | None:
-        """(object, start, end) of a piece's name; None for an object's own name."""
-        path, mark, number = name.partition(PIECE_MARK)
-        if not mark:
-            return None
-        piece = int(self.piece_bytes or 0)
-        start = int(number) * piece
-        return path, start, min(start + piece, self._sizes[path])
-
-    def _read_pieces(self, path: str, offset: int, length: int) -> bytes:
-        size = self._sizes[path]
-        if offset + length > size:
-            raise OSError(f"{path}: asked for {length} bytes at offset {offset}, the object "
-                          f"is {size} bytes long: it is shorter than its index says")
-        parts = []
-        for name in self.pieces_of(path, offset, length):
-            _, start, end = self._piece_span(name) or (path, 0, size)
-            low, high = max(offset, start), min(offset + length, end)
-            data = self._prefetcher.read_cached(name, low - start, high - low)
-            if data is None:  # it cannot be cached (budget, full disk): from the store
-                data = self.get_range(path, low, high - low)
-            parts.append(data)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def get_range(self, path: str, offset: int, length: int) -> bytes:
-        """One ranged GET (retried, length verified), bypassing the cache."""
-        handle = self._fs()
-        return read_with_retries(
-            ReadRequest(path, offset, length),
-            lambda: handle.fs.cat_file(path, start=offset, end=offset + length),
-            self.retry,
-            length,
-        )
-
-    def read_prefix(self, path: str, length: int) -> bytes:
-        """The object's first ``length`` bytes, or all of it when it is shorter: one GET
-        (retried), not through the cache. A body cut short raises (its Content-Length), so
-        fewer bytes mean a shorter object."""
-        handle = self._fs()
-        data: bytes = read_with_retries(
-            ReadRequest(path, 0, length),
-            lambda: handle.fs.cat_file(path, start=0, end=length), self.retry, None)
-        data = data[:length]  # a server that ignores Range sends the whole object
-        if len(data) < length:
-            self._sizes.setdefault(path, len(data))
-        return data
-
-    def get_whole(self, path: str) -> bytes:
-        """The whole object (or piece) in one GET (retried; its length checked against its
-        size when that is known, else remembered)."""
-        piece = self._piece_span(path)
-        if piece is not None:
-            return self.get_range(piece[0], piece[1], piece[2] - piece[1])
-        handle = self._fs()
-        size = self._sizes.get(path)
-        if size is None:  # start=0: without a range s3fs asks the size first
-            data: bytes = read_with_retries(
-                ReadRequest(path), lambda: handle.fs.cat_file(path, start=0), self.retry, None)
-            self._sizes[path] = len(data)
-            return data
-        return read_with_retries(
-            ReadRequest(path, 0, size),
-            lambda: handle.fs.cat_file(path, start=0, end=size) if size else b"",
-            self.retry,
-            size,
-        )
-
-    def get_into(self, path: str, file: str) -> int:
-        """The whole object into the local ``file`` by one GET (retried; its length checked
-        against its size when that is known, else remembered); returns its length. Streamed,
-        never held in memory whole, unless it is known to be at most ``_READ_WHOLE_MAX``
-        bytes: then read at once and written (fsspec's streamed get reads 64 KiB at a time,
-        which took ~1.5-2x the CPU of one read for a 600 KB object). A piece's name: its
-        bytes, by one ranged GET."""
-        piece = self._piece_span(path)
-        if piece is not None:
-            return self._get_piece_into(*piece, file)
-        handle = self._fs()
-        size = self._sizes.get(path)
-
-        def fetch() -> int:
-            if size == 0:  # as get_whole: no request (a range of an empty object is refused)
-                open(file, "wb").close()
-                return 0
-            if size is not None and size <= _READ_WHOLE_MAX:
-                # One byte past the end: a longer object shows. A body cut short raises (its
-                # Content-Length), so fewer bytes mean a shorter object.
-                read = getattr(handle.fs, "cat_buffer", handle.fs.cat_file)  # obstore: no copy
-                data = read(path, start=0, end=size + 1)
-                if len(data) != size:
-                    raise _changed(len(data) if len(data) < size else f"over {size}", size)
-                with open(file, "wb") as f:
-                    return f.write(data)
-            # A body cut short raises (its Content-Length). Front to back: readers read what
-            # has arrived (NOTE [ Reading a shard while it arrives ] in cache.py).
-            handle.fs.get_file(path, file, callback=exit_callback(),  # NOTE [ A download
-                               **_front_to_back(handle.fs))  # gives up at exit ]
-            got = os.path.getsize(file)
-            if size is not None and got != size:  # a whole other object: not retried
-                raise _changed(got, size)
-            return got
-
-        request = ReadRequest(path) if size is None else ReadRequest(path, 0, size)
-        got: int = read_with_retries(request, fetch, self.retry, None)
-        self._sizes[path] = got
-        return got
-
-    def _get_piece_into(self, path: str, start: int, end: int, file: str) -> int:
-        handle = self._fs()
-
-        def fetch() -> int:
-            read = getattr(handle.fs, "cat_buffer", handle.fs.cat_file)  # obstore: no copy
-            data = read(path, start=start, end=end)
-            if len(data) != end - start:
-                raise OSError(f"body cut short: {len(data)} of {end - start} bytes")
-            with open(file, "wb") as f:
-                return f.write(data)
-
-        got: int = read_with_retries(ReadRequest(path, start, end - start), fetch, self.retry,
-                                     None)
-        return got
-
     def known_size(self, path: str) -> int | None:
         """The object's (or piece's) size if already known (asked, listed, or read whole),
         else None."""
@@ -531,36 +362,6 @@ class RemoteSource:
     def prefetch(self, paths: list[str]) -> None:
         """Fetch these whole objects into the cache in the background, in this order."""
         self._prefetcher.schedule(paths)
-
-
-_FRONT_TO_BACK: dict[type, dict[str, Any]] = {}  # per filesystem class
-
-
-def _front_to_back(fs: Any) -> dict[str, Any]:
-    """``get_file``'s arguments that make it write the file front to back: s3fs downloads an
-    object over 50 MB in parts at once, each written at its offset, which would leave holes
-    under a file's size (NOTE [ Reading a shard while it arrives ] in ``cache.py``)."""
-    kind = type(fs)
-    found = _FRONT_TO_BACK.get(kind)
-    if found is None:
-        import inspect
-
-        try:
-            parameters = inspect.signature(getattr(fs, "_get_file", fs.get_file)).parameters
-        except (TypeError, ValueError):
-            parameters = {}  # type: ignore[assignment]
-        found = _FRONT_TO_BACK[kind] = (
-            {"max_concurrency": 1} if "max_concurrency" in parameters else {})
-    return found
-
-
-def _changed(got: int | str, expected: int) -> ValueError:
-    """An object of another size than its listing or manifest said: another object, so a
-    permanent error (not retried)."""
-    return ValueError(
-        f"the object is {got} bytes, its listing or the dataset's manifest says {expected}: "
-        "it changed since. If the pack was written again since the dataset was opened, open "
-        "the dataset again; else index it again (stoker pack)")
 
 
 _OPTIONS = ("storage_options", "retry", "cache_dir", "cache_bytes", "fetch", "lookahead_shards",

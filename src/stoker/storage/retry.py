@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from stoker.errors import RemoteReadError
-from stoker.storage.cache import disk_full
+from stoker.storage.cache_ledger import disk_full
 from stoker.storage.exit_watch import DownloadAborted
 
 T = TypeVar("T")
