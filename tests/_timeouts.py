@@ -32,6 +32,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -45,6 +47,23 @@ class TestTimedOut(BaseException):  # noqa: N818 (named for what a reader of a f
     """A test ran past its per-test limit (pytest-timeout's ``timeout``, or its marker)."""
 
     __test__ = False  # not a test class, whatever its name
+
+
+RETRY_S = 0.1
+_phase = [False]  # whether a test's setup, call or teardown is running (see in_phase)
+
+
+@contextmanager
+def in_phase() -> Iterator[None]:
+    """Around a test's setup, call or teardown (the root conftest's hook wrappers): where
+    pytest turns an exception into that test's failure. Between them (making reports, logging)
+    an exception is pytest's INTERNALERROR, which ends the run, so the alarm waits for the
+    next phase."""
+    _phase[0] = True
+    try:
+        yield
+    finally:
+        _phase[0] = False
 
 
 def _terminal(config: pytest.Config) -> Any:
@@ -81,6 +100,9 @@ def set_timer(item: pytest.Item, settings: Any) -> bool | None:
         from pytest_timeout import is_debugging
 
         if not settings.disable_debugger_detection and is_debugging():
+            return
+        if not _phase[0]:  # in pytest's own code between phases: raised there, it would end
+            signal.setitimer(signal.ITIMER_REAL, RETRY_S)  # the run; the next phase gets it
             return
         __tracebackhide__ = True
         writer = _terminal(item.config)
