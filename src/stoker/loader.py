@@ -18,7 +18,6 @@ import torch.utils.data
 from stoker._core import beyond_torch as beyond
 from stoker._core.arguments import check_arguments, check_generator, explain_unknown_keywords
 from stoker._core.loader_doc import DOC, OnError, Seeding, ShardEven, WorkerType
-from stoker._core.stats import loader_built
 from stoker.fastpaths.switch import enabled as fast_paths_enabled
 
 # NOTE [ Import only what the loader needs ]: the engine, the state checks and the sampling
@@ -146,6 +145,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             dataset, num_workers, collect_stats, self._stoker_fast_paths
         )
         self._stoker_inline_iter: weakref.ref[Any] | None = None  # an iterable's, num_workers=0
+        from stoker._core.stats import loader_built  # loaded by EngineState's import already
+
         loader_built(self)  # hooks from above: `stoker doctor`'s agent in the script it runs
         if shard and shard_even == "exact" and _is_sharded(sampler):
             # A partial, not a lambda: the loader pickles (NOTE [ Loader pickling ]).

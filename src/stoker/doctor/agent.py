@@ -31,9 +31,10 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stoker._core.stats import LoaderStats, on_every_loader
+from stoker._core.stats import on_every_loader
 
 if TYPE_CHECKING:
+    from stoker._core.stats import LoaderStats
     from stoker.loader import DataLoader
 
 OUT_ENV = "STOKER_DOCTOR"
