@@ -45,7 +45,7 @@ def kwargs_of(loader: DataLoader[Any]) -> dict[str, Any]:
     return kwargs
 
 
-def _order(loader: Any) -> dict[str, Any]:
+def _order(loader: DataLoader[Any]) -> dict[str, Any]:
     """``shuffle=True`` for the sampler ``shuffle=True`` made, nothing for the default one
     (what the user wrote, and what rebuilds the same order); else the sampler object."""
     from torch.utils.data import RandomSampler, SequentialSampler
