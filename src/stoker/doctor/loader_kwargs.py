@@ -56,7 +56,7 @@ def _order(loader: DataLoader[Any]) -> dict[str, Any]:
             type(sampler) is SequentialSampler and sampler.data_source is loader.dataset):
         return {}
     if (type(sampler) is RandomSampler and sampler.data_source is loader.dataset
-            and not sampler.replacement and sampler._num_samples is None
+            and not sampler.replacement and sampler.num_samples == len(sampler.data_source)
             and sampler.generator is loader.generator):
         return {"shuffle": True}
     return {"sampler": sampler}
