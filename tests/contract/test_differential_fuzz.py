@@ -39,7 +39,7 @@ example). ``faulthandler`` is off while the cases run, as in a plain script (``a
   requested example). It runs hypothesis in chunks of ``SOAK_CHUNK`` examples (seeds
   ``seed``, ``seed + 1``, ...), stops when the examples are done or the budget is spent, and
   prints how many it checked, so a long soak (20,000 examples: about an hour here) ends
-  with a count, never by pytest's timeout, which kills the whole session.
+  with a count, never by pytest's timeout (which would fail it with no count).
 * ``test_known_difference_still_occurs``: one strict xfail per entry of
   ``_fuzz_known.KNOWN_DIFFERENCES`` (a difference found and still there, masked in the two
   runs above), on its minimal case with its own switch off: when stoker is fixed the test
