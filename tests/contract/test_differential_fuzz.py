@@ -37,7 +37,8 @@ example). ``faulthandler`` is off while the cases run, as in a plain script (``a
   ``STOKER_FUZZ_EXAMPLES`` examples (default 3000), ``STOKER_FUZZ_SEED`` (default random)
   and a time budget ``STOKER_FUZZ_SOAK_S`` (default ``SOAK_BUDGET_PER_EXAMPLE_S`` a
   requested example). It runs hypothesis in chunks of ``SOAK_CHUNK`` examples (seeds
-  ``seed``, ``seed + 1``, ...), stops when the examples are done or the budget is spent, and
+  ``seed * SOAK_SEED_STRIDE``, then ``+ 1``, ...: soaks run side by side with different seeds
+  never check the same chunk), stops when the examples are done or the budget is spent, and
   prints how many it checked, so a long soak (20,000 examples: about an hour here) ends
   with a count, never by pytest's timeout (which would fail it with no count).
 * ``test_known_difference_still_occurs``: one strict xfail per entry of
@@ -104,6 +105,7 @@ SOAK_BUDGET_PER_EXAMPLE_S = 0.5  # the default budget: about three times the usu
 SOAK_BUDGET_S = float(os.environ.get("STOKER_FUZZ_SOAK_S",
                                      SOAK_EXAMPLES * SOAK_BUDGET_PER_EXAMPLE_S))
 SOAK_CHUNK = 250  # examples per hypothesis run: the budget is looked at between examples
+SOAK_SEED_STRIDE = 1_000_003  # chunk seeds of different soak seeds stay apart
 LAST_EXAMPLE_S = 300  # the example in flight when the budget ends (worker timeouts bound it)
 
 _SETTINGS = dict(
@@ -201,7 +203,7 @@ def test_stoker_matches_torch_soak(Loader: type, capsys: pytest.CaptureFixture) 
         while checked < SOAK_EXAMPLES and time.monotonic() < deadline:
             chunk += 1
 
-            @seed(base_seed + chunk - 1)
+            @seed(base_seed * SOAK_SEED_STRIDE + chunk - 1)
             @settings(max_examples=min(SOAK_CHUNK, SOAK_EXAMPLES - checked),
                       derandomize=False, **_SETTINGS)
             @given(case=cases())
