@@ -241,19 +241,23 @@ def worker_inits(draw: Any, plan: Plan, tag: str) -> WorkerInitSpec:
 
 
 @st.composite
-def samplers(draw: Any, torch_style: bool = False) -> SamplerSpec:
+def samplers(draw: Any, torch_style: bool = False, errors: bool = True) -> SamplerSpec:
     """With torch's own dataset classes also ``neg`` (negative indices) and ``np`` (numpy
-    ints): indices torch's classes take and stoker's gathers decline."""
+    ints): indices torch's classes take and stoker's gathers decline. Without ``errors``
+    (``Plan.errors_allowed``) no ``raising`` sampler: with ``in_order=False`` which batch
+    arrives before its error is timing, under torch too."""
     kinds = SAMPLER_KINDS + (TORCH_DS_SAMPLER_KINDS if torch_style else ())
+    if not errors:
+        kinds = tuple(k for k in kinds if k != "raising")
     return SamplerSpec(draw(st.sampled_from(kinds)), draw(st.integers(0, 3)))
 
 
 @st.composite
-def batch_samplers(draw: Any, torch_style: bool = False) -> BatchSamplerSpec:
+def batch_samplers(draw: Any, torch_style: bool = False, errors: bool = True) -> BatchSamplerSpec:
     kind = draw(st.sampled_from(("torch", "torch", "variable", "stateful", "progress")))
     if kind != "torch":
         return BatchSamplerSpec(kind)
-    return BatchSamplerSpec(kind, draw(samplers(torch_style)), draw(st.integers(1, 4)),
+    return BatchSamplerSpec(kind, draw(samplers(torch_style, errors)), draw(st.integers(1, 4)),
                             draw(st.booleans()))
 
 
@@ -268,14 +272,15 @@ def loader_args(draw: Any, plan: Plan) -> tuple[tuple[str, Any], ...]:
     args: list[tuple[str, Any]] = []
     style, num_workers, how = plan.style, plan.num_workers, plan.how
     if how == "batch_sampler":
-        args.append(("batch_sampler", draw(batch_samplers(style == "torch"))))
+        args.append(("batch_sampler",
+                     draw(batch_samplers(style == "torch", plan.errors_allowed))))
     else:
         if plan.batch_size != "omit":
             args.append(("batch_size", plan.batch_size))
         if not plan.unbatched:
             _maybe(draw, args, "drop_last", st.booleans())
         if how == "sampler":
-            args.append(("sampler", draw(samplers(style == "torch"))))
+            args.append(("sampler", draw(samplers(style == "torch", plan.errors_allowed))))
         elif style != "iter":
             _maybe(draw, args, "shuffle", st.sampled_from((None, False, True)))
     if num_workers or draw(st.booleans()):
