@@ -14,18 +14,15 @@ integration test would name it)."""
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import os
 import re
-import shutil
-import signal
-import subprocess
 from typing import Any
 
 import pytest
 
+from _browser import CHROMIUM, chromium
 from stoker._core.stats import LoaderStats
 from stoker.doctor.candidates import Candidate
 from stoker.doctor.measure import MemorySample, Run
@@ -33,7 +30,6 @@ from stoker.doctor.sweep import Sweep
 from stoker.profile.events import EventRecorder
 from stoker.workers.protocol import BatchReport
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="needs Debian's chromium package (apt-get install chromium; "
     "scripts/setup.sh installs it where it runs as root)")
@@ -100,29 +96,11 @@ def _recorded() -> tuple[Run, Sweep]:
     return run, sweep
 
 
-def _chromium(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
-    assert CHROMIUM is not None
-    argv = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            "--disable-crash-reporter", "--disable-breakpad", "--hide-scrollbars", *args]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=30)
-        raise AssertionError(f"chromium did not finish in {timeout_s} s: {argv}") from None
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # a helper that outlived the browser
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
 def _probed(page: Any, probe: str, tmp_path: Any) -> dict[str, Any]:
     """What ``probe`` (a script appended to a copy of ``page``) reports of the laid-out page."""
     probed = tmp_path / f"probed-{page.stem}.html"
     probed.write_text(page.read_text().replace("</body>", probe + "</body>"))
-    dom = _chromium(f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2000",
+    dom = chromium(f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2000",
                     "--virtual-time-budget=5000", "--dump-dom", probed.as_uri())
     found = re.search(r'<pre id="probe">(.*?)</pre>', dom.stdout, re.S)
     assert found, f"no probe result; chromium said:\n{dom.stderr[-3000:]}"
@@ -150,7 +128,7 @@ def test_the_html_report_shows_the_verdict_the_timeline_and_the_settings(tmp_pat
     assert seen["timeline"]["width"] <= seen["page"][0]  # fits the window: no side scrolling
 
     shot = tmp_path / "shot.png"
-    _chromium(f"--user-data-dir={profile}", "--window-size=1280,2000",
+    chromium(f"--user-data-dir={profile}", "--window-size=1280,2000",
               f"--screenshot={shot}", page.as_uri())
     assert shot.exists(), "chromium wrote no screenshot"
     from matplotlib.image import imread

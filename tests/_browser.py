@@ -1,5 +1,5 @@
-"""Headless Chromium (Debian's ``chromium``) for the docs tests: a page opened with a probe
-script appended, what the probe reports read back from ``--dump-dom``.
+"""Headless Chromium (Debian's ``chromium``) for the docs and report tests: a page opened
+with a probe script appended, what the probe reports read back from ``--dump-dom``.
 
 Each call runs the browser in its own process group with a timeout and kills the group
 afterwards, so none of its helper processes outlives the call."""
