@@ -168,10 +168,9 @@ def signals() -> dict[str, str]:
     """The Python-level handlers of ``SIGNALS`` and the calling thread's masks: the ``sig``
     observation, and the main process's in the record (``_fuzz_record``)."""
     masks = status_masks(_read("/proc/thread-self/status"))
-    hidden = (("SIGILL", "SIGABRT") if masked("worker_faulthandler") else ())
     masks["SigCgt"] = ",".join(
         s for s in masks["SigCgt"].split(",")
-        if s not in hidden and not (masked("worker_stack_signal") and s.startswith("SIGRT")))
+        if not (masked("worker_stack_signal") and s.startswith("SIGRT")))
     return {
         **{name: handler_name(signal.getsignal(getattr(signal, name))) for name in SIGNALS},
         **masks,
@@ -228,8 +227,6 @@ def _runtime(parent_env: dict[str, str], parent_stdio: tuple[str, ...]) -> dict[
         "warning_filters": ",".join(f[0] for f in warnings.filters[:3]),
         "stdio": _stdio(parent_stdio),
     }
-    if masked("worker_faulthandler"):
-        del out["faulthandler"]
     return out
 
 

@@ -61,15 +61,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "between instances of 'NoneType' and 'int'\", stoker \"'>' not supported ...\". "
         "Masked: num_workers is not raised from 0 between epochs."
     ),
-    "worker_faulthandler": (
-        "a worker's faulthandler: torch's worker inherits the main process's (off in a plain "
-        "script; the fuzz tests turn pytest's off), stoker's turns it on, writing to an "
-        "in-memory log (crash reports: NOTE [ The worker's process is torch's ]), so "
-        "faulthandler.is_enabled() is True in __getitem__ and SigCgt (/proc/self/status) has "
-        "SIGILL and SIGABRT caught besides torch's SIGBUS/SIGFPE/SIGSEGV/SIGTERM. Masked: the "
-        "rt observation leaves out faulthandler, the sig observation SIGILL and SIGABRT from "
-        "SigCgt."
-    ),
     "worker_stack_signal": (
         "a worker's SigCgt (/proc/self/status) has SIGRTMAX-2 caught in stoker's workers "
         "(faulthandler.register, stacks on request: NOTE [ The stack signal ]), not in "

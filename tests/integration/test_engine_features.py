@@ -7,8 +7,11 @@ import multiprocessing
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -233,6 +236,36 @@ def test_native_crash_shows_the_workers_faulthandler_stack():
                     text)
     assert "(SIGSEGV)" in text and "The worker's faulthandler output:" in text
     assert "in __getitem__" in text  # the crashing Python frame
+
+
+_CRASH_SCRIPT = """
+import stoker
+from _engine_datasets import Dies
+try:
+    list(stoker.DataLoader(Dies("SIGSEGV"), batch_size=4, num_workers=2))
+except stoker.WorkerDiedError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("faulthandler_on", [False, True])
+def test_a_crash_report_has_the_stack_where_faulthandler_was_on(faulthandler_on):
+    # A fresh interpreter (pytest turns faulthandler on in its own): off, as in a plain
+    # script, the worker leaves it off as torch's does and the report says how to get the
+    # stack; on, the report quotes it (NOTE [ faulthandler as the parent left it ]).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
+    if faulthandler_on:
+        env["PYTHONFAULTHANDLER"] = "1"
+    out = subprocess.run([sys.executable, "-c", _CRASH_SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=Path(__file__).parent, check=True).stdout
+    assert re.match(r"DataLoader worker \(pid \d+\) is killed by signal: Segmentation fault",
+                    out)
+    if faulthandler_on:
+        assert "The worker's faulthandler output:" in out and "in __getitem__" in out
+    else:
+        assert "The worker's faulthandler output:" not in out
+        assert ("For the worker's Python stack in this report, run with faulthandler on "
+                "(`python -X faulthandler`, or PYTHONFAULTHANDLER=1).") in out
 
 
 def test_persistent_worker_killed_between_epochs_is_reported_at_the_next_epoch():

@@ -51,6 +51,9 @@ def _crash_stacks(group: WorkerGroup, w: Any) -> str:
     fd = group.stack_logs.get(w.worker_id)
     if fd is None or w.process.exitcode >= 0 or -w.process.exitcode not in _FATAL_SIGNALS:
         return ""
+    if w.worker_id not in group.crash_stacks:  # NOTE [ faulthandler as the parent left it ]
+        return ("\nFor the worker's Python stack in this report, run with faulthandler on "
+                "(`python -X faulthandler`, or PYTHONFAULTHANDLER=1).")
     text = segments.read_log(fd).strip()
     return f"\nThe worker's faulthandler output:\n{text}\n" if text else ""
 

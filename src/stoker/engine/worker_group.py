@@ -68,6 +68,7 @@ class WorkerGroup:
         # Slab ids each worker's batches released, waiting to ride back with its next message.
         self._to_release: list[list[int]] = [[] for _ in range(num_workers)]
         self.stack_logs: dict[int, int] = {}  # worker id -> fd of its faulthandler log
+        self.crash_stacks: set[int] = set()  # worker ids whose crash writes to that log
         self.stopped = False
         self._made_in = os.getpid()  # NOTE [ A forked child leaves its parent's things alone ]
         self._poller: tuple[select.poll, dict[int, tuple[WorkerHandle, bool]]] | None = None
@@ -152,6 +153,8 @@ class WorkerGroup:
                 fd = msg.recv_fd(w.conn)
                 segments.open_received_log(fd)
                 self.stack_logs[w.worker_id] = fd
+                if message.crash_stacks:
+                    self.crash_stacks.add(w.worker_id)
         else:
             return message
         return None

@@ -19,9 +19,10 @@ no longer stop on Ctrl-C), so a Ctrl-C reaches the worker as ``KeyboardInterrupt
 ends it quietly wherever it lands, as torch's does; the main process gets its own and stops
 the rest. After the workers start, the main process gets torch's SIGCHLD handler, as torch's
 iterator sets it (stoker registers no pids with it: deaths are reported by stoker's own
-watch). stoker's own additions are invisible to a program that succeeds: faulthandler writes
-to an in-memory log (crash reports; ``faulthandler.is_enabled()`` is True, the one trace),
-stacks are asked for with a real-time signal (NOTE [ The stack signal ]), and the parent
+watch). stoker's own additions are invisible to a program that succeeds: faulthandler stays as
+the parent left it, writing to an in-memory log where it was on (NOTE [ faulthandler as the
+parent left it ]), stacks are asked for with a real-time signal (NOTE [ The stack signal ],
+which only ``/proc/self/status`` lists), and the parent
 watch is a bare ``_thread`` thread, outside ``threading``'s registry and its name counter
 (only ``/proc/self/task`` counts it; torch's worker has its queue's feeder thread).
 """
@@ -165,8 +166,8 @@ def _prepare(spec: WorkerSpec, conn: Connection) -> Worker:
 
 def _serve(worker: Worker, spec: WorkerSpec, conn: Connection) -> None:
     try:
-        log_fd = diagnostics.install_in_worker()
-        msg.send(conn, msg.Hello(has_log=log_fd is not None))
+        log_fd, crash_stacks = diagnostics.install_in_worker()
+        msg.send(conn, msg.Hello(has_log=log_fd is not None, crash_stacks=crash_stacks))
         if log_fd is not None:
             msg.send_fd(conn, log_fd)
         worker.start()

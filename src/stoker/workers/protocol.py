@@ -138,6 +138,9 @@ class Hello(NamedTuple):
     has_log: bool
     """When true, the fd of the worker's stack log follows (``workers.diagnostics``)."""
 
+    crash_stacks: bool = False
+    """Whether a crash writes the worker's stacks to that log (faulthandler was on)."""
+
     @property
     def tag(self) -> Tag:
         return Tag.HELLO
