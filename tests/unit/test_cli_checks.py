@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.cli.doctor import check_outputs
+from stoker.cli.doctor import build_parser, check_outputs
 from stoker.doctor.factory import UserCodeFailed, call_factory
 from stoker.doctor.script import CommandError, resolve_command
 from stoker.formats.pack_report import plan_differences
@@ -43,6 +43,14 @@ def test_python_is_the_interpreter_stoker_runs_under(in_tmp: Path, python: str) 
 @pytest.mark.parametrize("script", ["train.py", "./train.py"])
 def test_a_script_alone_runs_with_that_interpreter(in_tmp: Path, script: str) -> None:
     assert resolve_command([script, "--epochs", "2"]) == [*CHILD, script, "--epochs", "2"]
+
+
+def test_the_help_prints_the_interpreters_path_whole(monkeypatch) -> None:
+    # argparse wrapped the epilog at a hyphen, splitting a path such as /home/jo-ann/...
+    path = "/home/jo-ann/my-long-project-name/with-more-parts/.venv-py3.11/bin/python"
+    monkeypatch.setattr(sys, "executable", path)
+    lines = build_parser().format_help().splitlines()
+    assert any(f"({path})" in line for line in lines), lines
 
 
 def test_an_interpreter_given_by_path_is_kept(in_tmp: Path) -> None:

@@ -17,12 +17,24 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
+
+
+class _KeepPaths(argparse.HelpFormatter):
+    """argparse's wrapping, but never inside a word: it broke the interpreter's path at a
+    hyphen (``/home/jo-`` and ``ann/.venv/bin/python`` on two lines)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent,
+                             subsequent_indent=indent, break_on_hyphens=False,
+                             break_long_words=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="stoker doctor",
+        formatter_class=_KeepPaths,
         usage="%(prog)s [options] MODULE:FACTORY\n       %(prog)s [options] -- python "
         "train.py [ARGS ...]",
         description="Measure your loader on your data: is training input-bound, where does "
