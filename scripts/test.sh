@@ -4,16 +4,30 @@
 # --fast runs the fast tier (tests/_tiers.py: under 3 minutes on 2 cores, for use before each
 # commit): it sets STOKER_FAST=1, which the root conftest turns into the tier's selection and
 # the fuzzer's smaller budget. Every other argument goes to pytest as it is.
+#
+# The tests run in STOKER_TEST_PROCS pytest processes (pytest-xdist; default 2), a file's tests
+# together in one of them (--dist loadfile: a module's servers and process groups are set up
+# once). Most of a test's time is spent waiting on the processes it starts, so one pytest
+# process left a 2-core machine half idle (load ~0.9 over a quiet run). STOKER_TEST_PROCS=0, or
+# an -n/-p no:xdist argument of your own, runs them in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 args=()
+own_procs=0
 for arg in "$@"; do
     if [ "$arg" = "--fast" ]; then
         export STOKER_FAST=1
     else
+        case "$arg" in
+            -n|-n*|--numprocesses*|no:xdist) own_procs=1 ;;
+        esac
         args+=("$arg")
     fi
 done
+procs=${STOKER_TEST_PROCS:-2}
+if [ "$own_procs" = 0 ] && [ "$procs" != 0 ]; then
+    args=(-n "$procs" --dist loadfile ${args[@]+"${args[@]}"})
+fi
 scripts/setup.sh
 # The doctor's HTML report is checked in a real browser (tests/integration/
 # test_doctor_report_browser.py): Debian's chromium, installed where this runs as root with

@@ -1,6 +1,6 @@
 """The fast tier: what ``scripts/test.sh --fast`` runs before each commit, in one place.
 
-The full suite (``scripts/test.sh``, what CI runs) takes ~19 minutes on two cores; the fast
+The full suite (``scripts/test.sh``, what CI runs) takes ~15 minutes on two cores; the fast
 tier is a curated selection that runs in under 3 minutes there and still touches every
 module's contract: the differential fuzzer's bounded run (a smaller budget: ``fast_tier``),
 the same-as-torch cases, the wire protocol between the main process and its workers, resume,
