@@ -56,8 +56,12 @@ for i in $(seq 1 "$runs"); do
     start=$(date +%s)
     set +e
     if [ -n "${STOKER_STRESS_VENV:-}" ]; then
+        # as scripts/test.sh runs it: STOKER_TEST_PROCS pytest processes (default 2)
+        procs=${STOKER_TEST_PROCS:-2}
+        xdist=()
+        [ "$procs" = 0 ] || xdist=(-n "$procs" --dist loadfile)
         (cd "$clone" && PYTHONPATH="$clone/src${PYTHONPATH:+:$PYTHONPATH}" \
-            .venv/bin/python -m pytest "$@") >"$log" 2>&1
+            .venv/bin/python -m pytest ${xdist[@]+"${xdist[@]}"} "$@") >"$log" 2>&1
     else
         (cd "$clone" && scripts/test.sh "$@") >"$log" 2>&1
     fi

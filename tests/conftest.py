@@ -27,6 +27,7 @@ import torch.utils.data
 import _budget
 import _tiers
 import _timeouts
+import _xdist_order
 
 # A suite started in the background (``cmd &`` in a non-interactive shell, as a script or a CI
 # step may do) begins with SIGINT ignored, and every process it starts inherits that: the
@@ -139,6 +140,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _tiers.mark_fast(config, items)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # several pytest processes: longest files first
+        _xdist_order.heaviest_first(items)
 
 
 @pytest.fixture(scope="session")
