@@ -19,7 +19,7 @@ for arg in "$@"; do
         export STOKER_FAST=1
     else
         case "$arg" in
-            -n|-n*|--numprocesses*|no:xdist) own_procs=1 ;;
+            -n*|--numprocesses*|no:xdist) own_procs=1 ;;
         esac
         args+=("$arg")
     fi

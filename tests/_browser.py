@@ -42,14 +42,16 @@ def chromium(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def probe(page: Path, script: str, profile: Path, width: int = 1280) -> dict[str, Any]:
+def probe(page: Path, script: str, profile: Path, width: int = 1280, height: int = 900
+          ) -> dict[str, Any]:
     """Open a copy of ``page`` (beside it, so its relative links hold) with ``script`` before
-    ``</body>``; the script writes its JSON result into ``<pre id="probe">``."""
+    ``</body>`` in a ``width`` x ``height`` window; the script writes its JSON result into
+    ``<pre id="probe">``."""
     probed = page.with_name(f"_probed_{page.name}")
     probed.write_text(page.read_text(encoding="utf-8").replace("</body>", script + "</body>"),
                       encoding="utf-8")
     try:
-        dom = chromium(f"--user-data-dir={profile}", f"--window-size={width},900",
+        dom = chromium(f"--user-data-dir={profile}", f"--window-size={width},{height}",
                        "--virtual-time-budget=5000", "--dump-dom", probed.as_uri())
     finally:
         probed.unlink()

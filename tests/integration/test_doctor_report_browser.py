@@ -14,15 +14,12 @@ integration test would name it)."""
 
 from __future__ import annotations
 
-import html
-import json
 import os
-import re
 from typing import Any
 
 import pytest
 
-from _browser import CHROMIUM, chromium
+from _browser import CHROMIUM, MISSING, chromium, probe
 from stoker._core.stats import LoaderStats
 from stoker.doctor.candidates import Candidate
 from stoker.doctor.measure import MemorySample, Run
@@ -30,9 +27,7 @@ from stoker.doctor.sweep import Sweep
 from stoker.profile.events import EventRecorder
 from stoker.workers.protocol import BatchReport
 
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="needs Debian's chromium package (apt-get install chromium; "
-    "scripts/setup.sh installs it where it runs as root)")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=MISSING)
 VERDICT = ("Input-bound: the training loop waited for data 90% of the time. The "
            "workers are blocked off a CPU 95% of their time (I/O, remote storage or sleeps in "
            "__getitem__), one at a time per worker as in torch; 1% waiting for a CPU.")
@@ -96,17 +91,6 @@ def _recorded() -> tuple[Run, Sweep]:
     return run, sweep
 
 
-def _probed(page: Any, probe: str, tmp_path: Any) -> dict[str, Any]:
-    """What ``probe`` (a script appended to a copy of ``page``) reports of the laid-out page."""
-    probed = tmp_path / f"probed-{page.stem}.html"
-    probed.write_text(page.read_text().replace("</body>", probe + "</body>"))
-    dom = chromium(f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2000",
-                    "--virtual-time-budget=5000", "--dump-dom", probed.as_uri())
-    found = re.search(r'<pre id="probe">(.*?)</pre>', dom.stdout, re.S)
-    assert found, f"no probe result; chromium said:\n{dom.stderr[-3000:]}"
-    return json.loads(html.unescape(found.group(1)))
-
-
 @pytest.mark.timeout(300)
 def test_the_html_report_shows_the_verdict_the_timeline_and_the_settings(tmp_path: Any) -> None:
     pytest.importorskip("matplotlib")
@@ -116,8 +100,8 @@ def test_the_html_report_shows_the_verdict_the_timeline_and_the_settings(tmp_pat
     page = tmp_path / "report.html"
     write_report(str(page), run, sweep, text="VERDICT  " + VERDICT + "\nRECOMMENDATION ...\n",
                  verdict=VERDICT)
-    profile = str(tmp_path / "profile")
-    seen = _probed(page, _PROBE, tmp_path)
+    profile = tmp_path / "profile"
+    seen = probe(page, _PROBE, profile, height=2000)
     for part in ("verdict", "timeline", "settings", "report"):
         box = seen[part]
         assert box["found"] and box["shown"] and box["drawn"], (part, box)
@@ -209,7 +193,7 @@ def test_the_pictures_legends_rates_memory_and_no_sweep_reason_as_drawn(tmp_path
     page = tmp_path / "report.html"
     write_report(str(page), _four_measured_batches(), None, text="VERDICT  busy\n",
                  verdict="busy", no_sweep=busy)
-    seen = _probed(page, _PROBE_PICTURES, tmp_path)
+    seen = probe(page, _PROBE_PICTURES, tmp_path / "profile", height=2000)
 
     # the timeline's legend is drawn beside the lanes: it covers no bar, the main loop's least
     legend = seen["legend_timeline"]
