@@ -80,7 +80,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from _fuzz_known import masked
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils import signal_handling
 
@@ -168,9 +167,6 @@ def signals() -> dict[str, str]:
     """The Python-level handlers of ``SIGNALS`` and the calling thread's masks: the ``sig``
     observation, and the main process's in the record (``_fuzz_record``)."""
     masks = status_masks(_read("/proc/thread-self/status"))
-    masks["SigCgt"] = ",".join(
-        s for s in masks["SigCgt"].split(",")
-        if not (masked("worker_stack_signal") and s.startswith("SIGRT")))
     return {
         **{name: handler_name(signal.getsignal(getattr(signal, name))) for name in SIGNALS},
         **masks,

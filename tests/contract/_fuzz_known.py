@@ -61,12 +61,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "between instances of 'NoneType' and 'int'\", stoker \"'>' not supported ...\". "
         "Masked: num_workers is not raised from 0 between epochs."
     ),
-    "worker_stack_signal": (
-        "a worker's SigCgt (/proc/self/status) has SIGRTMAX-2 caught in stoker's workers "
-        "(faulthandler.register, stacks on request: NOTE [ The stack signal ]), not in "
-        "torch's; signal.getsignal cannot see it and exec resets it. Masked: the sig "
-        "observation leaves real-time signals out of SigCgt."
-    ),
 }
 
 

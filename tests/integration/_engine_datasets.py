@@ -167,6 +167,28 @@ class Stuck(Dataset):
         return torch.tensor(i)
 
 
+class HoldsTheGil(Dataset):
+    """Sample 3 (worker 1's) waits in a C call that keeps the GIL: ``system`` through
+    ``ctypes.PyDLL``. Its shell opens the FIFO ``entered``, which lets sample 0 (worker 0's)
+    go on, so the loader's first batch comes once worker 1 holds the GIL; then it waits for a
+    line on the FIFO ``release``."""
+
+    def __init__(self, entered: str, release: str) -> None:
+        self.entered, self.release = entered, release
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 0:
+            with open(self.entered):  # until sample 3's shell opens it
+                pass
+        if i == 3:
+            shell = f"echo > '{self.entered}'; read line < '{self.release}'"
+            ctypes.PyDLL(None).system(shell.encode())
+        return torch.tensor(i)
+
+
 class Records(Dataset):
     """In-memory records read with ``int()``: the batched form read from the source applies
     (NOTE [ Batched getitem from source ]). ``bad_label`` (an index) holds NaN: ``int()`` of

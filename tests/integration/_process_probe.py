@@ -87,8 +87,8 @@ class Probe(torch.utils.data.Dataset):
         seen = {
             "signals": {s: handler_name(signal.getsignal(getattr(signal, s))) for s in WATCHED},
             "masks": {k: v for k, v in masks(own_status).items() if k != "SigCgt"},
-            # caught at the C level (torch's handlers, faulthandler's) below SIGRTMIN
-            "caught": [n for n in masks(own_status)["SigCgt"] if n < signal.SIGRTMIN],
+            # caught at the C level (torch's handlers, faulthandler's), real-time ones too
+            "caught": masks(own_status)["SigCgt"],
             "child_masks": masks(child),
             "process_name": multiprocessing.current_process().name,
             "comm": read("/proc/self/comm").strip(),

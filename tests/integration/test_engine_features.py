@@ -21,6 +21,7 @@ from _engine_datasets import (
     Corrupt,
     Dies,
     HeadBlocked,
+    HoldsTheGil,
     Stuck,
     Waiting,
     WaitingDeclared,
@@ -333,6 +334,44 @@ def test_stall_report_names_the_worker_samples_and_stack():
         logging.WARNING, stoker.StallWarning)
     text = stall[0].getMessage()
     assert "holds sample indices [2, 3" in text and "in __getitem__" in text
+    # asked through the parent watch, whose own frame is left out (NOTE [ Stacks on request ])
+    assert "_watch_parent" not in text and "Current thread" not in text
+
+
+def test_stall_report_says_when_a_worker_holding_the_gil_gives_no_stack(tmp_path):
+    # No signal handler in a worker (NOTE [ Stacks on request ]): a worker stuck in native code
+    # that keeps the GIL cannot answer, and the report says so instead of showing nothing.
+    entered, release = str(tmp_path / "entered"), str(tmp_path / "release")
+    os.mkfifo(entered)
+    os.mkfifo(release)
+    loader = stoker.DataLoader(HoldsTheGil(entered, release), batch_size=2, num_workers=2,
+                               stall_warning_s=0.3)
+    told = _Told()
+    no_stack = threading.Event()
+    told.emit = lambda record: (told.records.append(record),  # type: ignore[method-assign]
+                                "did not come" in record.getMessage() and no_stack.set())
+    logger = logging.getLogger("stoker.engine.worker_group")
+    logger.addHandler(told)
+
+    def release_when_told():
+        no_stack.wait(timeout=120)  # on a stack instead, the assertions below say so
+        fd = os.open(release, os.O_WRONLY)  # the shell reads it: sample 3 is under way
+        os.write(fd, b"go\n")
+        os.close(fd)
+
+    helper = threading.Thread(target=release_when_told)
+    helper.start()
+    try:
+        batches = list(loader)
+    finally:
+        no_stack.set()
+        helper.join(timeout=60)
+        logger.removeHandler(told)
+    assert torch.cat(batches).tolist() == list(range(8))
+    stalls = [r.getMessage() for r in told.records if "no batch for" in r.getMessage()]
+    # the last report came after worker 0's batches, while worker 1's shell ran
+    assert stalls and "holds sample indices [2, 3" in stalls[-1]
+    assert "its stack did not come within 1 s (native code holding the GIL?)" in stalls[-1]
 
 
 # -- stats -------------------------------------------------------------------------------------

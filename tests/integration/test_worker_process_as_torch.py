@@ -40,8 +40,8 @@ def _probe(loader: str, method: str, **extra_env: str) -> dict:
 @pytest.mark.parametrize("method", ["default", "fork", "spawn"])
 def test_a_dataset_sees_torchs_worker_process(method, stoker_only):
     torchs, stokers = _probe("torch", method), _probe("stoker", method)
-    # faulthandler as a fresh interpreter has it, off, and the same signals caught (below
-    # SIGRTMIN: the stack signal is a real-time one): NOTE [ faulthandler as the parent left it ]
+    # faulthandler as a fresh interpreter has it, off, and the same signals caught, real-time
+    # ones too: NOTE [ faulthandler as the parent left it ], NOTE [ Stacks on request ]
     assert torchs["workers"][0]["faulthandler"] is False
     assert stokers == torchs
     worker = torchs["workers"][0]

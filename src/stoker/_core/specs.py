@@ -54,4 +54,6 @@ class WorkerSpec:
     # None, (dataset state,) or None) to restore after worker_init_fn, or is empty.
     persistent: bool = False
     resume: tuple[tuple[Any, Any], ...] = ()
+    # register the stack signal: only while the doctor samples (NOTE [ The stack signal ])
+    stack_signal: bool = False
 

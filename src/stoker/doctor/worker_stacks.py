@@ -1,9 +1,10 @@
 """The workers' Python stacks, sampled while the doctor measures a loader (Linux).
 
 NOTE [ Sampling the workers' stacks ]
-    A stoker worker routes ``faulthandler`` to an in-memory log and registers ``DUMP_SIGNAL`` (a
-    real-time signal, NOTE [ The stack signal ]) to dump every thread's stack there
-    (``workers/diagnostics.py``: how a stuck worker is shown). The doctor reuses it from outside
+    A stoker worker routes its stack dumps to an in-memory log (``workers/diagnostics.py``: how
+    a stuck worker is shown); the workers started while ``WorkerStacks`` is open also register
+    ``DUMP_SIGNAL`` (a real-time signal, NOTE [ The stack signal ]; outside the doctor, workers
+    catch no signal torch's do not). The doctor samples from outside
     the loader, through the operating system only: every ``interval_s`` it lists this process's
     children, keeps those whose ``/proc/<pid>/status`` says that signal is caught and that hold
     the log (a ``/memfd:stoker-worker-stacks`` fd, opened here through ``/proc/<pid>/fd``),
@@ -27,7 +28,7 @@ import threading
 import time
 from typing import IO
 
-from stoker.workers.diagnostics import DUMP_SIGNAL
+from stoker.workers.diagnostics import DUMP_SIGNAL, stacks_by_signal
 
 _LOG_NAME = "/memfd:stoker-worker-stacks"
 _SIGNAL = DUMP_SIGNAL
@@ -46,14 +47,17 @@ class WorkerStacks:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="stoker-doctor-stacks",
                                         daemon=True)
+        self._by_signal = stacks_by_signal()
 
     def __enter__(self) -> WorkerStacks:
+        self._by_signal.__enter__()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=10.0)
+        self._by_signal.__exit__(None, None, None)
         for log in self._logs.values():
             log.close()
         self._logs.clear()

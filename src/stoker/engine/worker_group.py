@@ -68,6 +68,7 @@ class WorkerGroup:
         # Slab ids each worker's batches released, waiting to ride back with its next message.
         self._to_release: list[list[int]] = [[] for _ in range(num_workers)]
         self.stack_logs: dict[int, int] = {}  # worker id -> fd of its faulthandler log
+        self.stack_asks: dict[int, int] = {}  # worker id -> fd its stacks are asked through
         self.crash_stacks: set[int] = set()  # worker ids whose crash writes to that log
         self.stopped = False
         self._made_in = os.getpid()  # NOTE [ A forked child leaves its parent's things alone ]
@@ -139,9 +140,10 @@ class WorkerGroup:
             stop_workers(self.workers, drain=self.file_control)
         finally:
             self.reader.close(self.bank)
-            for fd in self.stack_logs.values():
+            for fd in [*self.stack_logs.values(), *self.stack_asks.values()]:
                 segments.close(fd)
             self.stack_logs.clear()
+            self.stack_asks.clear()
 
     def file_control(self, w: WorkerHandle, message: msg.FromWorker
                      ) -> msg.Reply | msg.Started | None:
@@ -150,9 +152,12 @@ class WorkerGroup:
             receive_slab(self.reader, w, message.ref)
         elif isinstance(message, msg.Hello):
             if message.has_log:
-                fd = msg.recv_fd(w.conn)
+                fd, ask = msg.recv_fds(w.conn, 2)
+                os.set_blocking(ask, False)  # a stuck worker's full pipe never blocks us
                 segments.open_received_log(fd)
+                segments.open_received_log(ask)
                 self.stack_logs[w.worker_id] = fd
+                self.stack_asks[w.worker_id] = ask
                 if message.crash_stacks:
                     self.crash_stacks.add(w.worker_id)
         else:
@@ -187,11 +192,12 @@ def describe_stall(group: WorkerGroup, book: TaskBook, with_stacks: bool) -> str
         w = group.workers[wid]
         flat = [j for i in indices for j in (i if isinstance(i, list) else [i])]
         part = f"worker {wid} (pid {w.pid}) holds {describe_indices(flat)}"
-        log_fd = group.stack_logs.get(wid)
-        if with_stacks and log_fd is not None and w.pid is not None:
-            stacks = request_stacks(w.pid, log_fd).strip()
-            if stacks:
-                part += f"; its stack now:\n{stacks}\n"
+        log_fd, ask_fd = group.stack_logs.get(wid), group.stack_asks.get(wid)
+        if with_stacks and log_fd is not None and ask_fd is not None:
+            stacks = request_stacks(ask_fd, log_fd).strip()
+            # NOTE [ Stacks on request ] in workers/diagnostics.py
+            part += (f"; its stack now:\n{stacks}\n" if stacks else
+                     "; its stack did not come within 1 s (native code holding the GIL?)")
         parts.append(part)
     return "; ".join(parts)
 

@@ -32,7 +32,7 @@ from stoker.engine.worker_group import WorkerGroup
 from stoker.fastpaths.batched_getitem import compile_batched
 from stoker.fetch.fetchers import source_form
 from stoker.sampling.datapipes import distributed_settings, is_datapipe
-from stoker.workers import pickle_culprit
+from stoker.workers import diagnostics, pickle_culprit
 from stoker.workers.launch import gc_frozen_for_fork, launch, make_worker, start_worker
 from stoker.workers.spec_once import PickledSpec
 from stoker.workers.thread_caps import pools_quiet_for_fork
@@ -72,6 +72,7 @@ def worker_specs(
             datapipe_ranks=distributed_settings() if is_datapipe(dataset) else None,
             persistent=plan.persistent_workers,
             resume=resume,
+            stack_signal=diagnostics.signal_wanted(),
         )
         for wid in range(plan.num_workers)
     ]

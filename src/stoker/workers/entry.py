@@ -21,17 +21,17 @@ the rest. After the workers start, the main process gets torch's SIGCHLD handler
 iterator sets it (stoker registers no pids with it: deaths are reported by stoker's own
 watch). stoker's own additions are invisible to a program that succeeds: faulthandler stays as
 the parent left it, writing to an in-memory log where it was on (NOTE [ faulthandler as the
-parent left it ]), stacks are asked for with a real-time signal (NOTE [ The stack signal ],
-which only ``/proc/self/status`` lists), and the parent
-watch is a bare ``_thread`` thread, outside ``threading``'s registry and its name counter
-(only ``/proc/self/task`` counts it; torch's worker has its queue's feeder thread).
+parent left it ]), no signal handler is added (stacks are asked for through a pipe the parent
+watch reads: NOTE [ Stacks on request ]), and the parent watch is a bare ``_thread`` thread,
+outside ``threading``'s registry and its name counter (only ``/proc/self/task`` counts it;
+torch's worker has its queue's feeder thread).
 """
 
 from __future__ import annotations
 
 import _thread
 import os
-import threading
+import select
 import weakref
 from multiprocessing.connection import Connection
 from typing import Any
@@ -89,13 +89,20 @@ def _main_alive(main_pid: int, first_ppid: int) -> bool:
     return True
 
 
-def _watch_parent(main_pid: int) -> None:
-    """Exit when the main process is gone, even if the user's code is stuck in a fetch."""
+def _watch_parent(main_pid: int, stacks: diagnostics.StackLog) -> None:
+    """Exit when the main process is gone, even if the user's code is stuck in a fetch; answer
+    the main process's requests for this worker's stacks (NOTE [ Stacks on request ])."""
     first_ppid = os.getppid()
-    stop = threading.Event()
-    while not stop.wait(_PARENT_CHECK_INTERVAL_S):
+    requests = [stacks.requests] if stacks.requests is not None else []
+    while True:
+        ready = select.select(requests, [], [], _PARENT_CHECK_INTERVAL_S)[0]
         if not _main_alive(main_pid, first_ppid):
             os._exit(0)
+        if ready:
+            if os.read(requests[0], 64) and stacks.fd is not None:
+                diagnostics.answer_request(stacks.fd)
+            else:  # the main process closed its end: watch only
+                requests = []
 
 
 def worker_main_once(handle: Any, worker_id: int, conn: Connection) -> None:
@@ -143,33 +150,35 @@ def worker_main(spec: WorkerSpec, conn: Connection, set_up: bool = True) -> None
     try:
         if set_up:
             _set_up_as_torch()
-        worker = _prepare(spec, conn)
+        worker, stacks = _prepare(spec, conn)
     except KeyboardInterrupt:  # NOTE [ The worker's process is torch's ]
         conn.close()
         return
-    _serve(worker, spec, conn)
+    _serve(worker, stacks, spec, conn)
 
 
-def _prepare(spec: WorkerSpec, conn: Connection) -> Worker:
+def _prepare(spec: WorkerSpec, conn: Connection) -> tuple[Worker, diagnostics.StackLog]:
     segments.close_inherited()
     close_inherited_parent_ends()
+    stacks = diagnostics.install_in_worker(by_signal=spec.stack_signal)
     # A bare thread: not in threading.enumerate(), no "Thread-N" number taken from the
     # names a dataset's own threads get (NOTE [ The worker's process is torch's ]).
-    _thread.start_new_thread(_watch_parent, (spec.parent_pid,))
+    _thread.start_new_thread(_watch_parent, (spec.parent_pid, stacks))
     beyond = spec.fetch.beyond
     cap_worker_threads(1, forked=spec.forked, every_pool="thread_caps" in beyond)
     if spec.fetch.fast_paths and "slab_transport" in beyond:
         collate_into_slabs_in_this_worker()  # NOTE [ torch's collate in stoker workers ]
     apply_in_worker(spec.shared_lists)  # before any user code runs here
-    return Worker(spec, conn)
+    return Worker(spec, conn), stacks
 
 
-def _serve(worker: Worker, spec: WorkerSpec, conn: Connection) -> None:
+def _serve(worker: Worker, stacks: diagnostics.StackLog, spec: WorkerSpec,
+           conn: Connection) -> None:
     try:
-        log_fd, crash_stacks = diagnostics.install_in_worker()
-        msg.send(conn, msg.Hello(has_log=log_fd is not None, crash_stacks=crash_stacks))
-        if log_fd is not None:
-            msg.send_fd(conn, log_fd)
+        msg.send(conn, msg.Hello(has_log=stacks.fd is not None, crash_stacks=stacks.crash_stacks))
+        if stacks.fd is not None and stacks.ask_end is not None:
+            msg.send_fds(conn, [stacks.fd, stacks.ask_end])
+            os.close(stacks.ask_end)  # the main process holds it now
         worker.start()
         worker.serve()
     except (BrokenPipeError, ConnectionResetError, KeyboardInterrupt):

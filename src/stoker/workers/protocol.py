@@ -136,7 +136,8 @@ class Hello(NamedTuple):
     """A worker's first message."""
 
     has_log: bool
-    """When true, the fd of the worker's stack log follows (``workers.diagnostics``)."""
+    """When true, two fds follow: the worker's stack log and the write end of the pipe its
+    stacks are asked for through (``workers.diagnostics``)."""
 
     crash_stacks: bool = False
     """Whether a crash writes the worker's stacks to that log (faulthandler was on)."""
