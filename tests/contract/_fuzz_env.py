@@ -11,7 +11,8 @@ worker of an epoch:
   too: torch's worker handlers, faulthandler's; SigBlk is per thread, hence ``thread-self``).
 * ``names``: ``/proc/self/comm`` and ``/proc/thread-self/comm`` (torch names its worker's
   thread ``pt_data_worker``), the thread's name, whether the process is a daemon, its
-  parent's name.
+  parent's name, and in a worker the names of its threads (``QueueFeederThread`` once it has
+  sent a result: the same in every worker at the same point).
 * ``rt``: the collector (frozen objects, enabled, thresholds), ``faulthandler.is_enabled()``,
   ``sys.argv``, ``torch.get_num_threads()``, the names of the environment variables that
   differ from the main process's when the dataset was built, the RLIMIT_NOFILE/RLIMIT_CORE
@@ -181,6 +182,14 @@ def _names() -> dict[str, Any]:
         "thread": threading.current_thread().name,
         "daemon": bool(multiprocessing.current_process().daemon),
         "parent": "none" if parent is None else parent.name,
+        # a worker's threads: torch's result queue's feeder once it has put (NOTE [ torch's
+        # feeder thread in a worker ]), but not the resource sharer's "Thread-N (_serve)",
+        # which torch's feeder starts while the worker fetches on (a race: NOTE [ torch's
+        # resource sharer in a worker ]); not in the main process, where the other loader's
+        # threads may still be ending
+        "threads": ",".join(sorted(t.name for t in threading.enumerate()
+                                   if not t.name.endswith(" (_serve)")))
+        if get_worker_info() is not None else "main process",
     }
 
 

@@ -76,7 +76,7 @@ class Probe(torch.utils.data.Dataset):
         self.parent_environ = dict(os.environ)
 
     def __len__(self) -> int:
-        return 2
+        return 4  # each worker's second sample comes after its first put (its feeder thread)
 
     def __getitem__(self, i: int) -> str:
         info = torch.utils.data.get_worker_info()
@@ -132,7 +132,11 @@ def main(method: str) -> None:
     context = None if method == "default" else method
     loader = loader_cls(Probe(), batch_size=None, num_workers=2, multiprocessing_context=context,
                         timeout=120)
-    seen = [json.loads(s) for s in loader]
+    seen, main_threads = [], []
+    for sample in loader:
+        seen.append(json.loads(sample))
+        # torch's index queues' feeder threads, one per worker once it has been put to
+        main_threads.append(sorted(t.name for t in threading.enumerate()))
     gc.enable()
     print(json.dumps({
         "workers": seen,
@@ -140,6 +144,7 @@ def main(method: str) -> None:
         "main_sigint": handler_name(signal.getsignal(signal.SIGINT)),
         "main_process_counter_next": next(multiprocessing.process._process_counter),
         "main_gc_frozen": gc.get_freeze_count(),
+        "main_threads": main_threads,
     }, sort_keys=True))
 
 

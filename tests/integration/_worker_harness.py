@@ -28,7 +28,7 @@ class PlayedMain:
             concurrency=1,
         )
         self.handle = start_worker(ctx, spec)
-        self.fds: list[int] = []  # received from the worker (its stack log, memfd slabs)
+        self.fds: list[int] = []  # received from the worker (its stack log, memfd slabs...)
         self.slabs_made = 0
 
     def send(self, message) -> None:
@@ -41,8 +41,8 @@ class PlayedMain:
             assert conn.poll(BLOCK_S), "the worker did not answer"
             message = msg.recv_from_worker(conn)
             if isinstance(message, msg.Hello):
-                if message.has_log:
-                    self.fds.append(msg.recv_fd(conn))
+                if message.has_log:  # its stack log and its request pipe's write end
+                    self.fds.extend(msg.recv_fds(conn, 2))
             elif isinstance(message, msg.Slab):
                 self.slabs_made += 1
                 if message.ref.name is None:

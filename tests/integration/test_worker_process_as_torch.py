@@ -124,3 +124,17 @@ def test_a_tool_a_worker_runs_stops_on_ctrl_c_as_under_torch(tmp_path, stoker_on
     stokers = _ctrl_c("stoker", tmp_path / "stoker")
     assert torchs == {"saved": True, "main": ["KeyboardInterrupt"], "tool_running": False}
     assert stokers == torchs
+
+
+@pytest.mark.parametrize("shape", ["short_sampler", "persistent", "iterable", "batched",
+                                   "tensors"])
+def test_the_threads_a_program_and_a_dataset_see_are_torchs(shape, stoker_only):
+    # torch's queues' feeder threads: one per worker put to, in the main process, and one in
+    # a worker once it has put (NOTE [ torch's feeder thread in a worker ]); failed before
+    # stoker started stand-ins (no QueueFeederThread anywhere)
+    def seen(loader: str) -> list:
+        return json.loads(_run(loader, "_threads_probe.py", shape).stdout.splitlines()[-1])
+
+    torchs = seen("torch")
+    assert seen("stoker") == torchs
+    assert any("QueueFeederThread" in s["in_loop"] for s in torchs)

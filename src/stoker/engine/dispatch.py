@@ -60,6 +60,8 @@ class Dispatch(BaseIterator):
 
     def _send(self, wid: int, message: msg.ToWorker) -> None:
         w = self._group.workers[wid]
+        if isinstance(message, (msg.Task, msg.Reset)):
+            self._group.feeders.fed(wid)  # NOTE [ torch's feeder threads in the main process ]
         try:
             msg.send(w.conn, message)
         except OSError:  # EPIPE/ECONNRESET: it died since the last poll; report the death

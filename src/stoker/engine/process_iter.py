@@ -131,7 +131,10 @@ class ProcessIterator(Dispatch):
         specs = worker_specs(plan, ctx, self._group, self._engine, base_seed=cursor.base_seed,
                              first_epoch=cursor.epoch, datapipe_seed=cursor.datapipe_seed,
                              vector_trusted=self._vector_trusted, resume=self._resume_entries)
-        start_workers(self._group, ctx, specs, self._prime)
+        try:
+            start_workers(self._group, ctx, specs, self._prime)
+        finally:
+            self._group.feeders.all_started()
         self._worker_pids = tuple(p for p in self._group.pids if p is not None)  # all started
         self._memory_watch = self._engine.memory_watch
         # Its first reads cost ~10 ms each: keep them out of the time to the first batch.

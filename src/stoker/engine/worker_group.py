@@ -40,6 +40,7 @@ from stoker.transport.slab_bank import SlabBank
 from stoker.transport.slab_reader import SlabReader
 from stoker.workers import protocol as msg
 from stoker.workers.diagnostics import request_stacks
+from stoker.workers.feeder_stand_in import MainFeeders
 from stoker.workers.launch import WorkerHandle, stop_workers
 from stoker.workers.remote_errors import add_note, describe_indices
 
@@ -69,6 +70,7 @@ class WorkerGroup:
         self._to_release: list[list[int]] = [[] for _ in range(num_workers)]
         self.stack_logs: dict[int, int] = {}  # worker id -> fd of its faulthandler log
         self.stack_asks: dict[int, int] = {}  # worker id -> fd its stacks are asked through
+        self.feeders = MainFeeders()  # NOTE [ torch's feeder threads in the main process ]
         self.crash_stacks: set[int] = set()  # worker ids whose crash writes to that log
         self.stopped = False
         self._made_in = os.getpid()  # NOTE [ A forked child leaves its parent's things alone ]
@@ -139,6 +141,7 @@ class WorkerGroup:
         try:
             stop_workers(self.workers, drain=self.file_control)
         finally:
+            self.feeders.stop()
             self.reader.close(self.bank)
             for fd in [*self.stack_logs.values(), *self.stack_asks.values()]:
                 segments.close(fd)

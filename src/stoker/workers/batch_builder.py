@@ -26,6 +26,7 @@ from stoker.fetch.fetchers import EMPTY
 from stoker.transport import torch_way
 from stoker.transport.segments import SegmentRef
 from stoker.transport.slab_writer import SlabPool, SlabWriter, batch_nbytes, write_batch
+from stoker.workers import feeder_stand_in
 from stoker.workers import protocol as msg
 from stoker.workers.remote_errors import capture, describe_failure
 
@@ -161,6 +162,8 @@ class BatchBuilder:
         finally:
             torch_way.close(packed.fds)
         self.retired = []
+        # NOTE [ torch's feeder thread in a worker ], [ torch's resource sharer in a worker ]
+        feeder_stand_in.after_put(shared_fds=bool(packed.fds))
 
     def failed(self, epoch: int, task_id: int, indices: Any, exc: BaseException,
                rngs: Any = None) -> None:
@@ -168,3 +171,4 @@ class BatchBuilder:
             exc = exc.with_indices(indices)
         err = capture(exc, self.worker_id, "loading " + describe_failure(indices, exc))
         msg.send(self.conn, msg.Failed(epoch, task_id, err, rngs))
+        feeder_stand_in.after_put()

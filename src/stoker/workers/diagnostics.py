@@ -132,6 +132,8 @@ def request_stacks(ask_fd: int, log_fd: int) -> str:
 
 
 def _others(dump: str) -> str:
-    """A faulthandler dump without the dumping thread's block (``Current thread ...``)."""
+    """A faulthandler dump without the dumping thread's block (``Current thread ...``) and the
+    parked threads that stand in for torch's (NOTE [ torch's feeder thread in a worker ])."""
     blocks = dump.strip("\n").split("\n\n")
-    return "\n\n".join(b for b in blocks if not b.startswith("Current thread "))
+    return "\n\n".join(b for b in blocks if not b.startswith("Current thread ")
+                       and "feeder_stand_in.py" not in b)

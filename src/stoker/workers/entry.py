@@ -23,8 +23,9 @@ watch). stoker's own additions are invisible to a program that succeeds: faultha
 the parent left it, writing to an in-memory log where it was on (NOTE [ faulthandler as the
 parent left it ]), no signal handler is added (stacks are asked for through a pipe the parent
 watch reads: NOTE [ Stacks on request ]), and the parent watch is a bare ``_thread`` thread,
-outside ``threading``'s registry and its name counter (only ``/proc/self/task`` counts it;
-torch's worker has its queue's feeder thread).
+outside ``threading``'s registry and its name counter (only ``/proc/self/task`` counts it);
+the thread torch's worker has once it has sent something is stood in for (NOTE [ torch's
+feeder thread in a worker ]).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from stoker.fastpaths.torch_collate_patch import collate_into_slabs_in_this_work
 from stoker.sampling import global_rngs
 from stoker.sharing.auto_share import apply_in_worker
 from stoker.transport import segments
-from stoker.workers import diagnostics
+from stoker.workers import diagnostics, feeder_stand_in
 from stoker.workers import protocol as msg
 from stoker.workers.main_loop import Worker
 from stoker.workers.remote_errors import RemoteError, capture
@@ -130,6 +131,7 @@ def _answer_with(error: RemoteError, conn: Connection) -> None:
             message = msg.recv_from_main(conn)
             if isinstance(message, msg.Task):
                 msg.send(conn, msg.Failed(message.epoch, message.task_id, error))
+                feeder_stand_in.after_put()  # NOTE [ torch's feeder thread in a worker ]
             elif isinstance(message, msg.Stop):
                 return
     except (EOFError, OSError):

@@ -22,6 +22,7 @@ from stoker.fetch.thread_pool import SamplePipeline
 from stoker.sampling.datapipes import seed_shufflers, shard
 from stoker.sampling.dataset_rngs import find_dataset_rngs
 from stoker.sampling.seeds import global_seeds, reseeded_since, seed_worker_rngs
+from stoker.workers import feeder_stand_in
 from stoker.workers import protocol as msg
 from stoker.workers.batch_builder import BatchBuilder
 from stoker.workers.remote_errors import RemoteError, capture
@@ -145,6 +146,7 @@ def _answer_reset(st: WorkerState, epoch: int) -> None:
                 exc, st.spec.worker_id, "saving its dataset's state (state_dict())"
             )
     msg.send(st.conn, msg.Started(epoch, st.streams.rngs(), state))
+    feeder_stand_in.after_put()  # NOTE [ torch's feeder thread in a worker ]
 
 
 def send_exhausted(st: WorkerState, task_id: int) -> None:
@@ -159,3 +161,4 @@ def send_exhausted(st: WorkerState, task_id: int) -> None:
             exc, st.spec.worker_id, "saving its dataset's state (state_dict())"
         )
     msg.send(st.conn, msg.Exhausted(st.epoch, task_id, rngs, state))
+    feeder_stand_in.after_put()

@@ -39,7 +39,7 @@ from stoker.sampling.dataset_rngs import reseed
 from stoker.sampling.sample_rng import set_sample_context
 from stoker.sampling.seeds import batch_seed, seed_global_rngs, stream_batch_seed
 from stoker.transport.slab_writer import SlabWriter
-from stoker.workers import lifecycle
+from stoker.workers import feeder_stand_in, lifecycle
 from stoker.workers import protocol as msg
 from stoker.workers.batch_builder import Collated
 from stoker.workers.lifecycle import WorkerState
@@ -160,6 +160,7 @@ class Inbox:
                     item.epoch, item.task_id) == (epoch, task_id):
                 self._read_ahead.remove(event)  # its slabs were released when it was read
                 msg.send(self.conn, msg.Cancelled(epoch, task_id))
+                feeder_stand_in.after_put()  # NOTE [ torch's feeder thread in a worker ]
                 return
 
 
@@ -183,6 +184,7 @@ class Worker:
             return  # like torch: tasks after the end of an iterable are ignored
         if st.init_error is not None:
             msg.send(st.conn, msg.Failed(st.epoch, task_id, st.init_error))
+            feeder_stand_in.after_put()
             return
         tuner, vector = st.tuner, st.vector
         assert tuner is not None and vector is not None
@@ -387,6 +389,7 @@ class Worker:
                     continue
                 if st.pipeline is None and inbox.read_waiting(st.epoch, item.task_id):
                     msg.send(st.conn, msg.Cancelled(item.epoch, item.task_id))
+                    feeder_stand_in.after_put()
                     continue
                 if inbox.stop_read_ahead():
                     return  # shutting down: a queued batch would only delay the exit
