@@ -4,9 +4,7 @@ the pack itself, its indexes replace the tar parsing."""
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 import zlib
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import pytest
 import torch
 
 import stoker
+from _tar_samples import draw, write_shards
 from stoker.formats import ShardError, TarShards, TarShardStream, pack, tar_stream
 
 
@@ -115,29 +114,10 @@ def test_stream_over_a_pack_uses_its_indexes_and_checks_the_bytes(
 
 
 
-def _write_shards(root: Path) -> list[str]:
-    """3 shards of 5 samples, keys unique, ``cls`` 0..14."""
-    paths = []
-    for s in range(3):
-        path = root / f"s{s}.tar"
-        with tarfile.open(path, "w") as tar:
-            for j in range(5):
-                data = str(s * 5 + j).encode()
-                info = tarfile.TarInfo(f"{s:02d}{j:03d}.cls")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        paths.append(str(path))
-    return paths
-
-
-def draw(sample: dict[str, bytes]) -> tuple[int, int]:
-    return int(sample["cls"]), int(stoker.sample_rng().integers(1 << 40))
-
-
 def test_a_transforms_sample_rng_draws_the_same_in_workers(tmp_path: Path) -> None:
     """NOTE [ A stream's samples have no index ]: seeded per sample from the stream's seed,
     epoch, shard and key, the draws do not depend on which worker reads the sample."""
-    paths = _write_shards(tmp_path)
+    paths = write_shards(tmp_path)
     alone = dict(TarShardStream(paths, transform=draw, shuffle_buffer=0, seed=3))
     assert sorted(alone) == list(range(15))
     stream = TarShardStream(paths, transform=draw, shuffle_buffer=4, seed=3)

@@ -4,8 +4,6 @@ its ``transform``'s draws per sample, from its seed, its epoch and the sample's 
 
 from __future__ import annotations
 
-import io
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import pytest
 import torch
 
 import stoker
+from _tar_samples import draw, write_shards
 from stoker.formats import TarShardStream
 
 IN_STREAM = (
@@ -28,24 +27,6 @@ OUTSIDE = (
     "DataLoader is loading a sample (inside Dataset.__getitem__). Outside a loader, create "
     "your own generator, e.g. numpy.random.default_rng(seed)."
 )
-
-
-def write_shards(root: Path, shards: int = 3, per_shard: int = 5) -> list[str]:
-    paths = []
-    for s in range(shards):
-        path = root / f"s{s}.tar"
-        with tarfile.open(path, "w") as tar:
-            for j in range(per_shard):
-                data = str(s * per_shard + j).encode()
-                info = tarfile.TarInfo(f"{s:02d}{j:03d}.cls")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        paths.append(str(path))
-    return paths
-
-
-def draw(sample: dict[str, bytes]) -> tuple[int, int]:
-    return int(sample["cls"]), int(stoker.sample_rng().integers(1 << 40))
 
 
 def _draws(stream: TarShardStream) -> dict[int, int]:
