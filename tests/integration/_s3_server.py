@@ -58,6 +58,9 @@ class Faults:
     injected: int = 0
     body_bytes: int = 0
     gets_by_path: dict[str, int] = field(default_factory=dict)
+    # (method, path, the client's User-Agent) of every request: which client asked what, for
+    # a test's failure message (obstore's and botocore's agents differ).
+    requests: list[tuple[str, str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _cap_free_at: float = 0.0  # when the bucket has the tokens of the chunks granted so far
 
@@ -70,8 +73,9 @@ class Faults:
         with self.lock:
             self.rules.clear()
 
-    def _take(self, method: str, path: str) -> _Rule | None:
+    def _take(self, method: str, path: str, agent: str = "") -> _Rule | None:
         with self.lock:
+            self.requests.append((method, path, agent))
             if method == "HEAD":
                 self.heads += 1
             if method != "GET":
@@ -128,7 +132,7 @@ class _Proxy(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if faults.latency_s:
             time.sleep(faults.latency_s)  # the server's own latency (what the test simulates)
-        rule = faults._take(self.command, self.path)
+        rule = faults._take(self.command, self.path, self.headers.get("User-Agent", ""))
         if rule is not None and rule.kind == "reset":
             self.close_connection = True
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
