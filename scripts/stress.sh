@@ -55,13 +55,9 @@ for i in $(seq 1 "$runs"); do
     done
     start=$(date +%s)
     set +e
-    if [ -n "${STOKER_STRESS_VENV:-}" ]; then
-        # as scripts/test.sh runs it: STOKER_TEST_PROCS pytest processes (default 2)
-        procs=${STOKER_TEST_PROCS:-2}
-        xdist=()
-        [ "$procs" = 0 ] || xdist=(-n "$procs" --dist loadfile)
+    if [ -n "${STOKER_STRESS_VENV:-}" ]; then  # that venv, the clone's src first
         (cd "$clone" && PYTHONPATH="$clone/src${PYTHONPATH:+:$PYTHONPATH}" \
-            .venv/bin/python -m pytest ${xdist[@]+"${xdist[@]}"} "$@") >"$log" 2>&1
+            STOKER_TEST_SKIP_SETUP=1 scripts/test.sh "$@") >"$log" 2>&1
     else
         (cd "$clone" && scripts/test.sh "$@") >"$log" 2>&1
     fi

@@ -5,11 +5,14 @@
 # commit): it sets STOKER_FAST=1, which the root conftest turns into the tier's selection and
 # the fuzzer's smaller budget. Every other argument goes to pytest as it is.
 #
-# The tests run in STOKER_TEST_PROCS pytest processes (pytest-xdist; default 2), a file's tests
+# The tests run in STOKER_TEST_PROCS pytest processes (pytest-xdist; default 3), a file's tests
 # together in one of them (--dist loadfile: a module's servers and process groups are set up
-# once). Most of a test's time is spent waiting on the processes it starts, so one pytest
-# process left a 2-core machine half idle (load ~0.9 over a quiet run). STOKER_TEST_PROCS=0, or
-# an -n/-p no:xdist argument of your own, runs them in one process.
+# once). Most of a test's time is spent waiting on the processes it starts: one pytest process
+# left a 2-core machine half idle (load ~0.9 over a quiet run), and two still left ~15 % of it
+# (CPU 24 min in a 14:12 run); three ran the suite in 12:00 against two's 13:55 (2026-12-02,
+# quiet, the same checkout). STOKER_TEST_PROCS=0, or an -n/-p no:xdist argument of your own,
+# runs them in one process. STOKER_TEST_SKIP_SETUP=1 runs them with the .venv as it is
+# (scripts/stress.sh, with a venv of its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 args=()
@@ -24,9 +27,12 @@ for arg in "$@"; do
         args+=("$arg")
     fi
 done
-procs=${STOKER_TEST_PROCS:-2}
+procs=${STOKER_TEST_PROCS:-3}
 if [ "$own_procs" = 0 ] && [ "$procs" != 0 ]; then
     args=(-n "$procs" --dist loadfile ${args[@]+"${args[@]}"})
+fi
+if [ -n "${STOKER_TEST_SKIP_SETUP:-}" ]; then
+    exec .venv/bin/python -m pytest ${args[@]+"${args[@]}"}
 fi
 scripts/setup.sh
 # The doctor's HTML report is checked in a real browser (tests/integration/
