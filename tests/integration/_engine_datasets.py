@@ -108,7 +108,8 @@ class Augmenting(Dataset):
 class HeadBlocked(Dataset):
     """Sample ``blocked`` waits until sample ``release_at`` (a later batch) has been fetched.
 
-    ``blocked`` comes after the tuner's first few samples, which are always fetched one by one.
+    Passing needs the samples from ``blocked`` to ``release_at`` fetched at once: the test sets
+    ``worker_concurrency`` (a tuned one depends on the machine's load).
     """
 
     stoker_thread_safe = True
