@@ -174,7 +174,7 @@ def test_fixed_concurrency_is_respected():
 def test_in_order_delivery_survives_out_of_order_completion(executor):
     # Sample 20 finishes only after sample 40 (a later batch) was fetched: six batches must be
     # in flight, which takes ~21 fetches at once. The concurrency is set, not tuned: the
-    # tuner's choice follows the load (30-64 measured), and at 16 sample 20 waits for good
+    # tuner's choice follows the load (30-64 measured), and at 16 sample 20 waited out BLOCK_S
     # (a stress run's failure).
     loader = stoker.DataLoader(HeadBlocked(), batch_size=4, timeout=60, worker_concurrency=32,
                                **executor)
