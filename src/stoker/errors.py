@@ -224,11 +224,11 @@ class StallWarning(UserWarning):
 class CopyOnReadWarning(UserWarning):
     """A DataLoader worker's private memory grows steadily (most often copy-on-read).
 
-    Said once per loader as a WARNING record on the ``stoker.profile.memory_watch`` logger
-    (shown on stderr when logging is not configured) and kept in ``loader.stats().advice``;
-    not through ``warnings``, where torch's DataLoader says nothing (a ``-W error`` run must
-    not stop on it). The record carries this class as its ``category`` attribute (a
-    ``logging.Filter`` can pick it out).
+    Kept in ``loader.stats().advice`` and logged once per loader at DEBUG on the
+    ``stoker.profile.memory_watch`` logger; not through ``warnings`` nor on stderr, where
+    torch's DataLoader says nothing on a run that succeeds (NOTE [ Advice is quiet ]). The
+    record carries this class as its ``category`` attribute (a ``logging.Filter`` can pick it
+    out).
 
     What to do: keep the list the message names in a shared container
     (``stoker.sharing.SharedStrList`` and its kin, the exact line is in the message), or pass

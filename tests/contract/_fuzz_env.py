@@ -50,7 +50,11 @@ location, which each module's ``__warningregistry__`` remembers: a warning attri
 torch's line is not shown again from there in the same run, whoever issued it; each run
 starts afresh, as ``catch_warnings`` clears the registries). Exceptions nothing can catch
 (``sys.unraisablehook``, ``threading.excepthook``: "Exception ignored in ..." on stderr) are
-recorded in every mode.
+recorded in every mode. ``main_process_says`` records what the main process writes to
+``sys.stdout`` and ``sys.stderr`` and every ``logging`` record at INFO and above (a program
+that configured nothing sees WARNING and above on stderr, through ``logging.lastResort``; one
+that called ``logging.basicConfig(level=logging.INFO)`` sees INFO too): on a run that
+succeeds, stoker's must be torch's (nothing; NOTE [ Advice is quiet ]).
 
 ``fresh_main_process`` starts each run where a fresh process would be for what torch's
 loader changes once per process (its SIGCHLD handler in the main process), and as the case
@@ -65,6 +69,8 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import gc
+import io
+import logging
 import multiprocessing
 import os
 import re
@@ -77,7 +83,7 @@ import sysconfig
 import threading
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from typing import Any
 
 import torch
@@ -373,6 +379,37 @@ def loud_failures() -> Iterator[list[tuple]]:
         yield seen
     finally:
         sys.unraisablehook, threading.excepthook = hooks
+
+
+class _Said(logging.Handler):
+    def __init__(self, seen: list[tuple]) -> None:
+        super().__init__(logging.INFO)
+        self.seen = seen
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append(("log", record.name, record.levelname, record.getMessage()[:200]))
+
+
+@contextmanager
+def main_process_says() -> Iterator[list[tuple]]:
+    """What the main process shows a user while the case runs (the module doc): text written
+    to ``sys.stdout``/``sys.stderr``, and ``logging`` records at INFO and above from any logger
+    (the root logger is set to INFO for the run, so that a logger without a level of its own
+    passes INFO records on)."""
+    seen: list[tuple] = []
+    out, err = io.StringIO(), io.StringIO()
+    root = logging.getLogger()
+    handler, level = _Said(seen), root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            yield seen
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        seen.extend(("text", name, text[:400]) for name, text in
+                    (("stdout", out.getvalue()), ("stderr", err.getvalue())) if text)
 
 
 def quiet_failures(loud: list[tuple], failed: bool) -> list[tuple]:

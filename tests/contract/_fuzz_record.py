@@ -11,7 +11,9 @@ where they part:
   warning filters (``Case.warn``): category, text, the file and line they are attributed to
   (what ``filterwarnings(module=...)`` and the once-per-location registry go by), repeats;
   under ``error`` a warning is an exception, recorded where it stopped the run; exceptions
-  that reached ``sys.unraisablehook`` or ``threading.excepthook`` (``_fuzz_env``);
+  that reached ``sys.unraisablehook`` or ``threading.excepthook`` (``_fuzz_env``); on a run
+  that succeeds, what the main process wrote to stdout and stderr and logged at INFO and
+  above;
 * per epoch: each reassignment's outcome; every batch (container types, namedtuple and
   subclass types with their attributes, dtypes, shapes, strides, storage offsets and sizes,
   shared-memory flags, values; aliasing between the batch's array leaves and with the
@@ -45,6 +47,7 @@ from _fuzz_cases import Log, build_dataset
 from _fuzz_env import (
     fresh_main_process,
     loud_failures,
+    main_process_says,
     plain_warnings,
     process_counter,
     quiet_failures,
@@ -130,13 +133,15 @@ class _Run:
         warn_always = torch.is_warn_always_enabled()
         torch.set_warn_always(True)  # torch's warn-once warnings: each run sees its own
         try:
-            with fresh_main_process(self.case.started), loud_failures() as loud:
+            with fresh_main_process(self.case.started), loud_failures() as loud, \
+                    main_process_says() as said:
                 self._run(rec)
         finally:
             torch.set_warn_always(warn_always)
         failed = any(rec.get(k) is not None for k in ("ctor", "build")) or any(
             e["errors"] for e in rec["epochs"])
         rec["loud"] = quiet_failures(loud, failed)
+        rec["said"] = [] if failed else said  # louder than torch on a failure is fine
         rec["rng_end"] = main_rng()
         rec["log"] = list(self.log)
         return canonical_pids(rec)

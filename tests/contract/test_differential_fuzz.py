@@ -76,6 +76,8 @@ from _fuzz_spec import (
     Obs,
     Op,
     SamplerSpec,
+    TensorSpec,
+    TorchDS,
     WorkerInitSpec,
 )
 from _fuzz_strategies import cases
@@ -317,6 +319,15 @@ FIXED_CASES: dict[str, Case] = {
     # inherit it (found by the main process's signals in the record).
     "sigchld_after_failed_start": Case(
         _map(n=6), _WORKERS + (("sampler", SamplerSpec("raising")),), _ONE_EPOCH),
+    # stoker's advice printed nothing through ``warnings`` but reached stderr through
+    # logging.lastResort (a WARNING on a logger with no handler), or showed at INFO under
+    # basicConfig(level=INFO): a generator every worker copies, a dataset batched as
+    # gathers. Now at DEBUG and in stats().advice: NOTE [ Advice is quiet ].
+    "advice_on_a_copied_generator_is_quiet": Case(
+        DatasetSpec("map", 4, _INT, gen=True), _WORKERS, _ONE_EPOCH),
+    "fast_path_note_is_quiet": Case(
+        DatasetSpec("torch", 6, _INT, torch_ds=TorchDS("tensors", 6, (TensorSpec("float32"),))),
+        _WORKERS, _ONE_EPOCH),
 }
 
 

@@ -53,13 +53,14 @@ class WhatTheWorkerSees(Dataset):
         return torch.tensor([plain_list, torch_collate_fn])
 
 
-def test_on_by_default_and_said_once_at_info(caplog):
+def test_on_by_default_and_said_once_at_debug(caplog):
     loader = stoker.DataLoader(Gathers(), batch_size=8)
-    with caplog.at_level(logging.INFO, logger="stoker"):
+    with caplog.at_level(logging.DEBUG, logger="stoker"):
         list(loader)
         list(loader)
     assert loader.stats().batched == 16 - 2  # all but the two probe batches
     said = [r.getMessage() for r in caplog.records if "per sample" in r.getMessage()]
+    assert {r.levelno for r in caplog.records if "per sample" in r.getMessage()} == {logging.DEBUG}
     assert said == [
         f"stoker: {__name__}.Gathers.__getitem__ is no longer called per sample: its batched "
         "form, read from its source, gave the same batches as calling it per sample on the "

@@ -243,7 +243,7 @@ def test_memory_watch_names_the_list_on_real_workers(caplog: pytest.LogCaptureFi
         timeout=BLOCK_TIMEOUT_S,
     )
     pids: tuple[int, ...] = ()
-    with caplog.at_level(logging.WARNING, "stoker.profile.memory_watch"), \
+    with caplog.at_level(logging.DEBUG, "stoker.profile.memory_watch"), \
             warnings.catch_warnings():
         warnings.simplefilter("error")
         for pid, _, _ in loader:
@@ -266,4 +266,4 @@ def test_memory_watch_names_the_list_on_real_workers(caplog: pytest.LogCaptureFi
         "    self.paths = stoker.formats.SharedStrList(self.paths)\n"
         "Set STOKER_MEMORY_WATCH=0 to turn this check off."
     )
-    assert (found[0].name, found[0].levelno) == ("stoker.profile.memory_watch", logging.WARNING)
+    assert (found[0].name, found[0].levelno) == ("stoker.profile.memory_watch", logging.DEBUG)

@@ -182,15 +182,18 @@ def test_dataset_generators_are_reseeded_per_batch_whatever_the_executor():
 
 
 def test_torch_seeding_tells_of_dataset_generators_copied_into_workers(caplog):
-    # Told on stoker's logger and in stats().advice, not through warnings (issue 44).
+    # Told in stats().advice and at DEBUG on stoker's logger, not through warnings (issue 44)
+    # nor on stderr (NOTE [ Advice is quiet ]).
     gen = torch.Generator().manual_seed(3)
     loader = stoker.DataLoader(_OwnsGenerators(), batch_size=4, generator=gen, num_workers=2,
                                seeding="per_worker")
-    with caplog.at_level(logging.WARNING, "stoker.sampling.dataset_rngs"), \
+    with caplog.at_level(logging.DEBUG, "stoker.sampling.dataset_rngs"), \
             warnings.catch_warnings():
         warnings.simplefilter("error")
         draws = torch.cat(list(loader))
+    assert {r.levelno for r in caplog.records} == {logging.DEBUG}
     message = [r.getMessage() for r in caplog.records if r.name == "stoker.sampling.dataset_rngs"]
+    assert str(loader.stats()).splitlines()[1:] == message  # print(loader.stats()) shows it
     assert message == list(loader.stats().advice) == [
         "stoker: dataset.rng is a numpy.random._generator.Generator created before the workers "
         "started; each of the 2 workers gets an identical copy, so the random draws from it "

@@ -18,7 +18,10 @@ Under ``STOKER_TEST_LOADER=torch`` both sides are torch's: the expectations are 
 from __future__ import annotations
 
 import logging
+import os
 import random
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +34,8 @@ import torch
 import stoker
 from stoker.engine import loader_state, process_iter
 from stoker.profile.memory_watch import MIB, MemoryWatch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 MARK = "issue 44: iter(loader) returned"  # where in the script each warning came
 TIMEOUT_S = 60
@@ -219,7 +224,7 @@ def _under_error(cls: type, dataset: Any, **kwargs: Any) -> tuple[Any, list]:
 @pytest.mark.parametrize("kind", ["numpy", "torch", "random"])
 def test_a_dataset_generator_does_not_stop_a_run_under_error(Loader, TorchLoader, kind, caplog):
     _, expected = _under_error(TorchLoader, OwnsGenerator(kind))
-    with caplog.at_level(logging.WARNING, "stoker.sampling.dataset_rngs"):
+    with caplog.at_level(logging.DEBUG, "stoker.sampling.dataset_rngs"):
         loader, got = _under_error(Loader, OwnsGenerator(kind))
     assert got == expected  # torch's draws: the copies repeat across workers
     if isinstance(loader, stoker.DataLoader):
@@ -248,7 +253,7 @@ def test_copy_on_read_advice_does_not_stop_a_run_under_error(
     monkeypatch.setattr(loader_state, "_memory_watch", lambda dataset, stats: MemoryWatch(
         dataset, interval_s=0.0, clock=lambda: 0.0, read_uss=_Growing(), tell=stats.advise))
     _, expected = _under_error(TorchLoader, Squares(32))
-    with caplog.at_level(logging.WARNING, "stoker.profile.memory_watch"):
+    with caplog.at_level(logging.DEBUG, "stoker.profile.memory_watch"):
         loader, got = _under_error(stoker.DataLoader, Squares(32))
     assert got == expected
     told = [r.getMessage() for r in caplog.records if r.name == "stoker.profile.memory_watch"]
@@ -256,3 +261,23 @@ def test_copy_on_read_advice_does_not_stop_a_run_under_error(
     assert told[0].startswith("stoker: DataLoader worker memory keeps growing: the private "
                               "memory (USS) of worker pid ")
     assert loader.stats().advice == (told[0],)
+
+
+def _prints(loader: str, mode: str) -> tuple[str, str]:
+    env = {**os.environ, "STOKER_PROBE_LOADER": loader}
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "_quiet_script.py"), mode],
+                          capture_output=True, text=True, timeout=600, cwd=HERE, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["unconfigured", "info"])
+def test_a_script_that_succeeds_prints_what_it_prints_under_torch(loader_name, mode):
+    """A whole program in a fresh interpreter, with logging left alone or configured at INFO
+    (``logging.basicConfig``): stdout and stderr as under torch, byte for byte. stoker's
+    advice on these datasets (a generator every worker copies, torch's TensorDataset batched
+    as gathers) reached stderr through ``logging.lastResort``, and INFO under
+    ``basicConfig``: NOTE [ Advice is quiet ]."""
+    expected = _prints("torch", mode)
+    assert expected[0].count("\n") == 6 and expected[1] == "", expected
+    assert _prints(loader_name, mode) == expected

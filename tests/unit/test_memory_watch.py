@@ -134,18 +134,19 @@ LOGGER = "stoker.profile.memory_watch"
 
 @contextlib.contextmanager
 def told(caplog: pytest.LogCaptureFixture, expect: bool = True) -> Iterator[list[str]]:
-    """The texts the watch says in the block, filled when it ends: its WARNING records, each
+    """The texts the watch says in the block, filled when it ends: its DEBUG records (NOTE
+    [ Advice is quiet ]), each
     with ``CopyOnReadWarning`` as its ``category``. Nothing goes through ``warnings`` (under
     "error" a warning would raise); ``expect``: something is said (as ``pytest.warns``), else
     nothing."""
     texts: list[str] = []
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger=LOGGER), warnings.catch_warnings():
+    with caplog.at_level(logging.DEBUG, logger=LOGGER), warnings.catch_warnings():
         warnings.simplefilter("error")
         yield texts
     for r in caplog.records:
         if r.name == LOGGER:
-            assert (r.levelno, getattr(r, "category", None)) == (logging.WARNING,
+            assert (r.levelno, getattr(r, "category", None)) == (logging.DEBUG,
                                                                  CopyOnReadWarning)
             texts.append(r.getMessage())
     assert bool(texts) == expect, texts

@@ -110,8 +110,9 @@ class LoaderStats:
     beyond_torch: tuple[str, ...] = ()
     # What stoker advises about this loader that torch does not say (a generator every worker
     # copies, worker memory growing by copy-on-read), each text once, in the order given; the
-    # same texts go to the ``stoker.*`` loggers, never through ``warnings`` (NOTE [ torch's
-    # voice ] in ``_core/torch_voice.py``).
+    # same texts end ``summary`` (one a line) and go to the ``stoker.*`` loggers at DEBUG,
+    # never through ``warnings`` nor on stderr (NOTE [ torch's voice ] and NOTE [ Advice is
+    # quiet ] in ``_core/torch_voice.py``).
     advice: tuple[str, ...] = ()
     summary: str = ""
 

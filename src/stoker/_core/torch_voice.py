@@ -31,18 +31,32 @@ not torch's and goes to ``logging`` and ``loader.stats().advice`` instead, never
 ``warnings`` (NOTE [ Same as torch unless asked ]). Warnings stay warnings only on failure
 paths and in stoker's own APIs (resume, ``on_error="skip"``, ``TarShards``, the cache, the
 Accelerate integration), each with its reason in docs/same_as_torch.md.
+
+NOTE [ Advice is quiet ]
+Nor does stoker's advice print anything on a run that succeeds: torch's DataLoader writes
+nothing to stderr there, and a WARNING record on a logger with no handler reaches stderr
+through ``logging.lastResort``. So advice about a run that works (a generator every worker
+copies, copy-on-read memory growth, a dataset batched as gathers) is logged at
+``ADVICE_LEVEL`` (DEBUG), which neither an unconfigured program nor the usual
+``logging.basicConfig(level=logging.INFO)`` shows; it is kept in ``loader.stats().advice``,
+and the doctor prints it. Only what foretells a failure stays loud: the stall report (no batch
+for ``stall_warning_s``, default 300 s, where torch hangs silently) is a WARNING, and so are
+messages of stoker's own opt-in APIs (``on_error="skip"``, ``device=``).
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import logging
 import os
 import sys
 import types
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+
+ADVICE_LEVEL = logging.DEBUG  # NOTE [ Advice is quiet ]
 
 _STOKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 

@@ -352,7 +352,8 @@ class NoStats(StatsAccumulator):
 
     def snapshot(self) -> LoaderStats:
         return LoaderStats(num_workers=self.num_workers, advice=tuple(self.advice),
-                           summary="stoker: stats are off (collect_stats=False).")
+                           summary="\n".join(("stoker: stats are off (collect_stats=False).",
+                                               *self.advice)))
 
 
 def machine_ticks() -> tuple[int, int, int] | None:

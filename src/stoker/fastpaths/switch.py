@@ -23,7 +23,7 @@ cannot edit; it wins over the argument), turns all of them off: ``__getitem__`` 
 sample, lists reach workers as torch's do, RNG states go through the public APIs. Use it when
 debugging (a breakpoint or a counter in ``__getitem__``) or to rule stoker's cleverness out.
 Whenever a dataset's ``__getitem__`` stops being called per sample, the ``stoker`` logger says
-so once, at INFO, with the reason.
+so once, at DEBUG (NOTE [ Advice is quiet ]), with the reason.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import logging
 from typing import Any
 
 from stoker._core.fast_paths_env import ENV, env_allows
+from stoker._core.torch_voice import ADVICE_LEVEL
 
 __all__ = ["ENV", "enabled", "env_allows", "tell_not_per_sample"]
 log = logging.getLogger("stoker")
@@ -67,7 +68,8 @@ def tell_not_per_sample(dataset: Any, how: str) -> None:
     if not how or key in _told:
         return
     _told.add(key)
-    log.info(
+    log.log(
+        ADVICE_LEVEL,
         "stoker: %s.__getitem__ is no longer called per sample: %s. "
         "DataLoader(fast_paths=False) or STOKER_FAST_PATHS=0 calls it per sample "
         "(NOTE [ One switch for the fast paths ]).", _name(dataset), _WHY[how],

@@ -5,10 +5,11 @@ the kernel copies every page written into that worker: each worker's private mem
 climbs towards the size of the list during its first epoch. ``MemoryWatch`` samples the
 workers' USS from the main process and, when one grows steadily, says so once with the
 dataset's largest Python container and the shared container to keep it in
-(``stoker.sharing``): a WARNING on the ``stoker.profile.memory_watch`` logger and the text in
-``loader.stats().advice``. Not through ``warnings``: torch's DataLoader says nothing there, and
-a run that succeeds under torch must not stop under ``-W error`` (NOTE [ torch's voice ] in
-``_core/torch_voice.py``); the record's ``category`` is ``stoker.CopyOnReadWarning``.
+(``stoker.sharing``): the text in ``loader.stats().advice`` and, at DEBUG, on the
+``stoker.profile.memory_watch`` logger. Not through ``warnings`` nor on stderr: torch's
+DataLoader says nothing there, and a run that succeeds under torch must not stop under ``-W
+error`` (NOTE [ torch's voice ] and NOTE [ Advice is quiet ] in ``_core/torch_voice.py``); the
+record's ``category`` is ``stoker.CopyOnReadWarning``.
 
 NOTE [ Memory watch sampling ]
 No thread: the loader calls ``watch.sample(worker_pids)`` after every batch it hands out. That
@@ -47,6 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from stoker._core.torch_voice import ADVICE_LEVEL
 from stoker.errors import CopyOnReadWarning
 from stoker.profile.memory_suspect import (
     ContainerFinding,
@@ -174,7 +176,7 @@ _UNSET: Any = object()
 
 class MemoryWatch:
     """Samples workers' USS from the main process and tells once when one grows steadily:
-    a WARNING on this module's logger, and the same text to ``tell`` (the loader's stats).
+    the text to ``tell`` (the loader's stats) and, at ``ADVICE_LEVEL``, to this module's logger.
 
     One per DataLoader (so a loader tells once, across epochs and worker restarts). See
     NOTE [ Memory watch sampling ] for the cost: ``max_overhead`` is the fraction of the
@@ -268,7 +270,7 @@ class MemoryWatch:
         text += " " + advice(finding)
         if self._tell is not None:
             self._tell(text)
-        log.warning("%s", text, extra={"category": CopyOnReadWarning})
+        log.log(ADVICE_LEVEL, "%s", text, extra={"category": CopyOnReadWarning})
         return True
 
     def _suspect(self) -> ContainerFinding | None:

@@ -36,6 +36,12 @@ def kind(s: LoaderStats) -> str | None:
 
 
 def summarize(s: LoaderStats) -> str:
+    """The verdict line, then each piece of ``s.advice`` on a line of its own: with the advice
+    quiet in the logs (NOTE [ Advice is quiet ]), ``print(loader.stats())`` is where it shows."""
+    return "\n".join((_verdict(s), *s.advice))
+
+
+def _verdict(s: LoaderStats) -> str:
     if s.batches == 0:
         return "stoker: no batches yet."
     total = s.wait_s + s.loop_s

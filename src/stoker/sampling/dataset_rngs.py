@@ -5,9 +5,10 @@ np.random.default_rng(0)`` draws the same numbers in every worker: augmentations
 across workers, and change with ``num_workers``. With ``seeding="per_batch"`` stoker reseeds
 such generators before each batch from (base seed, epoch, position), like the global RNGs; in
 the main process their states are put back afterwards. With ``seeding="per_worker"`` (torch's
-behaviour) it says so, naming the attribute and the fix: on the ``stoker.sampling.dataset_rngs``
-logger (once per dataset) and in ``loader.stats().advice``, not through ``warnings``, which
-torch does not use for it (NOTE [ torch's voice ] in ``_core/torch_voice.py``).
+behaviour) it says so, naming the attribute and the fix: in ``loader.stats().advice`` and, at
+DEBUG, on the ``stoker.sampling.dataset_rngs`` logger (once per dataset); not through
+``warnings`` nor on stderr, where torch says nothing (NOTE [ torch's voice ] and NOTE [ Advice
+is quiet ] in ``_core/torch_voice.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stoker._core.torch_voice import ADVICE_LEVEL
 from stoker._core.walk import iter_attributes
 from stoker.sampling.datapipes import is_datapipe
 from stoker.sampling.seeds import mix_seed
@@ -103,7 +105,8 @@ def tell_shared_rngs(
     dataset: Any, rngs: list[tuple[str, Any]], num_workers: int, advise: Callable[[str], object]
 ) -> None:
     """seeding="per_worker": every worker gets an identical copy of these generators. Said to
-    ``advise`` (the loader's stats) and, once per dataset, as a WARNING on this module's logger."""
+    ``advise`` (the loader's stats) and, once per dataset, at ``ADVICE_LEVEL`` on this module's
+    logger."""
     if not rngs:
         return
     path, rng = rngs[0]
@@ -121,4 +124,4 @@ def tell_shared_rngs(
         _told.add(dataset)
     except TypeError:  # not weak-referenceable: said every time rather than never
         pass
-    log.warning("%s", text)
+    log.log(ADVICE_LEVEL, "%s", text)
