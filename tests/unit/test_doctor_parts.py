@@ -232,6 +232,23 @@ def test_report_names_verdict_table_and_the_line_to_write() -> None:
     assert lines[-1] == "  stoker.DataLoader(dataset, batch_size=8, num_workers=2)"
 
 
+def test_report_shows_the_loaders_advice_the_logs_keep_at_debug() -> None:
+    """stoker's advice on a run that works is logged at DEBUG only (a run silent under torch
+    stays silent): the doctor's report is where it shows, under ADVICE, one line each."""
+    run = _recorded_run()
+    advice = ("stoker: dataset.rng is a numpy.random._generator.Generator created before the "
+              "workers started; ...", "stoker: DataLoader worker memory keeps growing: ...")
+    setup = Setup(num_workers=1, worker_type="process", cores=2)
+    ctx = Context("mod:make", {"batch_size": 8, "num_workers": 1}, setup, 0.0)
+    for given, shown in (((), []), (advice, ["ADVICE", *(f"  {a}" for a in advice)])):
+        run.stats = LoaderStats(batches=100, samples=800, num_workers=1, wait_s=9.0, loop_s=1.0,
+                                fetch_wall_s=9.0, fetch_cpu_s=9.0, concurrency=(1,),
+                                advice=given)
+        lines = render(ctx, run, diagnose(run.stats, setup), None).splitlines()
+        start = lines.index("ADVICE") if "ADVICE" in lines else len(lines)
+        assert lines[start:start + len(shown)] == shown
+
+
 def test_png_report_draws_the_run_and_the_sweep(tmp_path) -> None:
     pytest.importorskip("matplotlib")
     from stoker.doctor.picture import write_report

@@ -33,6 +33,8 @@ def render(ctx: Context, first: Run, diagnosis: Diagnosis, sweep: Sweep | None) 
                      "it is not thread-safe in stoker's sense, so no thread opt-in is tried)")
     if ctx.decode:
         lines += ["", *ctx.decode]
+    if first.stats.advice:  # logged only at DEBUG (NOTE [ Advice is quiet ]): shown here
+        lines += ["", "ADVICE", *(f"  {text}" for text in first.stats.advice)]
     lines += ["", *where_time_goes(first, diagnosis, ctx.setup)]
     if sweep is not None:
         lines += ["", *_sweep_lines(ctx, sweep)]
