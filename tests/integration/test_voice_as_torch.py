@@ -18,10 +18,7 @@ Under ``STOKER_TEST_LOADER=torch`` both sides are torch's: the expectations are 
 from __future__ import annotations
 
 import logging
-import os
 import random
-import subprocess
-import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,12 +27,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _probe_run import run_probe
 
 import stoker
 from stoker.engine import loader_state, process_iter
 from stoker.profile.memory_watch import MIB, MemoryWatch
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 MARK = "issue 44: iter(loader) returned"  # where in the script each warning came
 TIMEOUT_S = 60
@@ -264,10 +260,7 @@ def test_copy_on_read_advice_does_not_stop_a_run_under_error(
 
 
 def _prints(loader: str, mode: str) -> tuple[str, str]:
-    env = {**os.environ, "STOKER_PROBE_LOADER": loader}
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "_quiet_script.py"), mode],
-                          capture_output=True, text=True, timeout=600, cwd=HERE, env=env)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_probe(loader, "_quiet_script.py", mode)
     return proc.stdout, proc.stderr
 
 

@@ -19,21 +19,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from _probe_run import HERE, RUN_S, probe_env, run_probe
 
 from _polling import poll_until
 
-HERE = Path(__file__).parent
-RUN_S = 300  # a hang guard for one fresh interpreter's run, never a timing assertion
-
-def _run(loader: str, script: str, *args: str, **extra_env: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, STOKER_PROBE_LOADER=loader, **extra_env)
-    env.pop("STOKER_BEYOND_TORCH", None)
-    return subprocess.run([sys.executable, str(HERE / script), *args], env=env, cwd=HERE,
-                          capture_output=True, text=True, timeout=RUN_S, check=True)
-
 
 def _probe(loader: str, method: str, **extra_env: str) -> dict:
-    out = _run(loader, "_process_probe.py", method, **extra_env).stdout
+    out = run_probe(loader, "_process_probe.py", method, **extra_env).stdout
     return json.loads(out.splitlines()[-1])
 
 
@@ -79,8 +71,7 @@ def _ctrl_c(loader: str, out: Path) -> dict:
     """Run the script in its own process group, Ctrl-C it once the tool runs, and say whether
     the tool got the SIGINT (saved its output) and whether it is still running."""
     out.mkdir()
-    env = dict(os.environ, STOKER_PROBE_LOADER=loader)
-    env.pop("STOKER_BEYOND_TORCH", None)
+    env = probe_env(loader)
     # Files, not pipes: a tool that outlives the script would hold a pipe open.
     with open(out / "stdout", "w") as stdout, open(out / "stderr", "w") as stderr:
         proc = subprocess.Popen([sys.executable, str(HERE / "_ctrl_c_script.py"), str(out)],
@@ -133,7 +124,7 @@ def test_the_threads_a_program_and_a_dataset_see_are_torchs(shape, stoker_only):
     # a worker once it has put (NOTE [ torch's feeder thread in a worker ]); failed before
     # stoker started stand-ins (no QueueFeederThread anywhere)
     def seen(loader: str) -> list:
-        return json.loads(_run(loader, "_threads_probe.py", shape).stdout.splitlines()[-1])
+        return json.loads(run_probe(loader, "_threads_probe.py", shape).stdout.splitlines()[-1])
 
     torchs = seen("torch")
     assert seen("stoker") == torchs
