@@ -351,9 +351,12 @@ class NoStats(StatsAccumulator):
         pass
 
     def snapshot(self) -> LoaderStats:
-        return LoaderStats(num_workers=self.num_workers, advice=tuple(self.advice),
-                           summary="\n".join(("stoker: stats are off (collect_stats=False).",
-                                               *self.advice)))
+        from stoker.profile.verdict import with_advice
+
+        advice = tuple(self.advice)
+        return LoaderStats(num_workers=self.num_workers, advice=advice,
+                           summary=with_advice("stoker: stats are off (collect_stats=False).",
+                                               advice))
 
 
 def machine_ticks() -> tuple[int, int, int] | None:

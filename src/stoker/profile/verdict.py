@@ -36,9 +36,13 @@ def kind(s: LoaderStats) -> str | None:
 
 
 def summarize(s: LoaderStats) -> str:
-    """The verdict line, then each piece of ``s.advice`` on a line of its own: with the advice
-    quiet in the logs (NOTE [ Advice is quiet ]), ``print(loader.stats())`` is where it shows."""
-    return "\n".join((_verdict(s), *s.advice))
+    return with_advice(_verdict(s), s.advice)
+
+
+def with_advice(head: str, advice: tuple[str, ...]) -> str:
+    """``head``, then each piece of advice on a line of its own: with the advice quiet in the
+    logs (NOTE [ Advice is quiet ]), ``print(loader.stats())`` is where it shows."""
+    return "\n".join((head, *advice))
 
 
 def _verdict(s: LoaderStats) -> str:
