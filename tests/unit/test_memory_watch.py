@@ -135,10 +135,9 @@ LOGGER = "stoker.profile.memory_watch"
 @contextlib.contextmanager
 def told(caplog: pytest.LogCaptureFixture, expect: bool = True) -> Iterator[list[str]]:
     """The texts the watch says in the block, filled when it ends: its DEBUG records (NOTE
-    [ Advice is quiet ]), each
-    with ``CopyOnReadWarning`` as its ``category``. Nothing goes through ``warnings`` (under
-    "error" a warning would raise); ``expect``: something is said (as ``pytest.warns``), else
-    nothing."""
+    [ Advice is quiet ]), each with ``CopyOnReadWarning`` as its ``category``. Nothing goes
+    through ``warnings`` (under "error" a warning would raise); ``expect``: something is said
+    (as ``pytest.warns``), else nothing."""
     texts: list[str] = []
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger=LOGGER), warnings.catch_warnings():
