@@ -11,7 +11,8 @@
 Also here, for every directory: the per-test timeout that fails one test and lets the run go
 on (``_timeouts``, NOTE [ A timeout fails one test, the run goes on ]); the fast tier's marker
 (``_tiers``: ``scripts/test.sh --fast``); and the end-of-run list of generated-example tests
-that a time budget stopped early (``_budget``).
+that a time budget stopped early (``_budget``); and the collected objects frozen out of the
+collector's walks (``_collected_frozen``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pytest
 import torch.utils.data
 
 import _budget
+import _collected_frozen
 import _tiers
 import _timeouts
 import _xdist_order
@@ -142,6 +144,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _tiers.mark_fast(config, items)
     if os.environ.get("PYTEST_XDIST_WORKER"):  # several pytest processes: longest files first
         _xdist_order.heaviest_first(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _collected_frozen.freeze_collected()
 
 
 @pytest.fixture(scope="session")

@@ -226,8 +226,11 @@ def _runtime(parent_env: dict[str, str], parent_stdio: tuple[str, ...]) -> dict[
     here = dict(os.environ)
     changed = sorted(k for k in set(here) | set(parent_env) if here.get(k) != parent_env.get(k))
     out = {
-        "gc": f"frozen={gc.get_freeze_count() > 0} enabled={gc.isenabled()} "
-        f"threshold={gc.get_threshold()}",
+        # Not gc.get_freeze_count(): the test process froze its collected objects
+        # (tests/_collected_frozen.py), which makes the count the same under both loaders and
+        # a walk of ~10^6 objects per call. A fresh interpreter's probe compares it
+        # (tests/integration/_process_probe.py, "gc_frozen" in the workers and the main process).
+        "gc": f"enabled={gc.isenabled()} threshold={gc.get_threshold()}",
         "faulthandler": faulthandler.is_enabled(),
         "argv": repr(sys.argv),
         "torch_threads": torch.get_num_threads(),
