@@ -21,8 +21,9 @@ import zlib
 from pathlib import Path
 
 import pytest
-from _browser import CHROMIUM, MISSING, probe
 from _docs_pages import DOCS, ROOT, pages
+
+from _browser import CHROMIUM, MISSING, probe
 
 sys.path.insert(0, str(DOCS / "_ext"))
 import stoker_docs  # noqa: E402

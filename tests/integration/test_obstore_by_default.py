@@ -15,9 +15,14 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("moto.server", reason="the S3 server tests need moto[server] (test extra)")
-pytest.importorskip("s3fs", reason="obstore's fallback in forked workers (test extra)")
-pytest.importorskip("obstore", reason="the default client when installed (test extra)")
+from _optional import skip_module_unless  # noqa: E402
+
+skip_module_unless(
+    ("moto", "the S3 server tests need moto[server] (test extra)"),
+    ("flask", "the S3 server tests need moto[server] (test extra)"),
+    ("s3fs", "obstore's fallback in forked workers (test extra)"),
+    ("obstore", "the default client when installed (test extra)"),
+)
 
 from _remote_datasets import records_on_server  # noqa: E402
 

@@ -14,8 +14,13 @@ from typing import Any
 import pytest
 import torch
 
-pytest.importorskip("moto.server", reason="the S3 server tests need moto[server] (test extra)")
-pytest.importorskip("s3fs", reason="reading s3:// needs s3fs (test extra)")
+from _optional import skip_module_unless  # noqa: E402
+
+skip_module_unless(
+    ("moto", "the S3 server tests need moto[server] (test extra)"),
+    ("flask", "the S3 server tests need moto[server] (test extra)"),
+    ("s3fs", "reading s3:// needs s3fs (test extra)"),
+)
 
 from _remote_datasets import FAST_RETRY, RECORD_BYTES, records_on_server  # noqa: E402
 from _s3_server import S3Server  # noqa: E402

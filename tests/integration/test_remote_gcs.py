@@ -14,8 +14,12 @@ from typing import Any
 import pytest
 import torch
 
-pytest.importorskip("gcsfs", reason="reading gs:// needs gcsfs (gcs extra)")
-pytest.importorskip("gcp_storage_emulator", reason="the GCS tests' server (test extra)")
+from _optional import skip_module_unless  # noqa: E402
+
+skip_module_unless(
+    ("gcsfs", "reading gs:// needs gcsfs (gcs extra)"),
+    ("gcp_storage_emulator", "the GCS tests' server (test extra)"),
+)
 
 from _gcs_server import GCSServer  # noqa: E402
 from _remote_datasets import LabelAndClient, epoch_samples  # noqa: E402

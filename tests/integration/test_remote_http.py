@@ -19,9 +19,12 @@ from typing import Any
 import pytest
 import torch
 
-pytest.importorskip("aiohttp", reason="reading http:// needs aiohttp (remote extra)")
+from _optional import skip_module_unless  # noqa: E402
 
-import aiohttp  # noqa: E402
+skip_module_unless(
+    ("aiohttp", "reading http:// needs aiohttp (remote extra)"),
+)
+
 from _http_server import HTTPFiles, _Handler  # noqa: E402
 from _remote_datasets import LabelAndClient, epoch_samples  # noqa: E402
 from test_tar_stream import Numbers, label  # noqa: E402
@@ -33,6 +36,13 @@ from stoker.formats import TarShards, TarShardStream, pack  # noqa: E402
 from stoker.storage import RemoteReadError, RetryPolicy, open_source  # noqa: E402
 
 FAST_RETRY = RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.05)
+
+
+def _client_timeout(**bounds: float | None) -> Any:
+    """``aiohttp.ClientTimeout(**bounds)``, imported here, not at collection (_optional.py)."""
+    import aiohttp
+
+    return aiohttp.ClientTimeout(**bounds)
 
 
 @pytest.fixture
@@ -125,7 +135,7 @@ def test_a_server_that_never_answers_fails_the_read_within_its_read_timeout() ->
     """NOTE [ Requests that never answer ]: the user's own timeout, given through
     storage_options, bounds each attempt; the stall is retried, then named."""
     with _silent_server() as url:
-        timeout = aiohttp.ClientTimeout(sock_connect=5, sock_read=0.2)
+        timeout = _client_timeout(sock_connect=5, sock_read=0.2)
         source = open_source(url, storage_options={"client_kwargs": {"timeout": timeout}},
                              retry=RetryPolicy(attempts=2, base_delay_s=0.01))
         try:
@@ -148,14 +158,14 @@ def test_a_gcs_server_that_never_answers_fails_the_read_within_its_read_timeout(
     _plain_gcsfs()
     with _silent_server() as url:
         options = {"endpoint_url": url, "token": "anon"}
-        timeout = aiohttp.ClientTimeout(sock_read=0.2)
+        timeout = _client_timeout(sock_read=0.2)
         source = open_source("gs://b/k", retry=RetryPolicy(attempts=2, base_delay_s=0.01),
                              storage_options={**options, "requests_timeout": timeout})
         default = open_source("gs://b/k", storage_options=options)
         try:
             with pytest.raises(RemoteReadError) as info:
                 source.get_range("gs://b/k", 0, 10)  # type: ignore[attr-defined]
-            assert default._fs().fs.requests_timeout == aiohttp.ClientTimeout(  # type: ignore
+            assert default._fs().fs.requests_timeout == _client_timeout(  # type: ignore
                 total=None, sock_connect=5, sock_read=15)
         finally:
             source.close()  # type: ignore[attr-defined]
@@ -167,12 +177,12 @@ def test_requests_get_connect_and_read_timeouts_unless_the_options_set_their_own
     served,
 ) -> None:
     source = open_source(served.url, retry=FAST_RETRY)
-    own = aiohttp.ClientTimeout(sock_read=60)
+    own = _client_timeout(sock_read=60)
     theirs = open_source(served.url, retry=FAST_RETRY,
                          storage_options={"client_kwargs": {"timeout": own}})
     try:
         default = source._fs().fs.client_kwargs["timeout"]  # type: ignore[attr-defined]
-        assert default == aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=15)
+        assert default == _client_timeout(total=None, sock_connect=5, sock_read=15)
         assert theirs._fs().fs.client_kwargs["timeout"] is own  # type: ignore[attr-defined]
     finally:
         source.close()  # type: ignore[attr-defined]

@@ -14,9 +14,14 @@ from typing import Any
 import pytest
 import torch
 
-pytest.importorskip("moto.server", reason="the S3 server tests need moto[server] (test extra)")
-pytest.importorskip("s3fs", reason="client='obstore' falls back to s3fs in forked workers")
-pytest.importorskip("obstore", reason="client='obstore' needs obstore (test extra)")
+from _optional import skip_module_unless  # noqa: E402
+
+skip_module_unless(
+    ("moto", "the S3 server tests need moto[server] (test extra)"),
+    ("flask", "the S3 server tests need moto[server] (test extra)"),
+    ("s3fs", "client='obstore' falls back to s3fs in forked workers"),
+    ("obstore", "client='obstore' needs obstore (test extra)"),
+)
 
 from _remote_datasets import (  # noqa: E402
     FAST_RETRY,

@@ -21,8 +21,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-pytest.importorskip("moto.server", reason="the S3 server tests need moto[server] (test extra)")
-pytest.importorskip("s3fs", reason="reading s3:// needs s3fs (test extra)")
+from _optional import skip_module_unless  # noqa: E402
+
+skip_module_unless(
+    ("moto", "the S3 server tests need moto[server] (test extra)"),
+    ("flask", "the S3 server tests need moto[server] (test extra)"),
+    ("s3fs", "reading s3:// needs s3fs (test extra)"),
+)
 
 from _remote_datasets import (  # noqa: E402
     FAST_RETRY,

@@ -16,11 +16,14 @@ from urllib.parse import urlsplit
 
 import pytest
 
-pytest.importorskip("moto")
-boto3 = pytest.importorskip("boto3")
+from _optional import skip_module_unless  # noqa: E402
+
+skip_module_unless(
+    ("moto", "the S3 test server is moto (test extra)"),
+    ("boto3", "the proxy's client is boto3 (test extra)"),
+)
 
 from _s3_server import CHUNK_BYTES, S3Server, S3ServerProcess  # noqa: E402
-from botocore.config import Config  # noqa: E402
 
 CAP_BPS = 20e6
 
@@ -33,6 +36,9 @@ def s3() -> Iterator[S3Server]:
 
 def _through_proxy(s3: S3Server | S3ServerProcess) -> object:
     """A boto3 client that talks to the proxy (``s3.client()`` goes straight to moto)."""
+    import boto3
+    from botocore.config import Config
+
     return boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
                         config=Config(retries={"max_attempts": 1}))
 

@@ -11,10 +11,17 @@ from typing import Any
 
 import pytest
 
-try:  # matplotlib builds its font cache on first import by running fc-list: do it before the
-    import matplotlib.font_manager  # noqa: F401  patch below (a fresh machine, or one test alone)
-except ImportError:
-    pass
+
+@pytest.fixture(scope="session", autouse=True)
+def _matplotlib_font_cache() -> None:
+    """matplotlib builds its font cache on first import by running fc-list: import it before
+    ``_no_processes`` refuses that (a fresh machine, or one test alone). In a fixture, not at
+    collection: every pytest process collects this file, and only those that run unit tests
+    need matplotlib's 25 MiB (tests/_optional.py says why a process's size matters)."""
+    try:
+        import matplotlib.font_manager  # noqa: F401
+    except ImportError:
+        pass
 
 
 @pytest.fixture(autouse=True)
