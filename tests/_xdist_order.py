@@ -6,8 +6,9 @@ file in collection order. In collection order the framework files (ranks launche
 (2026-12-02, 16 min 17 s) one process worked through them alone for the last minutes. Started
 longest first (the longest-processing-time rule), the processes end close together.
 
-``HEAVIEST`` lists the files by their time in a quiet one-process run (``--durations=0``,
-2026-12-02 at 2624cc6), longest first; a file not listed keeps its place after them. A stale
+``HEAVIEST`` lists the files by their summed test time in a full three-process run
+(``--junitxml``, 2026-12-03 at 8af2b35: 3,356 s of test time, 1,168 s by the clock), longest
+first; a file not listed keeps its place after them. A stale
 entry costs only balance; ``tests/unit/test_xdist_order.py`` checks each names a file.
 """
 
@@ -16,30 +17,31 @@ from __future__ import annotations
 import pytest
 
 HEAVIEST: tuple[str, ...] = (
-    "tests/contract/test_differential_fuzz.py",  # 237 s
-    "tests/integration/test_doctor_cli.py",  # 208 s (before two tests were folded)
-    "tests/integration/test_remote_storage.py",  # 100 s
-    "tests/integration/frameworks/test_lightning_resume.py",  # 98 s
-    "tests/integration/test_benchmarks_smoke.py",  # 60 s
-    "tests/integration/frameworks/test_accelerate.py",  # 54 s
-    "tests/integration/test_workers.py",  # 40 s
-    "tests/docs/test_examples.py",  # 39 s
-    "tests/integration/frameworks/test_lightning.py",  # 39 s
-    "tests/integration/test_worker_process_as_torch.py",  # 38 s
-    "tests/contract/test_resume_contract.py",  # 30 s
-    "tests/integration/test_differential.py",  # 29 s
-    "tests/unit/test_vision_compose.py",  # 27 s
-    "tests/docs/test_site.py",  # 24 s
-    "tests/soak/test_soak.py",  # 24 s
-    "tests/integration/test_suite_timeouts.py",  # 24 s
-    "tests/integration/test_remote_pieces.py",  # 23 s
-    "tests/integration/test_wheel_install.py",  # 22 s
-    "tests/integration/test_pickle_once.py",  # 21 s
-    "tests/integration/test_voice_as_torch.py",  # 21 s
-    "tests/unit/test_collate_hypothesis.py",  # 21 s
-    "tests/integration/test_shared_list_workers.py",  # 20 s
-    "tests/integration/test_remote_obstore.py",  # 18 s
-    "tests/integration/test_cli_errors.py",  # 17 s
+    "tests/contract/test_differential_fuzz.py",  # 386 s
+    "tests/integration/frameworks/test_lightning_resume.py",  # 318 s
+    "tests/integration/test_doctor_cli.py",  # 238 s
+    "tests/integration/test_worker_process_as_torch.py",  # 204 s
+    "tests/integration/test_benchmarks_smoke.py",  # 179 s
+    "tests/integration/test_remote_storage.py",  # 166 s
+    "tests/integration/frameworks/test_lightning.py",  # 163 s
+    "tests/integration/frameworks/test_accelerate.py",  # 114 s
+    "tests/contract/test_resume_contract.py",  # 98 s
+    "tests/integration/test_differential.py",  # 94 s
+    "tests/docs/test_examples.py",  # 91 s
+    "tests/integration/test_pickle_once.py",  # 71 s
+    "tests/docs/test_site.py",  # 62 s
+    "tests/soak/test_soak.py",  # 55 s
+    "tests/integration/test_lazy_imports.py",  # 51 s
+    "tests/integration/test_shared_list_workers.py",  # 48 s
+    "tests/integration/test_gpu_feed_dry_run.py",  # 44 s
+    "tests/integration/test_remote_obstore.py",  # 39 s
+    "tests/integration/test_cli_demo.py",  # 37 s
+    "tests/contract/test_mix_resume.py",  # 37 s
+    "tests/integration/test_voice_as_torch.py",  # 36 s
+    "tests/integration/test_cli_errors.py",  # 35 s
+    "tests/integration/test_file_descriptors.py",  # 34 s
+    "tests/integration/test_remote_pieces.py",  # 34 s
+    "tests/integration/test_workers.py",  # 33 s
 )
 
 
