@@ -3,7 +3,7 @@
 ``pytest.importorskip`` at module level imports the dependency while the suite is collected,
 and every pytest process collects every module: each then carried moto, botocore, s3fs, gcsfs
 and aiohttp (~80 MiB of a 279 MiB process) from the start, and every worker a test forks
-copies its page tables (fork and exit measured 40-47 ms against 32-38 ms without them). Here
+copies its page tables (fork and exit measured 40-47 ms against 36-40 ms without them). Here
 only the finders are asked (``importlib.util.find_spec`` of the top-level name): the modules
 are imported by the tests that use them, in the process that runs them.
 

@@ -29,6 +29,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 Fault = Literal["status", "reset", "truncate"]
+# What ``S3Server`` imports when it starts (``moto.server`` needs flask), for
+# ``_optional.skip_module_unless(*SERVER_NEEDS, ...)`` in the modules that start one.
+SERVER_NEEDS = (
+    ("moto", "the S3 server tests need moto[server] (test extra)"),
+    ("flask", "the S3 server tests need moto[server] (test extra)"),
+)
 CHUNK_BYTES = 64 * 1024  # what the proxy reads from moto and writes to a client at a time
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "upgrade",
                "proxy-connection", "trailer"}

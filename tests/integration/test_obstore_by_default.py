@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from _s3_server import SERVER_NEEDS
 
-from _optional import skip_module_unless  # noqa: E402
+from _optional import skip_module_unless
 
 skip_module_unless(
-    ("moto", "the S3 server tests need moto[server] (test extra)"),
-    ("flask", "the S3 server tests need moto[server] (test extra)"),
+    *SERVER_NEEDS,
     ("s3fs", "obstore's fallback in forked workers (test extra)"),
     ("obstore", "the default client when installed (test extra)"),
 )

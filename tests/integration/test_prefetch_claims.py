@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import torch
+from _s3_server import SERVER_NEEDS
 
-from _optional import skip_module_unless  # noqa: E402
+from _optional import skip_module_unless
 
 skip_module_unless(
-    ("moto", "the S3 server tests need moto[server] (test extra)"),
-    ("flask", "the S3 server tests need moto[server] (test extra)"),
+    *SERVER_NEEDS,
     ("s3fs", "reading s3:// needs s3fs (test extra)"),
 )
 

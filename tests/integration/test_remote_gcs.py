@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from _optional import skip_module_unless  # noqa: E402
+from _optional import skip_module_unless
 
 skip_module_unless(
     ("gcsfs", "reading gs:// needs gcsfs (gcs extra)"),

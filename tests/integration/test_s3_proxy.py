@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from _optional import skip_module_unless  # noqa: E402
+from _optional import skip_module_unless
 
 skip_module_unless(
     ("moto", "the S3 test server is moto (test extra)"),

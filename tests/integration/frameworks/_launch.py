@@ -13,7 +13,6 @@ that progresses forever.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from _optional import installed
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[2] / "src"
@@ -38,7 +39,7 @@ DEADLINE_S = RUN_CAP_S + 2 * STALL_S
 
 def need(*modules: str) -> None:
     """Skip with the install hint when a framework of the ``frameworks`` extra is missing."""
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    missing = [m for m in modules if not installed(m)]
     if missing:
         pytest.skip(
             f"{', '.join(missing)} not installed: pip install -e '.[frameworks]' "
