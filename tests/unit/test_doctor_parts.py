@@ -245,7 +245,8 @@ def test_report_shows_the_loaders_advice_the_logs_keep_at_debug() -> None:
                                 fetch_wall_s=9.0, fetch_cpu_s=9.0, concurrency=(1,),
                                 advice=given)
         lines = render(ctx, run, diagnose(run.stats, setup), None).splitlines()
-        start = lines.index("ADVICE") if "ADVICE" in lines else len(lines)
+        assert ("ADVICE" in lines) == bool(given)  # no advice, no heading
+        start = lines.index("ADVICE") if given else len(lines)
         assert lines[start:start + len(shown)] == shown
 
 
