@@ -44,14 +44,19 @@ if [ -n "${STOKER_TEST_SKIP_SETUP:-}" ]; then
     compile_first
     exec .venv/bin/python -m pytest ${args[@]+"${args[@]}"}
 fi
-scripts/setup.sh
 # The doctor's HTML report is checked in a real browser (tests/integration/
 # test_doctor_report_browser.py): Debian's chromium, installed where this runs as root with
-# apt-get (CI does); elsewhere that test is skipped and says why.
+# apt-get (CI does); elsewhere that test is skipped and says why. It installs while setup.sh
+# makes the .venv (the one waits on the network and dpkg, the other mostly on the CPU).
+browser=""
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-        --no-install-recommends chromium) >/dev/null \
-        || echo "scripts/test.sh: could not install chromium; the browser test will be skipped" >&2
+        --no-install-recommends chromium) >/dev/null &
+    browser=$!
+fi
+scripts/setup.sh
+if [ -n "$browser" ] && ! wait "$browser"; then
+    echo "scripts/test.sh: could not install chromium; the browser test will be skipped" >&2
 fi
 compile_first
 exec .venv/bin/python -m pytest ${args[@]+"${args[@]}"}
