@@ -10,6 +10,15 @@ longest first (the longest-processing-time rule), the processes end close togeth
 (``--junitxml``, 2026-12-03 at 8af2b35: 3,356 s of test time, 1,168 s by the clock), longest
 first; a file not listed keeps its place after them. A stale
 entry costs only balance; ``tests/unit/test_xdist_order.py`` checks each names a file.
+
+pytest-xdist's file scheduler does not take files in collection order by default: it sorts
+them by their number of tests, most first (``--loadscope-reorder``, on unless
+``--no-loadscope-reorder``). The heaviest files have few tests each (three in
+``test_lightning_resume.py``), so they went last: in a quiet three-process run (2026-12-03,
+804 s) ``test_lightning_resume.py`` started at 607 s and ``test_benchmarks_smoke.py`` at 609 s,
+and the run ended ~200 s after them. ``keep_collection_order`` turns the sorting off in the
+process that schedules (the root conftest's ``pytest_configure``), so the order above holds
+however pytest was started.
 """
 
 from __future__ import annotations
@@ -45,10 +54,17 @@ HEAVIEST: tuple[str, ...] = (
 )
 
 
-def heaviest_first(items: list[pytest.Item]) -> None:
-    """Reorder ``items`` in place: ``HEAVIEST``'s files first, in its order; the rest after,
+def keep_collection_order(config: pytest.Config) -> None:
+    """Have pytest-xdist hand out files in collection order (the order ``heaviest_first``
+    made), not sorted by their number of tests."""
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist is installed
+        config.option.loadscopereorder = False
+
+
+def heaviest_first(items: list[pytest.Item], heaviest: tuple[str, ...] = HEAVIEST) -> None:
+    """Reorder ``items`` in place: ``heaviest``'s files first, in its order; the rest after,
     in their collected order (a file's own tests keep theirs)."""
-    rank = {path: k for k, path in enumerate(HEAVIEST)}
+    rank = {path: k for k, path in enumerate(heaviest)}
 
     def key(pair: tuple[int, pytest.Item]) -> tuple[int, int]:
         index, item = pair

@@ -102,6 +102,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 
 def pytest_configure(config: pytest.Config) -> None:
     _timeouts.start_backstop(config)  # before any test: part of every leak check's baseline
+    _xdist_order.keep_collection_order(config)  # xdist would sort files by their test counts
 
 
 @pytest.hookimpl(tryfirst=True)
