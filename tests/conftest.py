@@ -12,7 +12,8 @@ Also here, for every directory: the per-test timeout that fails one test and let
 on (``_timeouts``, NOTE [ A timeout fails one test, the run goes on ]); the fast tier's marker
 (``_tiers``: ``scripts/test.sh --fast``); and the end-of-run list of generated-example tests
 that a time budget stopped early (``_budget``); and the collected objects frozen out of the
-collector's walks (``_collected_frozen``).
+collector's walks (``_collected_frozen``), then the heap backed by huge pages so that each
+fork copies fewer page-table entries (``_huge_pages``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch.utils.data
 
 import _budget
 import _collected_frozen
+import _huge_pages
 import _tiers
 import _timeouts
 import _xdist_order
@@ -149,6 +151,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     _collected_frozen.freeze_collected()
+    _huge_pages.collapse_heap()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,56 @@
+"""Back a pytest process's heap with huge pages once collection is done (``MADV_COLLAPSE``).
+
+Why: the suite's CPU is ~30 % kernel time, most of it forking: each loader test forks workers
+from a pytest process that holds ~320 MiB (torch, hypothesis, ~3,200 collected tests). A fork
+copies one page-table entry per 4 KiB page (``copy_page_range``) and the worker's exit frees
+them again (``unmap_page_range``); `perf record -a` over the differential fuzzer put 16 % of
+the machine's samples in those two. A 2 MiB huge page is one entry. Measured on this 2-core
+machine, 150 fuzzer examples: 13.6 user + 19.0 sys CPU-s without, 13.2 + 14.9 with.
+
+What stays true: only the memory that exists at the end of collection is collapsed, once;
+what tests allocate later gets ordinary pages (``MADV_COLLAPSE`` does not mark the mapping for
+huge pages). A worker's first write to a shared huge page splits it and copies 4 KiB, as
+before, so what a worker holds (its RSS, USS, PSS) is unchanged. Torch and stoker fork from
+the same process, so a comparison between them is not changed. Nothing in ``src`` sees this.
+Where the kernel lacks ``MADV_COLLAPSE`` (before Linux 6.1), or refuses, nothing happens.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from collections.abc import Iterable, Iterator
+
+MADV_COLLAPSE = 25  # <linux/mman.h>
+HUGE = 1 << 21  # 2 MiB, x86-64's and aarch64's (4 KiB base pages) PMD size
+
+
+def collapsible(maps: Iterable[str]) -> Iterator[tuple[int, int]]:
+    """The 2 MiB-aligned ``(start, length)`` inside each writable private anonymous mapping
+    (and the ``[heap]``) of ``/proc/self/maps`` lines: the memory a fork copies entries for."""
+    for line in maps:
+        fields = line.split()
+        if len(fields) < 5 or not fields[1].startswith("rw") or fields[1][3] != "p":
+            continue
+        if len(fields) > 5 and fields[5] != "[heap]":
+            continue  # a file, the stack, vdso...: not the heap's pages
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        first, last = (start + HUGE - 1) & ~(HUGE - 1), end & ~(HUGE - 1)
+        if last > first:
+            yield first, last - first
+
+
+def collapse_heap() -> int:
+    """Ask the kernel to back the aligned anonymous memory with huge pages; return how many
+    ranges it collapsed (0 where it cannot)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+    except (OSError, AttributeError):
+        return 0
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    with open("/proc/self/maps") as maps:
+        ranges = list(collapsible(maps))
+    return sum(madvise(start, length, MADV_COLLAPSE) == 0 for start, length in ranges)
