@@ -115,6 +115,7 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator:
+    _huge_pages.collapse_on_new_file(item.path)  # what the last file's tests left grew the heap
     backstop = _timeouts.backstop(item.config)
     if backstop is not None:
         backstop.arm(item)
