@@ -1,4 +1,4 @@
-"""Back a pytest process's heap with huge pages once collection is done (``MADV_COLLAPSE``).
+"""Back a pytest process's heap with huge pages before each file's first test (``MADV_COLLAPSE``).
 
 Why: the suite's CPU is ~30 % kernel time, most of it forking: each loader test forks workers
 from a pytest process that holds ~320 MiB (torch, hypothesis, ~3,200 collected tests). A fork
@@ -7,9 +7,10 @@ them again (``unmap_page_range``); `perf record -a` over the differential fuzzer
 the machine's samples in those two. A 2 MiB huge page is one entry. Measured on this 2-core
 machine, 150 fuzzer examples: 13.6 user + 19.0 sys CPU-s without, 13.2 + 14.9 with.
 
-The heap keeps growing as tests run (what they import and keep), and new memory gets ordinary
-pages, so the collapse is done again before the first test of each file: ~1.5 ms when nothing
-grew, ~100 ms per 50 MiB that did. A 2-worker epoch of 4 batches, torch's DataLoader, in a
+The first file's collapse takes what collection left (~220 ms for ~120 MiB). The heap keeps
+growing as tests run (what they import and keep), and new memory gets ordinary pages, so the
+collapse is done again before the first test of each later file: ~1.5 ms when nothing grew,
+~100 ms per 50 MiB that did. A 2-worker epoch of 4 batches, torch's DataLoader, in a
 process with torch imported: 24 + 65 ms of parent + workers' CPU without, 16 + 34 ms with.
 
 What stays true: it runs between tests, never inside one, so what a test measures of its own
@@ -25,8 +26,9 @@ Where the kernel lacks ``MADV_COLLAPSE`` (before Linux 6.1), or refuses, nothing
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 MADV_COLLAPSE = 25  # <linux/mman.h>
 HUGE = 1 << 21  # 2 MiB, x86-64's and aarch64's (4 KiB base pages) PMD size
@@ -47,27 +49,36 @@ def collapsible(maps: Iterable[str]) -> Iterator[tuple[int, int]]:
             yield first, last - first
 
 
-_last_file: list[object] = [None]
+_last_file: object = None
 
 
 def collapse_on_new_file(path: object) -> None:
     """``collapse_heap()`` when ``path`` is not the file the last call named."""
-    if path != _last_file[0]:
-        _last_file[0] = path
+    global _last_file
+    if path != _last_file:
+        _last_file = path
         collapse_heap()
+
+
+@functools.cache
+def _madvise() -> Callable[[int, int, int], int] | None:
+    """libc's ``madvise``, or None off Linux or without it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return madvise  # type: ignore[no-any-return]
 
 
 def collapse_heap() -> int:
     """Ask the kernel to back the aligned anonymous memory with huge pages; return how many
     ranges it collapsed (0 where it cannot)."""
-    if not sys.platform.startswith("linux"):
+    madvise = _madvise()
+    if madvise is None:
         return 0
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        madvise = libc.madvise
-    except (OSError, AttributeError):
-        return 0
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     with open("/proc/self/maps") as maps:
         ranges = list(collapsible(maps))
     return sum(madvise(start, length, MADV_COLLAPSE) == 0 for start, length in ranges)

@@ -12,8 +12,8 @@ Also here, for every directory: the per-test timeout that fails one test and let
 on (``_timeouts``, NOTE [ A timeout fails one test, the run goes on ]); the fast tier's marker
 (``_tiers``: ``scripts/test.sh --fast``); and the end-of-run list of generated-example tests
 that a time budget stopped early (``_budget``); and the collected objects frozen out of the
-collector's walks (``_collected_frozen``), then the heap backed by huge pages so that each
-fork copies fewer page-table entries (``_huge_pages``).
+collector's walks (``_collected_frozen``); and, before each file's first test, the heap backed
+by huge pages so that each fork copies fewer page-table entries (``_huge_pages``).
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator:
-    _huge_pages.collapse_on_new_file(item.path)  # what the last file's tests left grew the heap
+    # the first file's: what collection left; each later one's: what the last file's tests grew
+    _huge_pages.collapse_on_new_file(item.path)
     backstop = _timeouts.backstop(item.config)
     if backstop is not None:
         backstop.arm(item)
@@ -152,7 +153,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     _collected_frozen.freeze_collected()
-    _huge_pages.collapse_heap()
 
 
 @pytest.fixture(scope="session")
