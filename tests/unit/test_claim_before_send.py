@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from _prefetch_fakes import ShardSource
 from stoker.storage import prefetch
 
 _WAIT_S = 30.0
@@ -64,21 +65,11 @@ class _Cache:
         return True
 
 
-class _Source:
-    fetch = "shard"
-
-    def __init__(self, cache: _Cache) -> None:
-        self.cache = cache
-
-    def known_size(self, path: str) -> int:
-        return 10
-
-
 def test_fetch_claimed_returns_after_a_download_thread_claims_what_it_took_off_the_line(
         tmp_path: Path) -> None:
     threads_before = set(threading.enumerate())
     cache = _Cache(tmp_path)
-    pf = prefetch.Prefetcher(_Source(cache), 0)
+    pf = prefetch.Prefetcher(ShardSource(cache), 0)
     contended, progress, returned = threading.Event(), threading.Event(), threading.Event()
     pf._claiming = _WatchedLock(contended)  # type: ignore[assignment]
     watch = threading.Thread(target=lambda: contended.wait(_WAIT_S) and progress.set())

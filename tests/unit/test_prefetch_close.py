@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from _prefetch_fakes import ShardSource
 from stoker.storage import prefetch, prefetch_threads
 
 _WAIT_S = 30.0
@@ -40,16 +41,6 @@ class _Cache:
         return False
 
 
-class _Source:
-    fetch = "shard"
-
-    def __init__(self, cache: _Cache) -> None:
-        self.cache = cache
-
-    def known_size(self, path: str) -> int:
-        return 10
-
-
 def test_close_releases_each_unstarted_claim_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -74,7 +65,7 @@ def test_close_releases_each_unstarted_claim_once(
         monkeypatch.setattr(module, "release_claim", release)
     monkeypatch.setattr(prefetch_threads, "ThreadPoolExecutor", Pool)
     monkeypatch.setattr(prefetch_threads, "_FETCH_FOR_OTHERS_THREADS", 1)
-    pf = prefetch.Prefetcher(_Source(_Cache(tmp_path, running, go, released)), 0)
+    pf = prefetch.Prefetcher(ShardSource(_Cache(tmp_path, running, go, released)), 0)
     pf.fetch_claimed(["a", "b", "c", "d"])  # "a" downloads; b, c, d wait, claimed
     assert running.wait(_WAIT_S)
     pf.close()
