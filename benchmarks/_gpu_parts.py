@@ -187,6 +187,9 @@ def plain_copies(gpu: Gpu, shape: tuple[int, ...], dtype: torch.dtype, n: int,
 def _feed_loaders(gpu: Gpu, dataset: Batches, workers: int) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(batch_size=None, num_workers=workers)
     return {
+        # The bound on any feed: host batches (in slabs, as device= gets them), no copy.
+        "host_only": lambda: stoker.DataLoader(dataset, persistent_workers=True,
+                                               beyond_torch={"slab_transport"}, **kwargs),
         "stoker": lambda: gpu.stoker_loader(dataset, persistent_workers=True, **kwargs),
         "stoker_best": lambda: gpu.stoker_loader(dataset, **STOKER_BEST, **kwargs),
         "torch": lambda: torch.utils.data.DataLoader(
@@ -216,17 +219,37 @@ def feed(part: Part) -> None:
                 touched = torch.zeros((), dtype=dtype, device=gpu.device)
 
                 def step(batch: torch.Tensor) -> None:
+                    if kind == "host_only":
+                        return
                     if kind == "torch":
                         batch = batch.to(gpu.device, non_blocking=True)
                     touched.add_(batch.view(-1)[-1])  # a kernel reads the batch, no host sync
 
-                r = second_epoch(gpu, make(), part.until(15), lambda _: 1, step)
+                loader = make()
+                r = second_epoch(gpu, loader, part.until(15), lambda _: 1, step)
                 rate = r.items / r.wall_s if r.wall_s else None
                 return {"batches_per_s": rate,
                         "share_of_plain": rate / plain_rate if rate and plain_rate else None,
-                        "num_workers": workers, "cut_short": r.cut_short}
+                        "num_workers": workers, "cut_short": r.cut_short,
+                        **_where_the_time_went(loader)}
 
             part.attempt(f"{name}.{kind}", measure)
+
+
+def _where_the_time_went(loader: Any) -> dict[str, Any]:
+    """stoker's own account of a feed run (both epochs): the share of the loop's time spent
+    in ``next()``, the part of it queuing copies, and the workers' time per batch."""
+    if not isinstance(loader, stoker.DataLoader):
+        return {}
+    st = loader.stats()
+    span = st.wait_s + st.loop_s
+    per = max(st.batches, 1)
+    return {"wait_share": st.wait_s / span if span else None,
+            "to_device_share": st.to_device_s / span if span else None,
+            "worker_ms_per_batch": {k: 1e3 * v / per for k, v in (
+                ("fetch", st.fetch_wall_s), ("collate", st.collate_s), ("pack", st.pack_s),
+                ("unpack", st.unpack_s))},
+            "main_cpu_share": st.main_cpu_s / span if span else None}
 
 
 def machine(part: Part) -> None:

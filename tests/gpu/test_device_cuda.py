@@ -41,8 +41,22 @@ class ImagesAndMasks(Images):
         return x, torch.ones((2, 128, 128), dtype=torch.uint8), i
 
 
-def test_pin_memory_batches_are_pinned_in_place_without_a_copy():
+def test_pin_memory_at_the_defaults_pins_as_torch_does():
+    """Without slab_transport a batch arrives as torch's does (its own shared memory), so it
+    is pinned by a copy, as torch's pin thread does; nothing is registered."""
     it = iter(_loader(pin_memory=True, dataset=ImagesAndMasks()))
+    x, masks, i = next(it)
+    assert x.is_pinned() and masks.is_pinned() and i.is_pinned()
+    pins = it._pins
+    assert pins is None or pins.registered_bytes == 0
+    _check(x, i)
+    del it, x, masks, i
+    gc.collect()
+
+
+def test_pin_memory_batches_are_pinned_in_place_without_a_copy():
+    it = iter(_loader(pin_memory=True, dataset=ImagesAndMasks(),
+                      beyond_torch={"slab_transport"}))
     x, masks, i = next(it)
     assert x.is_pinned() and masks.is_pinned() and i.is_pinned()
     pins = it._pins

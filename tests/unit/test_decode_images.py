@@ -1,6 +1,6 @@
 """DecodeImages on the CPU path (Pillow; torchvision's GPU path is in tests/gpu): encoded
 lists become uint8 N x 3 x size x size, crops come from the batch's seed through
-random_resized_crop_box, other leaves pass through."""
+random_resized_crop_boxes, other leaves pass through."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from PIL import Image
 
 import stoker
 from stoker.device import feed
-from stoker.image import random_resized_crop_box
+from stoker.image.crops import random_resized_crop_boxes
 from stoker.image.gpu_decode import DecodeImages
 
 
@@ -43,10 +43,9 @@ def test_crops_come_from_the_batch_seed_in_order():
         feed._BATCH.seed = None
     assert out["img"].shape == (3, 3, 16, 16) and out["img"].dtype == torch.uint8
     assert torch.equal(out["label"], torch.tensor([1, 2, 3]))
-    rng = np.random.default_rng(1234)
-    for k, data in enumerate(images):
-        h, w = Image.open(io.BytesIO(data)).size[::-1]
-        box = random_resized_crop_box(rng, h, w)
+    sizes = [Image.open(io.BytesIO(data)).size[::-1] for data in images]
+    boxes = random_resized_crop_boxes(np.random.default_rng(1234), sizes)
+    for k, (data, box) in enumerate(zip(images, boxes, strict=True)):
         assert torch.equal(out["img"][k], reference(data, box, 16)), f"image {k}"
 
 

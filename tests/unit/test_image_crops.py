@@ -210,3 +210,27 @@ def test_bad_arguments_say_what_to_change(kwargs, message) -> None:
     with pytest.raises(ValueError) as info:
         random_resized_crop_box(np.random.default_rng(0), **kwargs)
     assert str(info.value) == message
+
+
+def test_batch_boxes_fit_follow_the_same_distribution_and_fall_back() -> None:
+    from stoker.image.crops import random_resized_crop_boxes
+
+    sizes = [(375, 500), (500, 375), (64, 64), (1, 100)] * 2500
+    boxes = np.array(random_resized_crop_boxes(np.random.default_rng(5), sizes))
+    dims = np.array(sizes)
+    top, left, h, w = boxes.T
+    assert (h >= 1).all() and (w >= 1).all()
+    assert (top + h <= dims[:, 0]).all() and (left + w <= dims[:, 1]).all()
+    # No box of a 1 x 100 image fits the ratio range in 10 tries: torchvision's center crop.
+    assert (boxes[3::4] == (0, 49, 1, 1)).all()
+    assert random_resized_crop_boxes(np.random.default_rng(5), sizes[:8]) == (
+        random_resized_crop_boxes(np.random.default_rng(5), sizes[:8]))  # the seed decides
+    one = np.random.default_rng(6)
+    single = np.array([random_resized_crop_box(one, *size) for size in sizes[:4] * 2500])
+    for k in range(3):  # per image size: the same mean box, within sampling error
+        a, b = boxes[k::4].astype(float), single[k::4].astype(float)
+        assert np.all(np.abs(a.mean(0) - b.mean(0)) < 4 * np.sqrt(
+            (a.var(0) + b.var(0)) / len(a)) + 1e-9)
+    assert random_resized_crop_boxes(np.random.default_rng(0), []) == []
+    with pytest.raises(ValueError, match="0 x 5"):
+        random_resized_crop_boxes(np.random.default_rng(0), [(0, 5)])

@@ -6,17 +6,20 @@ files (cheap), and the batch's JPEGs are decoded on the GPU right after the copy
 stream. Every leaf of the batch that is a list or tuple of ``bytes`` (what ``default_collate``
 makes of them) becomes one ``uint8`` tensor ``N x 3 x size x size``; the rest passes through.
 
-Crop boxes are torchvision's ``RandomResizedCrop`` distribution
-(``stoker.image.random_resized_crop_box``), drawn from a generator seeded by the batch's
+Crop boxes are torchvision's ``RandomResizedCrop`` distribution (the batch's at once,
+``stoker.image.crops.random_resized_crop_boxes``), drawn from a generator seeded by the batch's
 per-batch seed (base seed, epoch, position), so they do not depend on ``num_workers`` and come
-out the same after a resume. Resizing is the same code on both paths (bilinear, antialiased, in
-float32, rounded back to uint8), so the two paths differ only by their JPEG decoders' rounding.
+out the same after a resume. Resizing is torch's antialiased bilinear interpolation on both paths
+(in float32, rounded back to uint8; on the GPU the whole batch's crops in two matmuls with the
+same weights, NOTE [ A batch resized as two matmuls ]), so the two paths differ by their JPEG
+decoders' rounding and, by at most a grey level, the order of float32 sums.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
@@ -27,7 +30,8 @@ import torch.nn.functional as F
 
 from stoker.device.feed import current_batch_device, current_batch_seed
 from stoker.device.tree import map_batch
-from stoker.image.crops import random_resized_crop_box
+from stoker.image.crops import random_resized_crop_boxes
+from stoker.image.resample import Box, crop_resize_batch
 
 Crop = Literal["random_resized", "center", "none"]
 DecodeOn = Literal["auto", "cuda", "cpu"]
@@ -84,6 +88,7 @@ class DecodeImages:
                 "decode_on='auto' to fall back to Pillow on the CPU."
             )
         self._pool: ThreadPoolExecutor | None = None
+        self._local = threading.local()  # each thread's staging buffer (``_staged``)
 
     def __call__(self, batch: Any) -> Any:
         seed = current_batch_seed()
@@ -91,7 +96,10 @@ class DecodeImages:
         return map_batch(batch, lambda items: self._decode(items, rng), _is_encoded_batch)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pool": None}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_pool", "_local")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _pool=None, _local=threading.local())
 
     # -- one list of encoded images --------------------------------------------------------
 
@@ -104,13 +112,21 @@ class DecodeImages:
                      decoder: BatchDecoder | None, device: torch.device | None) -> torch.Tensor:
         """Decode with ``decoder`` (batched, on ``device``) or, when None, Pillow on the
         thread pool; crop, resize; the batch on ``device``."""
-        if decoder is not None and device is not None:
+        on_device = decoder is not None and device is not None
+        if on_device:
+            assert decoder is not None and device is not None
             images = self._decode_gpu(items, device, decoder)
         else:
             images = self._decode_cpu(items)
-        # Each image is cropped, then resized (float); the rounding back to uint8 is one
-        # kernel for the batch, not three an image.
-        out = torch.cat([self._crop_resize(img, rng) for img in images])
+        boxes = self._boxes(images, rng)
+        if on_device:
+            # All crops and resizes in two matmuls (NOTE [ A batch resized as two matmuls ]),
+            # not three kernels an image.
+            out = crop_resize_batch(images, boxes, self.size)
+        else:
+            # On the CPU an image's cost is its crop's area: each cropped, then resized.
+            out = torch.cat([self._crop_resize(img, box)
+                             for img, box in zip(images, boxes, strict=True)])
         out = out.round_().clamp_(0, 255).to(torch.uint8)
         if device is not None and out.device != device:
             out = out.to(device, non_blocking=True)
@@ -121,7 +137,7 @@ class DecodeImages:
         """The batch's JPEGs in one batched call of ``decoder``; the rest (PNG & co) with
         Pillow, copied to ``device``; in the batch's order."""
         jpegs = [i for i, b in enumerate(items) if bytes(b[:2]) == _JPEG_MAGIC]
-        data = [torch.frombuffer(bytearray(items[i]), dtype=torch.uint8) for i in jpegs]
+        data = self._staged([items[i] for i in jpegs])
         decoded = decoder(data, device) if data else []
         images: list[Any] = [None] * len(items)
         for i, img in zip(jpegs, decoded, strict=True):
@@ -131,21 +147,42 @@ class DecodeImages:
             images[i] = img.to(device, non_blocking=True)
         return images
 
+    def _staged(self, items: Sequence[bytes]) -> list[torch.Tensor]:
+        """``items`` as uint8 tensors, views of one buffer this thread reuses: a fresh
+        ``bytearray`` an image costs a page fault every 4 KiB (more than the copy), and
+        ``torch.frombuffer`` of ``bytes`` warns (read-only). The buffer is pageable: a CUDA
+        copy from it has read it when the decode call returns, so the next batch may
+        overwrite it."""
+        total = sum(len(b) for b in items)
+        buffer = getattr(self._local, "staging", None)
+        if buffer is None or buffer.numel() < total:
+            buffer = self._local.staging = torch.empty(total + total // 4, dtype=torch.uint8)
+        flat = buffer.numpy()
+        views, offset = [], 0
+        for b in items:
+            flat[offset:offset + len(b)] = np.frombuffer(b, dtype=np.uint8)
+            views.append(buffer[offset:offset + len(b)])
+            offset += len(b)
+        return views
+
     def _decode_cpu(self, items: Sequence[bytes]) -> list[torch.Tensor]:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
                                             thread_name_prefix="stoker-decode")
         return list(self._pool.map(_pillow_decode, items))
 
-    def _crop_resize(self, img: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-        _, height, width = img.shape
+    def _boxes(self, images: Sequence[torch.Tensor], rng: np.random.Generator) -> list[Box]:
+        """Each image's ``(top, left, height, width)`` crop, in the batch's order."""
+        sizes = [(int(img.shape[1]), int(img.shape[2])) for img in images]
         if self.crop == "random_resized":
-            top, left, h, w = random_resized_crop_box(rng, height, width, self.scale, self.ratio)
-        elif self.crop == "center":
-            side = min(height, width)
-            top, left, h, w = (height - side) // 2, (width - side) // 2, side, side
-        else:
-            top, left, h, w = 0, 0, height, width
+            return random_resized_crop_boxes(rng, sizes, self.scale, self.ratio)
+        if self.crop == "center":
+            return [((h - min(h, w)) // 2, (w - min(h, w)) // 2, min(h, w), min(h, w))
+                    for h, w in sizes]
+        return [(0, 0, h, w) for h, w in sizes]
+
+    def _crop_resize(self, img: torch.Tensor, box: Box) -> torch.Tensor:
+        top, left, h, w = box
         patch = img[None, :, top:top + h, left:left + w].float()  # the crop alone, then resized
         return F.interpolate(patch, size=(self.size, self.size), mode="bilinear",
                              align_corners=False, antialias=True)
