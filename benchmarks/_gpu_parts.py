@@ -201,8 +201,8 @@ def feed(part: Part) -> None:
     """Each batch shape: the plain loop, then ``device=`` (defaults, and the one switch) and
     torch's pattern (``pin_memory=True`` + ``.to(device, non_blocking=True)``)."""
     gpu, s = part.gpu, part.sizes
-    # All cores but the loop's and the driver's: writing 54 GB/s of batches (the plain loop's rate on
-    # an H200) takes most of a 16-core machine (8 workers deliver 0.59 of it, 14 deliver 0.94).
+    # All cores but the loop's and the driver's: writing 54 GB/s of batches (the plain loop's
+    # rate on an H200) takes most of a 16-core machine (8 workers deliver 0.59 of it, 14 0.94).
     workers = max(1, part.cores - 2)
     shapes = {"image_uint8": (s.image_batch, torch.uint8, s.feed_batches),
               "tokens_int64": (s.token_batch, torch.int64, s.token_batches)}
