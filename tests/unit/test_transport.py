@@ -226,3 +226,25 @@ def test_a_batch_sent_torchs_way_is_freed_without_the_cyclic_collector() -> None
         assert [r() for r in refs] == [None, None]
     finally:
         gc.enable()
+
+
+def test_encoded_bytes_go_through_the_slab_and_arrive_as_the_same_bytes(link):
+    """NOTE [ Encoded bytes through the slab ]: large bytes leave the message, arrive as equal
+    bytes objects (one object where the batch had one, twice), and do not hold the slab."""
+    pool, reader, _ = link
+    rng = np.random.default_rng(0)
+    jpegs = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (5000, 70_000, 4096)]
+    small = b"\xff\xd8tiny"
+    batch = ([jpegs[0], jpegs[1], jpegs[0], small, jpegs[2]], torch.arange(5))
+    out, sid, payload_len = roundtrip(pool, reader, batch)
+    assert sid is not None and payload_len < 1000  # 79 KB of bytes, not in the message
+    items, labels = out
+    assert [type(b) for b in items] == [bytes] * 5
+    assert items == batch[0] and torch.equal(labels, batch[1])
+    assert items[0] is items[2]  # one object, as pickle's memo would give
+    del out, items, labels
+    gc.collect()
+    assert reader.take_released() == {0: [sid]}  # the bytes are copies: the slab is free
+    # A batch of bytes alone gets a slab too, sized for them.
+    out, sid, payload_len = roundtrip(pool, reader, [jpegs[1]] * 3)
+    assert sid is not None and payload_len < 200 and out == [jpegs[1]] * 3

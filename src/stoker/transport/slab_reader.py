@@ -59,6 +59,7 @@ class _LeaseUnpickler(pickle.Unpickler):
     def __init__(self, payload: bytes, lease: ctypes.Array | None, used: int = 0) -> None:
         super().__init__(io.BytesIO(payload))
         self._lease = lease
+        self._bytes: dict[int, bytes] = {}  # offset -> the bytes object made from it
         self._copy_budget = max(used // _COPY_SHARE, SMALL_LEAF_BYTES if used <= SMALL_LEAF_BYTES
                                 else 0)
 
@@ -84,6 +85,13 @@ class _LeaseUnpickler(pickle.Unpickler):
             return torch.empty(shape, dtype=dtype, requires_grad=requires_grad)
         if pid[0] == "ea":
             return np.empty(pid[2], dtype=pid[1])
+        if pid[0] == "b":  # NOTE [ Encoded bytes through the slab ]
+            _, offset, nbytes = pid
+            made = self._bytes.get(offset)
+            if made is None:
+                assert self._lease is not None
+                made = self._bytes[offset] = bytes(memoryview(self._lease)[offset:offset + nbytes])
+            return made
         if pid[0] == "t":
             _, offset, dtype, shape, stride, requires_grad = pid
             numel = 1
