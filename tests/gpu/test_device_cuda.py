@@ -181,3 +181,33 @@ def test_the_batched_nvjpeg_decoder_takes_a_list_and_decodes_on_the_device():
     out = decoder(data, torch.device("cuda", 0))
     assert [tuple(img.shape) for img in out] == [(3, h, w) for h, w in sizes]
     assert all(img.device.type == "cuda" and img.dtype == torch.uint8 for img in out)
+
+
+def test_gpu_decode_in_chunks_on_a_side_stream_matches_the_cpu_path():
+    """NOTE [ Decoded a chunk ahead ]: a batch of several chunks decoded on the decode thread
+    on the caller's (side) stream, cropped and resized on the caller's thread: the CPU path's
+    crops within decoder rounding, image by image (a chunk's images read before its decode
+    finished would differ by tens)."""
+    pytest.importorskip("torchvision", reason="GPU decoding needs torchvision")
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from stoker.image import gpu_decode
+
+    jpegs = []
+    for k in range(2 * gpu_decode.DECODE_CHUNK + 5):
+        coarse = np.random.default_rng(100 + k).integers(0, 256, (4, 5, 3), dtype=np.uint8)
+        field = Image.fromarray(coarse).resize((96 + k % 7, 80), Image.BICUBIC)
+        buf = io.BytesIO()
+        field.save(buf, format="JPEG", quality=95)
+        jpegs.append(buf.getvalue())
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        gpu = _decode(jpegs, "cuda", 11)
+    torch.cuda.current_stream().wait_stream(side)
+    cpu = _decode(jpegs, "cpu", 11)
+    assert gpu.shape == (len(jpegs), 3, 64, 64)
+    per_image = (gpu.int() - cpu.int()).abs().float().mean(dim=(1, 2, 3))
+    assert per_image.max().item() < 2.5, per_image

@@ -7,6 +7,7 @@ summation order)."""
 from __future__ import annotations
 
 import io
+import threading
 
 import numpy as np
 import torch
@@ -34,9 +35,11 @@ class BatchedStandIn:
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, torch.device]] = []
+        self.threads: set[str] = set()
 
     def __call__(self, data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
         self.calls.append((len(data), device))
+        self.threads.add(threading.current_thread().name)
         return [pillow(bytes(t.numpy())) for t in data]
 
 
@@ -44,13 +47,37 @@ ITEMS = [encoded(40, 60, "JPEG", 1), encoded(50, 30, "PNG", 2), encoded(33, 47, 
          encoded(64, 64, "JPEG", 4)]
 
 
+def _decoded(decode: DecodeImages, decoder: BatchedStandIn) -> list[torch.Tensor]:
+    chunks = [range(k, min(k + gpu_decode.DECODE_CHUNK, len(ITEMS)))
+              for k in range(0, len(ITEMS), gpu_decode.DECODE_CHUNK)]
+    return [img for images in decode._decode_gpu(ITEMS, chunks, torch.device("cpu"), decoder)
+            for img in images]
+
+
 def test_the_jpegs_of_a_batch_go_to_the_decoder_in_one_call_the_rest_to_pillow() -> None:
     decoder = BatchedStandIn()
-    images = DecodeImages(size=16)._decode_gpu(ITEMS, torch.device("cpu"), decoder)
+    images = _decoded(DecodeImages(size=16), decoder)
     assert decoder.calls == [(3, torch.device("cpu"))]  # one call, the three JPEGs
+    assert decoder.threads == {"stoker-nvjpeg_0"}  # on the decode thread
     assert [tuple(img.shape) for img in images] == [(3, 40, 60), (3, 50, 30), (3, 33, 47),
                                                     (3, 64, 64)]
     assert all(torch.equal(img, pillow(data)) for img, data in zip(images, ITEMS, strict=True))
+
+
+def test_a_batch_goes_in_chunks_in_order(monkeypatch) -> None:
+    """NOTE [ Decoded a chunk ahead ]: one decoder call a chunk (its JPEGs), the images in
+    the batch's order, and the same boxes and pixels as the CPU path for one seed."""
+    monkeypatch.setattr(gpu_decode, "DECODE_CHUNK", 2)
+    decoder = BatchedStandIn()
+    decode = DecodeImages(size=16)
+    images = _decoded(decode, decoder)
+    assert decoder.calls == [(1, torch.device("cpu")), (2, torch.device("cpu"))]
+    assert all(torch.equal(img, pillow(data)) for img, data in zip(images, ITEMS, strict=True))
+    out = decode._decode_with(ITEMS, np.random.default_rng(4), BatchedStandIn(),
+                              torch.device("cpu"))
+    cpu = decode._decode_with(ITEMS, np.random.default_rng(4), None, None)
+    diff = (out.int() - cpu.int()).abs()
+    assert out.shape == (4, 3, 16, 16) and diff.max().item() <= 1
 
 
 def test_the_batch_is_cropped_and_resized_in_one_call_and_matches_the_cpu_path(
