@@ -53,3 +53,17 @@ def test_queuing_the_copies_is_told_apart_from_waiting_for_workers():
     workers = summarize(_device_stats(wait_s=5.0, loop_s=5.0, to_device_s=0.2,
                                       device_copy_s=1.0))
     assert "queuing the copies" not in workers and "Input-bound: " in workers
+
+
+def test_a_device_transform_that_takes_the_time_is_named_not_the_copies():
+    """The GPU decode in device_transform (the issue 46 step: 65% of next() blamed on
+    "pageable memory") is named as what it is, with the decode advice."""
+    text = summarize(_device_stats(wait_s=5.0, loop_s=5.0, to_device_s=4.0,
+                                   device_transform_s=3.5, device_copy_s=1.0))
+    assert text.endswith(
+        "Input-bound: the device_transform takes 70% of the time next() blocks (it runs on the "
+        "training thread, before each batch is handed out); make device_transform cheaper; a "
+        "GPU decode (stoker.image.DecodeImages) there costs the training thread's time: where "
+        "the CPU cores keep up, decode in the workers with stoker's image path instead "
+        "(docs/gpu_feed.md, \"Which decode\")."
+    ), text

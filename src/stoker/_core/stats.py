@@ -68,8 +68,11 @@ class LoaderStats:
     # queuing copies and the device_transform (the rest of ``wait_s`` is waiting for workers);
     # ``device_copy_s`` the device time of the copies (and transform) on the copy stream;
     # ``device_wait_s`` the device time the training stream waited for a copy (CUDA events,
-    # not part of ``wait_s``); ``device_bytes`` / ``device_batches`` what was copied.
+    # not part of ``wait_s``); ``device_bytes`` / ``device_batches`` what was copied;
+    # ``device_transform_s`` the part of ``to_device_s`` spent in the device_transform (queuing
+    # its kernels, and its own CPU work: DecodeImages decodes there).
     to_device_s: float = 0.0
+    device_transform_s: float = 0.0
     device_copy_s: float = 0.0
     device_wait_s: float = 0.0
     device_bytes: int = 0

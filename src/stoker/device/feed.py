@@ -163,10 +163,12 @@ class DeviceFeed:
             if self._spec.transform is not None:
                 _BATCH.seed = self._source.seed_of(entry.deliveries)
                 _BATCH.device = self._spec.device
+                t0 = time.perf_counter()
                 try:
                     data = self._spec.transform(data)
                 finally:
                     _BATCH.seed = _BATCH.device = None
+                    self._stats.device_transform_s += time.perf_counter() - t0
             entry.done = backend.new_event()
             entry.done.record(stream)
         entry.data = data

@@ -79,7 +79,9 @@ def _shares(s: LoaderStats, gil: bool) -> tuple[Share, ...]:
         Share("waiting in next() for a batch", max(0.0, s.wait_s - receive), "loop"),
         Share("receiving batches from workers", s.unpack_s, "loop"),
         Share("pin_memory", s.pin_s, "loop"),
-        Share("queuing host-to-device copies (device=)", s.to_device_s, "loop"),
+        Share("queuing host-to-device copies (device=)",
+              max(0.0, s.to_device_s - s.device_transform_s), "loop"),
+        Share("device_transform (device=)", s.device_transform_s, "loop"),
         Share("blocked: GIL (inferred), fetch threads waiting for each other" if gil
               else "blocked: storage / sleeps / locks in __getitem__", split.blocked_s, "work"),
         Share("waiting for a free CPU (queued)", split.queued_s, "work"),

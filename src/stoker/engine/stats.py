@@ -193,6 +193,7 @@ class StatsAccumulator:
         # device= (NOTE [ Batches on the device ]): CPU time queuing copies, device time of
         # the copies and of the consumer's stream waiting for them, bytes and batches copied.
         self.to_device_s = 0.0
+        self.device_transform_s = 0.0
         self.device_copy_s = 0.0
         self.device_wait_s = 0.0
         self.device_bytes = 0
@@ -300,7 +301,8 @@ class StatsAccumulator:
             num_workers=self.num_workers, wait_s=self.wait_s, loop_s=self.loop_s,
             fetch_wall_s=self.fetch_wall_s, fetch_cpu_s=self.fetch_cpu_s,
             collate_s=self.collate_s, pack_s=self.pack_s, unpack_s=self.unpack_s,
-            pin_s=self.pin_s, to_device_s=self.to_device_s, device_copy_s=self.device_copy_s,
+            pin_s=self.pin_s, to_device_s=self.to_device_s,
+            device_transform_s=self.device_transform_s, device_copy_s=self.device_copy_s,
             device_wait_s=self.device_wait_s, device_bytes=self.device_bytes,
             device_batches=self.device_batches, fetch_queued_s=fetch_queued_s,
             cpu_steal_share=steal, batched=self.batched, inline=self.inline,

@@ -50,7 +50,8 @@ class Device:
     copy_s: float = 0.0
     bytes: int = 0
     batches: int = 0
-    to_device_s: float = 0.0  # CPU time in next() queuing the copies
+    to_device_s: float = 0.0  # CPU time in next() queuing the copies (and the transform)
+    transform_s: float = 0.0  # of it, in the device_transform
 
 
 @dataclass(frozen=True)
@@ -208,14 +209,28 @@ def _consumer_advice(f: Figures) -> Advice:
     return Advice("nothing in the loader will make training faster")
 
 
+def _transform_bound(f: Figures) -> bool:
+    return f.device.transform_s > 0.5 * f.device.to_device_s
+
+
 def _device_queuing_reason(f: Figures) -> str:
-    return (f"queuing the copies to the device takes {f.device.to_device_s / f.wait_s:.0%} "
+    d = f.device
+    if _transform_bound(f):
+        return (f"the device_transform takes {d.transform_s / f.wait_s:.0%} of the time "
+                "next() blocks (it runs on the training thread, before each batch is handed "
+                "out)")
+    return (f"queuing the copies to the device takes {d.to_device_s / f.wait_s:.0%} "
             "of the time next() blocks: tensors outside stoker's page-locked slabs are copied "
             "from pageable memory, synchronously (num_workers=0, worker_type='thread', or the "
             "slabs could not be registered)")
 
 
 def _device_queuing_advice(f: Figures) -> Advice:
+    if _transform_bound(f):
+        return Advice("make device_transform cheaper; a GPU decode (stoker.image.DecodeImages) "
+                      "there costs the training thread's time: where the CPU cores keep up, "
+                      "decode in the workers with stoker's image path instead "
+                      "(docs/gpu_feed.md, \"Which decode\")")
     return Advice("use num_workers > 0, or make device_transform cheaper",
                   otherwise="make device_transform cheaper")
 
@@ -428,7 +443,7 @@ def from_stats(s: LoaderStats, cores: int, worker_type: str = "auto",
         pack_s=s.pack_s, unpack_s=s.unpack_s, pin_s=s.pin_s, inline_gathers=s.inline,
         cpu_idle_share=s.cpu_idle_share, draws_global_rng=draws_global_rng,
         device=Device(s.device_wait_s, s.device_copy_s, s.device_bytes, s.device_batches,
-                      s.to_device_s),
+                      s.to_device_s, s.device_transform_s),
         current={"num_workers": s.num_workers, "worker_type": worker_type,
                  "beyond_torch": s.beyond_torch},
     )
