@@ -138,3 +138,18 @@ def test_a_torchvision_folder_pipeline_is_told_the_import(tmp_path: Path) -> Non
     )
     other = find([PILLOW] * 5, _Folder([(str(tmp_path / "a" / "0.jpg"), 0)]), input_bound=True)
     assert other is not None and "import" not in other.data  # not a folder pipeline
+
+
+def test_where_to_decode_weighs_the_cpu_path_per_gpu_against_one_gpu_decoding() -> None:
+    from stoker.doctor.decode_verdict import where_to_decode
+
+    assert where_to_decode(2.0, 16, 0) is None  # no GPU: nothing to weigh
+    many = where_to_decode(2.0, 32, 1)  # 32 cores at 500 images/s each: 16,000 per GPU
+    assert many is not None and many.startswith(
+        "  32 cores per GPU here decode about 16,000 images/s per GPU on the CPU path "
+        "(2.00 ms a core); one H200 decoding through the loader gave 6,700")
+    assert "decode on the CPU (above)" in many and "DecodeImages" not in many
+    few = where_to_decode(2.0, 16, 8)  # 2 cores per GPU: 1,000 images/s per GPU
+    assert few is not None and "2 cores per GPU here decode about 1,000 images/s" in few
+    assert "device_transform=stoker.image.DecodeImages(size=...)" in few
+    assert few.endswith('(docs/gpu_feed.md, "Which decode")')

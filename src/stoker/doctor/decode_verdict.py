@@ -14,6 +14,7 @@ A thread already in ``stoker/image/`` is on stoker's image path: nothing to reco
 from __future__ import annotations
 
 import linecache
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -164,6 +165,41 @@ NOT_FOUND = ("no JPEG files found through your dataset (the doctor reads the pat
              "paths, files, image_paths, filenames, file_paths, samples or imgs attribute)")
 
 
+# What one H200 decoded through stoker's loader with DecodeImages, and its CPU cost an image
+# (docs/gpu_feed.md, the 2026-12-04 record): what the CPU image path's rate per GPU is weighed
+# against.
+GPU_DECODE_IMAGES_S = 6_700
+GPU_DECODE_CPU_MS = 0.27
+
+
+def where_to_decode(per_core_ms: float, cores: int, gpus: int) -> str | None:
+    """The DECODE block's line on the CPU against the GPU, from this machine's cores per GPU
+    and a per-core decode time measured on the user's files; None without a GPU."""
+    if gpus < 1 or per_core_ms <= 0:
+        return None
+    per_gpu = cores / gpus
+    rate = per_gpu * 1000 / per_core_ms
+    cpu_wins = rate >= GPU_DECODE_IMAGES_S
+    return (f"  {per_gpu:g} cores per GPU here decode about {rate:,.0f} images/s per GPU on "
+            f"the CPU path ({per_core_ms:.2f} ms a core); one H200 decoding through the "
+            f"loader gave {GPU_DECODE_IMAGES_S:,} at {GPU_DECODE_CPU_MS} CPU ms an image, on "
+            "the training thread: " + (
+                "decode on the CPU (above)" if cpu_wins else
+                "where your model needs more images/s than the CPU path gives, decode on the "
+                "GPU with device_transform=stoker.image.DecodeImages(size=...)")
+            + " (docs/gpu_feed.md, \"Which decode\")")
+
+
+def _gpus() -> int:
+    """GPUs this process sees, without starting CUDA (NVML where torch has it)."""
+    import torch
+
+    try:
+        return torch.cuda.device_count() if torch.version.cuda else 0
+    except Exception:  # a broken driver: no advice about GPUs
+        return 0
+
+
 def find(dumps: Iterable[str], dataset: object, input_bound: bool) -> DecodeFinding | None:
     """The finding for a run's sampled stacks; None when no sample was in ``__getitem__``.
     The gain is measured (about a second) only when the decode is most of the time."""
@@ -175,13 +211,17 @@ def find(dumps: Iterable[str], dataset: object, input_bound: bool) -> DecodeFind
     if not share.decode_bound:
         return DecodeFinding(share, (), summary(share, None, "not decode-bound"))
     one_import = import_gain(dataset)
+    cores, gpus = os.cpu_count() or 1, _gpus()
     if one_import is not None:
         lines = import_lines(share, one_import, input_bound)
-        return DecodeFinding(share, tuple(lines), {**summary(share, None, ""),
-                                                   "import": one_import.as_dict()})
+        where = where_to_decode(one_import.fused_ms, cores, gpus)
+        return DecodeFinding(share, tuple(lines[:-1] + ([where] if where else []) + lines[-1:]),
+                             {**summary(share, None, ""), "import": one_import.as_dict()})
     gain = measure_gain(jpeg_samples(dataset))
     why_not = "" if gain is not None else NOT_FOUND
-    return DecodeFinding(share, tuple(report_lines(share, gain, why_not, input_bound)),
+    lines = report_lines(share, gain, why_not, input_bound)
+    where = where_to_decode(gain.image_path_ms, cores, gpus) if gain is not None else None
+    return DecodeFinding(share, tuple(lines[:-1] + ([where] if where else []) + lines[-1:]),
                          summary(share, gain, why_not))
 
 
