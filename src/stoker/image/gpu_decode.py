@@ -100,6 +100,7 @@ class DecodeImages:
             )
         self._pool: ThreadPoolExecutor | None = None
         self._decoding: ThreadPoolExecutor | None = None  # NOTE [ Decoded a chunk ahead ]
+        self._pools_pid = os.getpid()
         self._local = threading.local()  # each thread's staging buffer (``_staged``)
 
     def __call__(self, batch: Any) -> Any:
@@ -112,7 +113,8 @@ class DecodeImages:
                 if k not in ("_pool", "_decoding", "_local")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _pool=None, _decoding=None, _local=threading.local())
+        self.__dict__.update(state, _pool=None, _decoding=None, _local=threading.local(),
+                             _pools_pid=os.getpid())
 
     # -- one list of encoded images --------------------------------------------------------
 
@@ -155,6 +157,7 @@ class DecodeImages:
         is_jpeg = [bytes(b[:2]) == _JPEG_MAGIC for b in items]
         staging = self._staging(sum(len(b) for b, j in zip(items, is_jpeg, strict=True) if j))
         stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        self._forked_check()
         if self._decoding is None:
             self._decoding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stoker-nvjpeg")
         queued: list[tuple[range, list[int], Future[list[torch.Tensor]] | None]] = []
@@ -179,6 +182,15 @@ class DecodeImages:
                 if future is not None:
                     wait([future])
 
+    def _forked_check(self) -> None:
+        """In a process forked after this object's pools started (a worker using it in
+        ``__getitem__``), their threads did not come along: a pool would queue work that never
+        runs. Start new ones there."""
+        if self._pools_pid != os.getpid():
+            self._pool = self._decoding = None
+            self._local = threading.local()
+            self._pools_pid = os.getpid()
+
     def _staging(self, nbytes: int) -> torch.Tensor:
         """This thread's staging buffer, at least ``nbytes``: encoded bytes are copied into
         it (``_stage``) rather than into a fresh ``bytearray`` an image, which costs a page
@@ -190,6 +202,7 @@ class DecodeImages:
         return buffer
 
     def _decode_cpu(self, items: Sequence[bytes]) -> list[torch.Tensor]:
+        self._forked_check()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
                                             thread_name_prefix="stoker-decode")
