@@ -300,7 +300,8 @@ def test_subpackage_all_is_locked(name):
 STATS_FIELDS = [
     "batches", "samples", "skipped", "empty_batches", "num_workers", "wait_s", "loop_s",
     "fetch_wall_s", "fetch_cpu_s", "collate_s", "pack_s", "unpack_s", "pin_s", "to_device_s",
-    "device_transform_s", "device_copy_s", "device_wait_s", "device_bytes", "device_batches", "fetch_queued_s",
+    "device_transform_s", "device_copy_s", "device_wait_s", "device_bytes", "device_batches",
+    "fetch_queued_s",
     "cpu_steal_share", "main_cpu_s", "main_queued_s", "worker_times", "cpu_idle_share",
     "queue_measured", "batched", "inline", "threads", "tasks_moved", "tasks_loaded_twice",
     "concurrency", "tuner", "beyond_torch", "advice", "summary",
