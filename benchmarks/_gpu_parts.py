@@ -9,7 +9,7 @@ import json
 import shutil
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,7 +149,14 @@ def decode_gpu(part: Part) -> None:
         loader = gpu.stoker_loader(EncodedFiles(part.paths, n * s.batch, s.out), decode,
                                    batch_size=s.batch, num_workers=workers, **STOKER_BEST)
         r = second_epoch(gpu, loader, part.deadline, lambda b: len(b[0]))
-        return _per_image(r, num_workers=workers, **how)
+        st = loader.stats()
+        per = max(st.batches, 1)
+        # Where the loader's time over the bare loop goes (both epochs): the transform (the
+        # decode itself), receiving the bytes from the workers, waiting for them.
+        return _per_image(r, num_workers=workers, **how, ms_per_batch={
+            "transform": 1e3 * st.device_transform_s / per, "unpack": 1e3 * st.unpack_s / per,
+            "wait": 1e3 * st.wait_s / per, "workers_fetch": 1e3 * st.fetch_wall_s / per,
+            "workers_pack": 1e3 * st.pack_s / per})
 
     part.attempt("decode_images_loader", through_loader)
 
@@ -214,6 +221,17 @@ def feed(part: Part) -> None:
 
         part.attempt(f"{name}.plain", plain)
         plain_rate = part.emitted[f"{name}.plain"].get("batches_per_s")
+
+        def alone(shape: tuple[int, ...] = shape, dtype: torch.dtype = dtype,
+                  count: int = count, plain_rate: float | None = plain_rate) -> dict[str, Any]:
+            touched = torch.zeros((), dtype=dtype, device=gpu.device)
+            r = feed_only(gpu, shape, dtype, count, part.until(10),
+                          lambda b: touched.add_(b.view(-1)[-1]))
+            rate = r.items / r.wall_s if r.wall_s else None
+            return {"batches_per_s": rate,
+                    "share_of_plain": rate / plain_rate if rate and plain_rate else None}
+
+        part.attempt(f"{name}.feed_only", alone)
         dataset = Batches(shape, dtype, count)
         for kind, make in _feed_loaders(gpu, dataset, workers).items():
             def measure(make: Any = make, kind: str = kind, dtype: torch.dtype = dtype,
@@ -236,6 +254,66 @@ def feed(part: Part) -> None:
                         **_where_the_time_went(loader)}
 
             part.attempt(f"{name}.{kind}", measure)
+
+
+class _PremadeHosts:
+    """A ``HostSource`` (``stoker.device.feed``) handing out pre-made pinned batches: the feed
+    on its own, no workers and no engine."""
+
+    def __init__(self, batches: list[torch.Tensor], count: int) -> None:
+        self._batches, self._left = batches, count
+
+    def next_host(self) -> Any:
+        if self._left <= 0:
+            raise StopIteration
+        self._left -= 1
+        return self._batches[self._left % len(self._batches)]
+
+    def hold_deliveries(self) -> None:
+        pass
+
+    def release_deliveries(self) -> list[Any]:
+        return []
+
+    def apply_deliveries(self, deliveries: list[Any]) -> None:
+        pass
+
+    def seed_of(self, deliveries: list[Any]) -> int | None:
+        return None
+
+
+def feed_only(gpu: Gpu, shape: tuple[int, ...], dtype: torch.dtype, count: int,
+              deadline: float, step: Callable[[Any], None]) -> Timed:
+    """``count`` batches through stoker's ``DeviceFeed`` (copies queued ahead on its stream,
+    events, ``record_stream``) from three pre-made pinned batches: the feed's own per-batch
+    cost against the plain loop, with nothing to receive from workers."""
+    from types import SimpleNamespace
+
+    from stoker.device.feed import DeviceFeed, FeedSpec
+
+    stats = SimpleNamespace(measures=False, to_device_s=0.0, device_transform_s=0.0,
+                            device_bytes=0, device_batches=0, device_copy_s=0.0,
+                            device_wait_s=0.0)
+    backend: Any = gpu.fake if gpu.dry else None
+    if backend is None:
+        from stoker.device.backend import CudaBackend
+
+        backend = CudaBackend(gpu.device)
+    batches = [gpu.pinned(shape, dtype) for _ in range(3)]
+    device_feed = DeviceFeed(FeedSpec(gpu.device, 1, None), backend,
+                             _PremadeHosts(batches, count + 3), stats)
+
+    def handed_out() -> Iterator[Any]:
+        while True:
+            try:
+                yield device_feed.next()
+            except StopIteration:
+                return
+
+    try:
+        return timed_loop(gpu, handed_out(), 3, deadline, lambda _: 1, step)
+    finally:
+        device_feed.close()
 
 
 def _where_the_time_went(loader: Any) -> dict[str, Any]:

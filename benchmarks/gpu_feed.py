@@ -11,7 +11,8 @@ On whatever GPU and core count it finds, on the same synthetic 500x375 JPEG file
   bare loop (and ``DecodeImages`` bare, between c and d);
 * ``feed``: batches/s delivered on the GPU by ``device=`` (and torch's pin_memory + ``.to``)
   against a plain loop copying one pre-made pinned batch, for 256x3x224x224 uint8 and 64x4096
-  int64;
+  int64; beside them stoker's feed alone (``DeviceFeed`` over pre-made pinned batches: its own
+  per-batch cost) and the workers alone (host batches, no copy: what bounds any feed);
 * ``step``: ResNet-50 (bf16, channels_last, batch 256) from the JPEG files, 200 steps, the step
   time as a ratio to the step on a resident batch: torch's DataLoader at its best num_workers,
   stoker's image path, stoker with GPU decode.

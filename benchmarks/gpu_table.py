@@ -27,7 +27,8 @@ DECODE = {
 }
 _WORKERS = ("torch_pillow", "stoker_image_path", "decode_images_loader")
 FEED = {"image_uint8": ("image_batch", "uint8"), "tokens_int64": ("token_batch", "int64")}
-FEED_LOADERS = {"host_only": "host batches only, no copy (what the workers deliver)",
+FEED_LOADERS = {"feed_only": "stoker's feed alone, pre-made pinned batches (no workers)",
+                "host_only": "host batches only, no copy (what the workers deliver)",
                 "stoker": "stoker `device=`", "stoker_best": "`device=`, `beyond_torch=True`",
                 "torch": "torch, `pin_memory=True` + `.to()`"}
 STEP = {"torch": "torch's DataLoader, Pillow in `__getitem__` (its best `num_workers`)",
