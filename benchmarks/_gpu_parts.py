@@ -149,14 +149,9 @@ def decode_gpu(part: Part) -> None:
         loader = gpu.stoker_loader(EncodedFiles(part.paths, n * s.batch, s.out), decode,
                                    batch_size=s.batch, num_workers=workers, **STOKER_BEST)
         r = second_epoch(gpu, loader, part.deadline, lambda b: len(b[0]))
-        st = loader.stats()
-        per = max(st.batches, 1)
-        # Where the loader's time over the bare loop goes (both epochs): the transform (the
-        # decode itself), receiving the bytes from the workers, waiting for them.
-        return _per_image(r, num_workers=workers, **how, ms_per_batch={
-            "transform": 1e3 * st.device_transform_s / per, "unpack": 1e3 * st.unpack_s / per,
-            "wait": 1e3 * st.wait_s / per, "workers_fetch": 1e3 * st.fetch_wall_s / per,
-            "workers_pack": 1e3 * st.pack_s / per})
+        # Where the loader's time over the bare loop goes: the transform (the decode itself),
+        # receiving the bytes from the workers, waiting for them.
+        return _per_image(r, num_workers=workers, **how, **_where_the_time_went(loader))
 
     part.attempt("decode_images_loader", through_loader)
 
@@ -317,8 +312,9 @@ def feed_only(gpu: Gpu, shape: tuple[int, ...], dtype: torch.dtype, count: int,
 
 
 def _where_the_time_went(loader: Any) -> dict[str, Any]:
-    """stoker's own account of a feed run (both epochs): the share of the loop's time spent
-    in ``next()``, the part of it queuing copies, and the workers' time per batch."""
+    """stoker's own account of a loader's run (both epochs): the share of the loop's time spent
+    in ``next()``, the part of it queuing copies, and per batch the workers' time (fetch,
+    collate, pack) and the training thread's (unpack, device_transform, all of next())."""
     if not isinstance(loader, stoker.DataLoader):
         return {}
     st = loader.stats()
@@ -326,9 +322,10 @@ def _where_the_time_went(loader: Any) -> dict[str, Any]:
     per = max(st.batches, 1)
     return {"wait_share": st.wait_s / span if span else None,
             "to_device_share": st.to_device_s / span if span else None,
-            "worker_ms_per_batch": {k: 1e3 * v / per for k, v in (
+            "ms_per_batch": {k: 1e3 * v / per for k, v in (
                 ("fetch", st.fetch_wall_s), ("collate", st.collate_s), ("pack", st.pack_s),
-                ("unpack", st.unpack_s))},
+                ("unpack", st.unpack_s), ("transform", st.device_transform_s),
+                ("wait", st.wait_s))},
             "main_cpu_share": st.main_cpu_s / span if span else None}
 
 

@@ -212,16 +212,20 @@ def find(dumps: Iterable[str], dataset: object, input_bound: bool) -> DecodeFind
         return DecodeFinding(share, (), summary(share, None, "not decode-bound"))
     one_import = import_gain(dataset)
     cores, gpus = os.cpu_count() or 1, _gpus()
+
+    def block(lines: list[str], per_core_ms: float | None) -> tuple[str, ...]:
+        """The block with the where-to-decode line before its closing "see docs" line."""
+        where = None if per_core_ms is None else where_to_decode(per_core_ms, cores, gpus)
+        return tuple(lines[:-1] + ([where] if where else []) + lines[-1:])
+
     if one_import is not None:
-        lines = import_lines(share, one_import, input_bound)
-        where = where_to_decode(one_import.fused_ms, cores, gpus)
-        return DecodeFinding(share, tuple(lines[:-1] + ([where] if where else []) + lines[-1:]),
+        return DecodeFinding(share, block(import_lines(share, one_import, input_bound),
+                                          one_import.fused_ms),
                              {**summary(share, None, ""), "import": one_import.as_dict()})
     gain = measure_gain(jpeg_samples(dataset))
     why_not = "" if gain is not None else NOT_FOUND
-    lines = report_lines(share, gain, why_not, input_bound)
-    where = where_to_decode(gain.image_path_ms, cores, gpus) if gain is not None else None
-    return DecodeFinding(share, tuple(lines[:-1] + ([where] if where else []) + lines[-1:]),
+    return DecodeFinding(share, block(report_lines(share, gain, why_not, input_bound),
+                                      None if gain is None else gain.image_path_ms),
                          summary(share, gain, why_not))
 
 

@@ -101,7 +101,7 @@ class DecodeImages:
         self._pool: ThreadPoolExecutor | None = None
         self._decoding: ThreadPoolExecutor | None = None  # NOTE [ Decoded a chunk ahead ]
         self._pools_pid = os.getpid()
-        self._local = threading.local()  # each thread's staging buffer (``_staged``)
+        self._local = threading.local()  # each thread's staging buffer (``_staging``)
 
     def __call__(self, batch: Any) -> Any:
         seed = current_batch_seed()
@@ -154,10 +154,10 @@ class DecodeImages:
         """Each chunk's images, in order: its JPEGs in one batched call of ``decoder`` on the
         decode thread, a chunk ahead of the caller; the rest (PNG & co) with Pillow, copied
         to ``device``. NOTE [ Decoded a chunk ahead ]."""
+        self._forked_check()
         is_jpeg = [bytes(b[:2]) == _JPEG_MAGIC for b in items]
         staging = self._staging(sum(len(b) for b, j in zip(items, is_jpeg, strict=True) if j))
         stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-        self._forked_check()
         if self._decoding is None:
             self._decoding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stoker-nvjpeg")
         queued: list[tuple[range, list[int], Future[list[torch.Tensor]] | None]] = []

@@ -194,7 +194,6 @@ class _PackingPickler(pickle.Pickler):
         np.copyto(flat.numpy().view(a.dtype).reshape(a.shape), a, casting="no")
         return ("a", flat.data_ptr() - self._slab._base, a.dtype, a.shape)
 
-
     def _bytes_ref(self, b: bytes) -> tuple:
         """NOTE [ Encoded bytes through the slab ]: placed once per object (the same object
         twice in a batch arrives as one object, as pickle's memo makes it)."""
