@@ -227,7 +227,7 @@ class ProcessIterator(Dispatch):
             w, is_conn = by_fd.get(fd, (None, False))  # gone if it was let go meanwhile
             if w is not None and is_conn:
                 try:  # one message: the caller polls again for the rest
-                    self._file(w, msg.recv_from_worker(w.conn, _unpacking))
+                    self._file(w, msg.recv_from_worker(w.conn, _unpacking, w.reused))
                 except (EOFError, OSError):
                     self._deaths.lost(self._book, w, self._file_reply)
                 got_reply = True

@@ -108,8 +108,11 @@ class WorkerGroup:
                 self._to_release[wid].extend(ids)
 
     def take_release(self, wid: int) -> list[int]:
-        """Worker ``wid``'s released slab ids, to send with its next message."""
+        """Worker ``wid``'s released slab ids (or reused segments' ids: NOTE [ torch's shared
+        memory, reused ]), to send with its next message."""
         ids, self._to_release[wid] = self._to_release[wid], []
+        if wid < len(self.workers):
+            ids += self.workers[wid].reused.settle()
         return ids
 
     def large_releases(self) -> list[int]:
@@ -172,7 +175,7 @@ class WorkerGroup:
         replies = []
         try:
             while w.conn.poll():
-                reply = self.file_control(w, msg.recv_from_worker(w.conn))
+                reply = self.file_control(w, msg.recv_from_worker(w.conn, segments=w.reused))
                 if reply is not None:
                     replies.append(reply)
         except (EOFError, OSError):

@@ -133,6 +133,11 @@ class ConcurrencyTuner:
         self.decisions.append(Decision(time.perf_counter() - self._start, concurrency, reason))
 
     @property
+    def one_at_a_time(self) -> bool:
+        """Fetches run on the worker's thread alone, and will until the task ends."""
+        return self.concurrency == 1 and (self.settled or not self._threads)
+
+    @property
     def probing(self) -> bool:
         """Whether the next sample should be checked for global-RNG use."""
         return self.exploring and self._threads and not self._thread_safe

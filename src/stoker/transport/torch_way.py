@@ -30,6 +30,8 @@ from torch.multiprocessing import get_sharing_strategy
 from torch.multiprocessing import reductions as torch_reductions
 
 from stoker._core.notes import add_note
+from stoker.transport import reused_shm
+from stoker.transport.reused_shm import MainSegments, WorkerSegments
 
 _loading = threading.local()  # the fds of the payload being loaded on this thread
 
@@ -46,18 +48,28 @@ _loading = threading.local()  # the fds of the payload being loaded on this thre
 
 
 class _Sent:
-    """What one pickling gathers: the storages' fds to send, and their bytes."""
+    """What one pickling gathers: the storages' fds to send, and their bytes; the segments
+    it may send by id (NOTE [ torch's shared memory, reused ])."""
 
-    __slots__ = ("fds", "shared_bytes")
+    __slots__ = ("fds", "shared_bytes", "segments", "chosen")
 
-    def __init__(self, fds: list[int]) -> None:
+    def __init__(self, fds: list[int], segments: WorkerSegments | None = None,
+                 chosen: dict[int, Any] | None = None) -> None:
         self.fds = fds
         self.shared_bytes = 0  # the bytes of the storages it sends by fd or name
+        self.segments = segments
+        self.chosen = chosen
 
 
 def _reduce_storage(sent: _Sent, storage: torch.UntypedStorage) -> Any:
     # torch's reduce_storage, but for its fd branch: the fd travels with the batch
     sent.shared_bytes += storage.nbytes()
+    if sent.chosen and sent.segments is not None:
+        seg = sent.chosen.pop(storage.data_ptr(), None)
+        if seg is not None:
+            return sent.segments.reduce(seg, sent.fds)
+    if sent.segments is not None:  # a segment going torch's way is the main process's now
+        sent.segments.gone(storage.data_ptr())
     if (storage.is_cuda or storage.device.type == "meta"
             or get_sharing_strategy() == "file_system" or storage.size() == 0):
         return torch_reductions.reduce_storage(storage)
@@ -79,12 +91,14 @@ class _Pickler(ForkingPickler):
         self.dispatch_table = table
 
 
-def dumps(obj: Any) -> tuple[bytes, list[int], int]:
+def dumps(obj: Any, segments: WorkerSegments | None = None,
+          chosen: dict[int, Any] | None = None) -> tuple[bytes, list[int], int]:
     """``obj`` pickled as torch's workers pickle it, the fds to send with it (the caller
     sends, then closes them), and its size: the shared storages' bytes plus the payload's
-    (arrays and other data pickled by value), counted while pickling."""
+    (arrays and other data pickled by value), counted while pickling. The storages in
+    ``chosen`` (``segments.prepare``) go by their segment's id."""
     buf = io.BytesIO()
-    sent = _Sent([])
+    sent = _Sent([], segments, chosen)
     try:
         _Pickler(buf, sent).dump(obj)
     except BaseException:
@@ -94,13 +108,16 @@ def dumps(obj: Any) -> tuple[bytes, list[int], int]:
     return payload, sent.fds, sent.shared_bytes + len(payload)
 
 
-def loads(payload: bytes, fds: list[int]) -> Any:
-    """What ``dumps`` pickled, rebuilt with ``fds`` (received in order); closes them."""
+def loads(payload: bytes, fds: list[int], segments: MainSegments | None = None) -> Any:
+    """What ``dumps`` pickled, rebuilt with ``fds`` (received in order) and the sending
+    worker's ``segments``; closes the fds."""
     _loading.fds = fds
+    reused_shm.loading_into(segments, fds)
     try:
         return ForkingPickler.loads(payload)
     finally:
         _loading.fds = None
+        reused_shm.loading_into(None, None)
         close(fds)
 
 
@@ -116,11 +133,12 @@ class Unpickled:
         self.seconds = seconds  # spent unpickling (for ``stats()``)
 
 
-def received(payload: bytes, fds: list[int]) -> Unpickled:
+def received(payload: bytes, fds: list[int], segments: MainSegments | None = None
+             ) -> Unpickled:
     """``loads`` at arrival; an error is kept for when the batch is due."""
     t0 = time.perf_counter()
     try:
-        return Unpickled(loads(payload, fds), seconds=time.perf_counter() - t0)
+        return Unpickled(loads(payload, fds, segments), seconds=time.perf_counter() - t0)
     except Exception as exc:
         return Unpickled(None, out_of_fds(exc))
 

@@ -24,6 +24,7 @@ from stoker.collate import allocating_into
 from stoker.errors import MixedDeviceError
 from stoker.fetch.fetchers import EMPTY
 from stoker.transport import torch_way
+from stoker.transport.reused_shm import WorkerSegments
 from stoker.transport.segments import SegmentRef
 from stoker.transport.slab_writer import SlabPool, SlabWriter, batch_nbytes, write_batch
 from stoker.workers import feeder_stand_in
@@ -52,6 +53,7 @@ class Packed(NamedTuple):
     nbytes: int  # the batch's tensor and array bytes (in the slab or not)
     fds: list[int]  # its storages' fds, to send after the reply (NOTE [ Batches cross as
     # torch's do ] in transport.torch_way); closed once sent
+    reused: bool = False  # some storage goes by its segment's id (transport.reused_shm)
 
 
 def _queued_s() -> float | None:
@@ -97,6 +99,8 @@ class BatchBuilder:
         self.pool = SlabPool(self._announce, spec.max_idle_slabs, spec.slabs)
         self.retired: list[int] = []  # slab ids closed since the last reply
         self.slabs = "slab_transport" in spec.fetch.beyond
+        # NOTE [ torch's shared memory, reused ]: torch's way, without its per-batch segments
+        self.reuse = None if self.slabs else WorkerSegments()
         # Made on the worker's main thread, which fetches its batches one by one.
         self.run_queue = RunQueueMeter()
 
@@ -106,8 +110,12 @@ class BatchBuilder:
             msg.send_fd(self.conn, fd)
 
     def free(self, released: list[int]) -> None:
-        """Slabs the main process gave back."""
-        if released:  # none ever without slab_transport
+        """Slabs (or, without slab_transport, reused segments) the main process gave back."""
+        if not released:
+            return
+        if self.reuse is not None:
+            self.reuse.release(released)
+        else:
             self.retired += self.pool.release(released)
 
     def slab_for(self, data: Any, read_waiting: Callable[[], object] | None
@@ -134,9 +142,16 @@ class BatchBuilder:
             batch = data.batch if isinstance(data, Collated) else finish(data)
             del data
             t1 = time.perf_counter()
-            payload, fds, nbytes = torch_way.dumps(batch)
+            reuse = self.reuse
+            chosen = reuse.prepare(batch) if reuse is not None else {}
+            reused = bool(chosen)
+            try:
+                payload, fds, nbytes = torch_way.dumps(batch, reuse, chosen)
+            finally:
+                if chosen and reuse is not None:  # not sent after all
+                    reuse.unsent(chosen)
             t2 = time.perf_counter()
-            return Packed(None, 0, payload, t1 - t0, t2 - t1, t2, nbytes, fds)
+            return Packed(None, 0, payload, t1 - t0, t2 - t1, t2, nbytes, fds, reused)
         try:
             t0 = time.perf_counter()
             with allocating_into(slab):
@@ -155,7 +170,7 @@ class BatchBuilder:
         try:
             msg.send(self.conn, msg.Done(
                 epoch, task_id, packed.segment_id, packed.used, packed.payload, self.retired,
-                skipped, report, rngs, len(packed.fds),
+                skipped, report, rngs, len(packed.fds), packed.reused,
             ))
             if packed.fds:
                 msg.send_fds(self.conn, packed.fds)

@@ -8,12 +8,13 @@ import multiprocessing
 import multiprocessing.connection
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from typing import Any, cast
 
 from stoker._core.specs import WorkerSpec
+from stoker.transport.reused_shm import MainSegments
 from stoker.workers import protocol as msg
 from stoker.workers.entry import parent_ends, worker_main, worker_main_once
 
@@ -26,6 +27,9 @@ class WorkerHandle:
     process: Any  # multiprocessing.process.BaseProcess
     conn: Connection
     stop_sent: bool = False  # asked to exit: its exit is expected, not a death
+    # its batches' shared memory, kept to be written again (NOTE [ torch's shared memory,
+    # reused ] in transport.reused_shm)
+    reused: MainSegments = field(default_factory=MainSegments)
     # what the process object said when it was closed (it answers nothing after)
     closed: bool = False
     closed_exitcode: int | None = None
@@ -189,7 +193,7 @@ def stop_workers(workers: list[WorkerHandle], drain: Any = None) -> None:
 
 def _drain_one(w: WorkerHandle, drain: Any) -> None:
     try:
-        message = msg.recv_from_worker(w.conn)
+        message = msg.recv_from_worker(w.conn, segments=w.reused)
     except (EOFError, OSError):
         w.conn.close()
         return

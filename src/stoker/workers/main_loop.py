@@ -179,6 +179,22 @@ class Worker:
     # -- one batch at a time -----------------------------------------------------------------
 
     def run_task(self, task_id: int, indices: Any) -> None:
+        """One task, its new shared memory from the worker's reused segments where no fetch
+        threads run (NOTE [ torch's shared memory, reused ] in ``transport.reused_shm``)."""
+        reuse = self.state.builder.reuse
+        if reuse is None or not self._one_task_at_a_time() or not reuse.start_task():
+            self._run_task(task_id, indices)
+            return
+        try:
+            self._run_task(task_id, indices)
+        finally:
+            reuse.end_task()
+
+    def _one_task_at_a_time(self) -> bool:
+        st = self.state
+        return st.pipeline is None and (st.tuner is None or st.tuner.one_at_a_time)
+
+    def _run_task(self, task_id: int, indices: Any) -> None:
         st = self.state
         if st.exhausted:
             return  # like torch: tasks after the end of an iterable are ignored

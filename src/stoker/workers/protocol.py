@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
     from stoker.fetch.concurrency import Decision
+    from stoker.transport.reused_shm import MainSegments
 
 
 class Tag(enum.IntEnum):
@@ -212,6 +213,10 @@ class Done(NamedTuple):
     fds: int = 0
     """Shared-memory fds sent right after this message (NOTE [ Batches cross as torch's do ]
     in ``transport.torch_way``); ``recv_from_worker`` receives them and unpickles the batch."""
+    reused: bool = False
+    """The batch is pickled torch's way with storages in segments the main process already
+    has (NOTE [ torch's shared memory, reused ] in ``transport.reused_shm``): unpickled at
+    arrival too, even with no fds behind it."""
 
     @property
     def tag(self) -> Tag:
@@ -324,23 +329,25 @@ def recv_from_main(conn: Connection) -> ToWorker:
 
 def recv_from_worker(
     conn: Connection, unpacking: Callable[[], AbstractContextManager[Any]] | None = None,
+    segments: MainSegments | None = None,
 ) -> FromWorker:
     """The next message of a worker (the main process's side of the socket). A ``Done`` whose
-    batch has fds behind it comes with its batch unpickled (``torch_way.Unpickled``), inside
+    batch has fds behind it, or reuses the worker's ``segments`` (NOTE [ torch's shared
+    memory, reused ]), comes with its batch unpickled (``torch_way.Unpickled``), inside
     ``unpacking()`` (the profiler's range for receiving a batch)."""
     message = decode(conn.recv())
-    if isinstance(message, Done) and message.fds:
+    if isinstance(message, Done) and (message.fds or message.reused):
         assert isinstance(message.payload, bytes)
         try:
-            fds = recv_fds(conn, message.fds)
+            fds = recv_fds(conn, message.fds) if message.fds else []
         except OSError as exc:  # NOTE [ Out of file descriptors ]: torch's error, when due
             if exc.errno != errno.EMFILE:
                 raise
             batch = torch_way.Unpickled(None, torch_way.too_many_open_files(exc))
         else:
             with unpacking() if unpacking is not None else contextlib.nullcontext():
-                batch = torch_way.received(message.payload, fds)
-        message = message._replace(payload=batch, fds=0)
+                batch = torch_way.received(message.payload, fds, segments)
+        message = message._replace(payload=batch, fds=0, reused=False)
     return message  # type: ignore[return-value]
 
 
