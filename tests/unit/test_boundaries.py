@@ -48,6 +48,19 @@ THIRD_PARTY = {
     ("transport/slab_reader.py", "_sparse_tensors_to_validate"): "as torch's unpickler does",
     ("transport/slab_reader.py", "_validate_loaded_sparse_tensors"): "as torch's unpickler does",
     ("transport/torch_way.py", "_share_fd_cpu_"): "NOTE [ Batches cross as torch's do ]",
+    ("transport/reused_shm.py", "_C"): "torch._C._storage_Use_Count: whether anything but "
+                                       "stoker holds a storage (NOTE [ torch's shared memory, "
+                                       "reused ])",
+    ("transport/reused_shm.py", "_storage_Use_Count"): "the same",
+    ("transport/reused_shm.py", "_cdata"): "the storage handle _storage_Use_Count takes",
+    ("transport/reused_shm.py", "_StorageBase"): "torch's own _new_shared, called for what is "
+                                                 "not a reused segment",
+    ("transport/reused_shm.py", "_share_fd_cpu_"): "a segment's fd, sent once (NOTE [ Batches "
+                                                   "cross as torch's do ])",
+    ("transport/reused_shm.py", "_new_shared_fd_cpu"): "the storage torch's rebuild_storage_fd "
+                                                       "makes from an fd",
+    ("transport/reused_shm.py", "_typed_storage"): "the self-check allocates as torch's "
+                                                   "collate_tensor_fn does",
     ("fastpaths/torch_gather.py", "_typed_storage"): "a gathered batch's storage allocated as "
                                                      "torch's collate_tensor_fn allocates it",
     ("fastpaths/torch_gather.py", "_new_shared"): "as torch's collate_tensor_fn does in a worker",

@@ -31,7 +31,8 @@ def in_a_worker() -> Iterator[None]:
 
 
 def _samples(start: int, n: int = 8) -> list[dict[str, Any]]:
-    return [{"x": torch.arange(4, dtype=torch.float32) + i, "y": i} for i in range(start, start + n)]
+    return [{"x": torch.arange(4, dtype=torch.float32) + i, "y": i}
+            for i in range(start, start + n)]
 
 
 class _Link:
@@ -90,16 +91,25 @@ def test_a_batch_arrives_as_torchs_and_its_segments_are_written_again(in_a_worke
     assert second["y"].tolist() == list(range(8, 16))
 
 
+def _hold(x: torch.Tensor, how: str) -> Any:
+    if how == "tensor":
+        return x
+    if how == "view":
+        return x[1:, 2]
+    if how == "numpy":
+        return x.numpy()
+    if how == "storage":
+        return x.untyped_storage()
+    return x.storage()
+
+
 @pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
 @pytest.mark.parametrize("hold", ["tensor", "view", "numpy", "storage", "typed storage"])
 def test_a_segment_anything_holds_is_not_given_back(in_a_worker, hold):
     link = _Link()
     batch = link.batch(_samples(0))
-    x = batch["x"]
-    held = {"tensor": lambda: x, "view": lambda: x[1:, 2], "numpy": lambda: x.numpy(),
-            "storage": lambda: x.untyped_storage(),
-            "typed storage": lambda: x.storage()}[hold]()
-    del batch, x
+    held = _hold(batch["x"], hold)
+    del batch
     assert link.give_back() == [1]  # the labels went back, the held images did not
     values = np.asarray(held.tolist() if hasattr(held, "tolist") else list(held))
     for _ in range(3):
@@ -214,3 +224,16 @@ def test_later_batches_open_no_fd_and_received_fds_are_closed(in_a_worker):
         del batch
         link.give_back()
     assert len(os.listdir("/proc/self/fd")) == before + 4
+
+
+def test_free_segments_past_the_cap_are_forgotten_on_both_sides(in_a_worker):
+    link = _Link()
+    held = [link.batch(_samples(8 * k)) for k in range(reused_shm._MAX_FREE_PER_SIZE + 2)]
+    del held
+    assert len(link.give_back()) == 2 * (reused_shm._MAX_FREE_PER_SIZE + 2)
+    dropped = link.worker.dropped
+    assert len(dropped) == 4  # two of each size past the cap
+    assert all(i in link.main._table for i in dropped)
+    link.main.drop(dropped)  # what the worker's next Done says (its `retired`)
+    assert not any(i in link.main._table for i in dropped)
+    assert len(link.main._table) == 2 * reused_shm._MAX_FREE_PER_SIZE

@@ -252,6 +252,7 @@ class ProcessIterator(Dispatch):
         done = reply if isinstance(reply, msg.Done) else None
         if done is not None and done.retired:
             self._group.reader.retire(w.worker_id, done.retired)
+            w.reused.drop(done.retired)  # no slabs: NOTE [ torch's shared memory, reused ]
         if reply.epoch != cursor.epoch:  # a reply to an abandoned epoch: recycle its slab
             if done is not None:
                 self._group.reader.release_now(w.worker_id, done.segment_id)

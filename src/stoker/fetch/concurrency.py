@@ -104,6 +104,7 @@ class ConcurrencyTuner:
         self.decisions: list[Decision] = []
         self._thread_safe = thread_safe
         self._threads = threads_promised
+        self.threads_promised = threads_promised  # read by the worker: fetch threads may come
         # Without the promise: what it would give, measured while exploring (an estimate).
         self.unused_gain: float | None = None
         fixed = setting if isinstance(setting, int) else None
@@ -131,11 +132,6 @@ class ConcurrencyTuner:
         self.concurrency = concurrency
         self.exploring = not self.settled and concurrency == 1
         self.decisions.append(Decision(time.perf_counter() - self._start, concurrency, reason))
-
-    @property
-    def one_at_a_time(self) -> bool:
-        """Fetches run on the worker's thread alone, and will until the task ends."""
-        return self.concurrency == 1 and (self.settled or not self._threads)
 
     @property
     def probing(self) -> bool:

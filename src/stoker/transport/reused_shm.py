@@ -33,7 +33,8 @@ is reused only where nothing could tell the difference:
   changed). In a worker, a fork during a task keeps every segment that task handed out.
 
 Only with torch's ``file_descriptor`` strategy, in a worker that runs one task at a time
-(no fetch threads), and without ``slab_transport``. A worker's free segments are its memory
+(no fetch threads), without ``slab_transport``, and with the fast paths on (``fast_paths=False``
+sends every batch in new shared memory, as torch does). A worker's free segments are its memory
 until it exits, as torch's allocator keeps freed memory: at most ``_MAX_FREE_PER_SIZE`` of a
 size.
 """
@@ -188,6 +189,7 @@ class WorkerSegments:
         self._next_id = 0
         self._forks_at_start = 0
         self.active = False
+        self.dropped: list[int] = []  # ids to tell the main process to forget (``Done.retired``)
 
     # -- during a task --------------------------------------------------------------------
 
@@ -247,10 +249,16 @@ class WorkerSegments:
         if len(free) < _MAX_FREE_PER_SIZE:
             free.append(seg)
         else:
-            self._forget(seg)
+            self._drop_free(seg)
 
     def _forget(self, seg: _Segment) -> None:
         self._by_ptr.pop(seg.storage.data_ptr(), None)
+
+    def _drop_free(self, seg: _Segment) -> None:
+        # one the main process has mapped too and has given back: it forgets it as well
+        self._forget(seg)
+        if seg.announced:
+            self.dropped.append(seg.id)
 
     def prepare(self, batch: Any) -> dict[int, _Segment]:
         """The batch's leaves that may cross as reused segments, by data pointer; a
@@ -283,7 +291,7 @@ class WorkerSegments:
                 self._walk(value, chosen)
 
     def _leaf(self, t: torch.Tensor, chosen: dict[int, _Segment]) -> None:
-        if (t.device.type != "cpu" or t.layout != torch.strided or t.requires_grad
+        if (t.is_nested or t.device.type != "cpu" or t.layout != torch.strided or t.requires_grad
                 or t.is_quantized or t.storage_offset() != 0 or not t.is_contiguous()):
             return
         storage = t.untyped_storage()
@@ -407,6 +415,12 @@ class MainSegments:
                 del storage
             self._lent = still
         return out
+
+    def drop(self, ids: list[int]) -> None:
+        """Segments the worker forgot (it keeps only so many free ones of a size)."""
+        with self._lock:
+            for seg_id in ids:
+                self._table.pop(seg_id, None)
 
 
 _loading = threading.local()  # the MainSegments of the batch being unpickled on this thread

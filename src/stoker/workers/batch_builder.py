@@ -100,7 +100,7 @@ class BatchBuilder:
         self.retired: list[int] = []  # slab ids closed since the last reply
         self.slabs = "slab_transport" in spec.fetch.beyond
         # NOTE [ torch's shared memory, reused ]: torch's way, without its per-batch segments
-        self.reuse = None if self.slabs else WorkerSegments()
+        self.reuse = None if self.slabs or not spec.fetch.fast_paths else WorkerSegments()
         # Made on the worker's main thread, which fetches its batches one by one.
         self.run_queue = RunQueueMeter()
 
@@ -177,6 +177,8 @@ class BatchBuilder:
         finally:
             torch_way.close(packed.fds)
         self.retired = []
+        if self.reuse is not None and self.reuse.dropped:
+            self.retired, self.reuse.dropped = self.reuse.dropped, []
         # NOTE [ torch's feeder thread in a worker ], [ torch's resource sharer in a worker ]
         feeder_stand_in.after_put(shared_fds=bool(packed.fds))
 

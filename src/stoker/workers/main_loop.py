@@ -191,8 +191,11 @@ class Worker:
             reuse.end_task()
 
     def _one_task_at_a_time(self) -> bool:
-        st = self.state
-        return st.pipeline is None and (st.tuner is None or st.tuner.one_at_a_time)
+        """Fetches run on this thread alone, and will until the task ends (attributes only:
+        a settled tuner is never called, NOTE [ Automatic concurrency ])."""
+        st, tuner = self.state, self.state.tuner
+        return st.pipeline is None and (tuner is None or tuner.concurrency == 1 and (
+            tuner.settled or not tuner.threads_promised))
 
     def _run_task(self, task_id: int, indices: Any) -> None:
         st = self.state
