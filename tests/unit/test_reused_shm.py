@@ -5,6 +5,7 @@ segment goes back only when nothing holds it, and never once another process may
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -100,11 +101,25 @@ def _hold(x: torch.Tensor, how: str) -> Any:
         return x.numpy()
     if how == "storage":
         return x.untyped_storage()
+    if how == "weak reference to its storage":
+        return _Reach(x.untyped_storage())
     return x.storage()
 
 
+class _Reach:
+    """A weak reference to a storage, read as the storage's values while it lives."""
+
+    def __init__(self, storage: torch.UntypedStorage) -> None:
+        self.ref = weakref.ref(storage)
+
+    def tolist(self) -> list:
+        storage = self.ref()
+        return [] if storage is None else list(storage.tolist())
+
+
 @pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
-@pytest.mark.parametrize("hold", ["tensor", "view", "numpy", "storage", "typed storage"])
+@pytest.mark.parametrize("hold", ["tensor", "view", "numpy", "storage", "typed storage",
+                                  "weak reference to its storage"])
 def test_a_segment_anything_holds_is_not_given_back(in_a_worker, hold):
     link = _Link()
     batch = link.batch(_samples(0))

@@ -24,9 +24,10 @@ is reused only where nothing could tell the difference:
   whole storage. Anything else (a view, a tensor the dataset keeps, one leaf twice in a
   batch) crosses torch's way, with torch's aliasing;
 * in the main process, a segment goes back to its worker only when nothing holds it: no
-  tensor (the storage's use count) and no storage object (its reference count) but the
-  table's. A batch the user keeps keeps its segments; after ``_MAX_BUSY`` checks the table
-  forgets them (the worker too) and they live on as torch's would;
+  tensor (the storage's use count), no storage object (its reference count) but the
+  table's, no weak reference to that object (which would still reach it). A batch the user
+  keeps keeps its segments; after ``_MAX_BUSY`` checks the table forgets them (the worker
+  too) and they live on as torch's would;
 * a segment that may be seen from another process is never written again: one sent on by
   torch's reductions (its key in torch's ``shared_cache``), any segment lent out when this
   process forked (a child maps it too), one whose storage was moved (its data pointer
@@ -46,6 +47,7 @@ import os
 import sys
 import threading
 from typing import Any
+from weakref import getweakrefcount
 
 import torch
 from torch.multiprocessing import get_sharing_strategy
@@ -85,7 +87,8 @@ _TOP_LEAF = 2  # references to a batch that is one tensor: the packer's name, pr
 
 def _held_only_by_pool(seg: _Segment) -> bool:
     storage = seg.storage
-    return (_use_count(storage._cdata), _refs(storage)) == _POOL_FREE
+    return ((_use_count(storage._cdata), _refs(storage)) == _POOL_FREE
+            and not getweakrefcount(storage))
 
 
 def eligible() -> bool:
@@ -301,6 +304,8 @@ class WorkerSegments:
         ptr = storage.data_ptr()
         seg = self._by_ptr.get(ptr)
         uses, refs = _use_count(storage._cdata), _refs(storage)
+        if getweakrefcount(storage):
+            return  # someone may reach it again
         if seg is not None:  # made by _new_shared this task, held by this leaf alone
             if (seg in self._candidates and ptr not in chosen
                     and (uses, refs) == _SEGMENT_LEAF):
@@ -404,8 +409,9 @@ class MainSegments:
                         or storage.data_ptr() != entry.ptr):
                     del self._table[seg_id]
                     out.append(~seg_id)
-                elif (_use_count(storage._cdata), _refs(storage)) == _MAIN_FREE:
-                    out.append(seg_id)  # only the table's entry holds it
+                elif ((_use_count(storage._cdata), _refs(storage)) == _MAIN_FREE
+                        and not getweakrefcount(storage)):
+                    out.append(seg_id)  # only the table's entry holds it (no weak reference)
                 elif entry.busy >= _MAX_BUSY:
                     del self._table[seg_id]
                     out.append(~seg_id)
