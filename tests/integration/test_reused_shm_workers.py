@@ -49,14 +49,13 @@ def _gen() -> torch.Generator:
 def test_batches_kept_for_two_epochs_keep_torchs_values(dataset, persistent):
     kwargs: dict[str, Any] = dict(batch_size=8, shuffle=True, num_workers=2, timeout=TIMEOUT_S,
                                   persistent_workers=persistent)
-    expected = [[_values(b) for b in TorchLoader(dataset, generator=_gen(), **kwargs)]
-                for _ in range(1)]
+    expected = [_values(b) for b in TorchLoader(dataset, generator=_gen(), **kwargs)]
     loader = stoker.DataLoader(dataset, generator=_gen(), **kwargs)
     kept = list(loader)  # every batch held while later ones arrive
-    assert [_values(b) for b in kept] == expected[0]
+    assert [_values(b) for b in kept] == expected
     again = [_values(b) for b in loader]  # an epoch whose batches are dropped at once
-    assert len(again) == len(expected[0])
-    assert [_values(b) for b in kept] == expected[0]
+    assert len(again) == len(expected)
+    assert [_values(b) for b in kept] == expected
 
 
 def test_later_batches_reuse_the_segments_of_earlier_ones(monkeypatch):
@@ -73,6 +72,15 @@ def test_later_batches_reuse_the_segments_of_earlier_ones(monkeypatch):
         assert batch["x"].is_shared()
     assert len(fd_less) == 24  # two leaves in each of 12 batches
     assert sum(fd_less) >= 12  # most arrived in segments the main process had mapped
+
+
+def _let_go(child: Any, go: Any) -> None:
+    """Release a test's child and wait for it; kill it if it does not end."""
+    go.set()
+    child.join(TIMEOUT_S)
+    if child.is_alive():
+        child.kill()
+        child.join(TIMEOUT_S)
 
 
 def _read_later(queue: Any, go: Any, out: Any) -> None:
@@ -100,11 +108,7 @@ def test_a_batch_sent_to_another_process_is_not_overwritten():
         go.set()
         assert out.get(timeout=TIMEOUT_S) == sent
     finally:
-        go.set()
-        child.join(TIMEOUT_S)
-        if child.is_alive():
-            child.kill()
-            child.join(TIMEOUT_S)
+        _let_go(child, go)
         multiprocessing.resource_sharer.stop(TIMEOUT_S)  # the thread torch's send started
     assert child.exitcode == 0
 
@@ -125,13 +129,9 @@ def test_a_batch_a_forked_child_inherited_is_not_overwritten():
     child.start()
     try:
         del first
-        assert len([b for b in it]) == 11
+        assert sum(1 for _ in it) == 11  # later batches, dropped at once
         go.set()
         assert out.get(timeout=TIMEOUT_S) == seen
     finally:
-        go.set()
-        child.join(TIMEOUT_S)
-        if child.is_alive():
-            child.kill()
-            child.join(TIMEOUT_S)
+        _let_go(child, go)
     assert child.exitcode == 0

@@ -83,6 +83,7 @@ _PLAIN_LEAF = (2, 2)  # a leaf's own plain storage: the leaf, a local
 _MAIN_FREE = (1, 2)  # a main-process table entry: the entry, a local
 _POOL_FREE = (1, 2)  # a worker's segment: the pool, a local
 _TOP_LEAF = 2  # references to a batch that is one tensor: the packer's name, prepare's
+_CONTAINED_LEAF = 2  # references to a leaf tensor: its container, the walk's loop name
 
 
 def _held_only_by_pool(seg: _Segment) -> bool:
@@ -189,6 +190,7 @@ class WorkerSegments:
         self._free: dict[int, list[_Segment]] = {}
         self._by_ptr: dict[int, _Segment] = {}  # every segment this worker keeps
         self._candidates: list[_Segment] = []  # handed out during this task
+        self._out: dict[int, _Segment] = {}  # sent by id, not yet given back: id -> segment
         self._next_id = 0
         self._forks_at_start = 0
         self.active = False
@@ -287,8 +289,7 @@ class WorkerSegments:
             return
         for value in values:
             if type(value) is torch.Tensor:
-                # the container and this loop hold it: nothing else does
-                if _refs(value) == 2:
+                if _refs(value) == _CONTAINED_LEAF:  # nothing else holds it
                     self._leaf(value, chosen)
             else:
                 self._walk(value, chosen)
@@ -343,15 +344,15 @@ class WorkerSegments:
             fds.append(os.dup(fd))
             index = len(fds) - 1
             seg.announced = True
+        self._out[seg.id] = seg
         return (_rebuild_reused, (seg.id, seg.nbytes, index))
 
     # -- the main process's answers -------------------------------------------------------
 
     def release(self, ids: list[int]) -> None:
         """Ids the main process let go of: ``id`` may be written again, ``~id`` is forgotten."""
-        by_id = {seg.id: seg for seg in self._by_ptr.values()}
         for i in ids:
-            seg = by_id.get(i if i >= 0 else ~i)
+            seg = self._out.pop(i if i >= 0 else ~i, None)
             if seg is None:
                 continue
             if i >= 0:
