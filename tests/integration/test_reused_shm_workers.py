@@ -135,3 +135,17 @@ def test_a_batch_a_forked_child_inherited_is_not_overwritten():
     finally:
         _let_go(child, go)
     assert child.exitcode == 0
+
+
+def test_between_epochs_persistent_workers_keep_only_what_the_user_holds():
+    loader = stoker.DataLoader(_Rows(), batch_size=8, num_workers=1, timeout=TIMEOUT_S,
+                               persistent_workers=True)
+    kept: Any = None
+    for batch in loader:
+        kept = batch
+    del batch
+    group = loader._iterator._group
+    table = group.workers[0].reused._table
+    held = {kept["x"].untyped_storage().data_ptr(), kept["y"].untyped_storage().data_ptr()}
+    assert {entry.ptr for entry in table.values()} == held  # only the last batch's, held
+    assert [b["x"].tolist() for b in loader] == [b["x"].tolist() for b in loader]

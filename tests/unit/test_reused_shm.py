@@ -252,3 +252,19 @@ def test_free_segments_past_the_cap_are_forgotten_on_both_sides(in_a_worker):
     link.main.drop(dropped)  # what the worker's next Done says (its `retired`)
     assert not any(i in link.main._table for i in dropped)
     assert len(link.main._table) == 2 * reused_shm._MAX_FREE_PER_SIZE
+
+
+def test_at_an_epochs_end_only_what_the_user_holds_keeps_memory(in_a_worker):
+    link = _Link()
+    kept = link.batch(_samples(0))
+    dropped = link.batch(_samples(8))
+    del dropped
+    link.give_back()
+    link.batch(_samples(16))  # reuses the dropped batch's segments, dropped at once
+    ids = link.main.end_epoch()
+    link.worker.release(ids)
+    link.worker.drop_free()  # what Release(epoch_ended=True) does in the worker
+    assert sorted(link.main._table) == [0, 1]  # the kept batch's, lent
+    assert link.worker._free == {}
+    assert {seg.id for seg in link.worker._by_ptr.values()} == {0, 1}
+    assert kept["x"].tolist() == _torch_way(_samples(0))["x"].tolist()

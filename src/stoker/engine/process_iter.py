@@ -356,6 +356,15 @@ class ProcessIterator(Dispatch):
     def _end_epoch(self) -> None:
         if not self._persistent:
             self.shutdown()
+            return
+        for w in self._group.workers:  # NOTE [ torch's shared memory, reused ]
+            if not w.stop_sent:
+                self._group.collect_released()
+                ids = self._group.take_release(w.worker_id, settle=False)
+                try:  # a worker that died is reported at the next epoch, as before
+                    msg.send(w.conn, msg.Release(ids + w.reused.end_epoch(), True))
+                except OSError:
+                    pass
 
     def shutdown(self) -> None:
         """Stop the workers (idempotent)."""

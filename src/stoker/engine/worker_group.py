@@ -107,11 +107,12 @@ class WorkerGroup:
             if wid < len(self.workers):
                 self._to_release[wid].extend(ids)
 
-    def take_release(self, wid: int) -> list[int]:
+    def take_release(self, wid: int, settle: bool = True) -> list[int]:
         """Worker ``wid``'s released slab ids (or reused segments' ids: NOTE [ torch's shared
-        memory, reused ]), to send with its next message."""
+        memory, reused ]; ``settle=False``: the caller settles them), to send with its next
+        message."""
         ids, self._to_release[wid] = self._to_release[wid], []
-        if wid < len(self.workers):
+        if settle and wid < len(self.workers):
             ids += self.workers[wid].reused.settle()
         return ids
 

@@ -36,8 +36,10 @@ is reused only where nothing could tell the difference:
 Only with torch's ``file_descriptor`` strategy, in a worker that runs one task at a time
 (no fetch threads), without ``slab_transport``, and with the fast paths on (``fast_paths=False``
 sends every batch in new shared memory, as torch does). A worker's free segments are its memory
-until it exits, as torch's allocator keeps freed memory: at most ``_MAX_FREE_PER_SIZE`` of a
-size.
+while it serves an epoch, as torch's allocator keeps freed memory: at most
+``_MAX_FREE_PER_SIZE`` of a size. When an epoch ends, persistent workers and the main process
+forget every segment nothing holds, so between epochs only the batches the user keeps hold
+memory, as under torch (non-persistent workers exit).
 """
 
 from __future__ import annotations
@@ -347,6 +349,13 @@ class WorkerSegments:
         self._out[seg.id] = seg
         return (_rebuild_reused, (seg.id, seg.nbytes, index))
 
+    def drop_free(self) -> None:
+        """Forget every free segment (an epoch ended; the main process forgot them too)."""
+        for free in self._free.values():
+            for seg in free:
+                self._forget(seg)
+        self._free.clear()
+
     # -- the main process's answers -------------------------------------------------------
 
     def release(self, ids: list[int]) -> None:
@@ -421,6 +430,17 @@ class MainSegments:
                     still.append(seg_id)
                 del storage
             self._lent = still
+        return out
+
+    def end_epoch(self) -> list[int]:
+        """What to send the worker as an epoch ends (``Release.epoch_ended``): the ids nothing
+        holds now; every segment not lent is forgotten here, and the worker forgets its free
+        ones, so between epochs only the batches the user holds keep memory, as under torch."""
+        out = self.settle()
+        with self._lock:
+            lent = set(self._lent)
+            for seg_id in [i for i in self._table if i not in lent]:
+                del self._table[seg_id]
         return out
 
     def drop(self, ids: list[int]) -> None:

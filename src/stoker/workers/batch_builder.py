@@ -109,13 +109,14 @@ class BatchBuilder:
         if ref.name is None:
             msg.send_fd(self.conn, fd)
 
-    def free(self, released: list[int]) -> None:
-        """Slabs (or, without slab_transport, reused segments) the main process gave back."""
-        if not released:
-            return
+    def free(self, released: list[int], epoch_ended: bool = False) -> None:
+        """Slabs (or, without slab_transport, reused segments) the main process gave back;
+        at an epoch's end the free reused segments go too (the main process forgets them)."""
         if self.reuse is not None:
             self.reuse.release(released)
-        else:
+            if epoch_ended:
+                self.reuse.drop_free()
+        elif released:
             self.retired += self.pool.release(released)
 
     def slab_for(self, data: Any, read_waiting: Callable[[], object] | None

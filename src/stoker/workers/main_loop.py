@@ -78,10 +78,10 @@ class Inbox:
     """Events for the worker's main thread, in order: (MESSAGE, message), (EOF_, None), or a
     fetch thread's event (``fetch.thread_pool``) on the shared ``events`` queue."""
 
-    def __init__(self, conn: Connection, free: Callable[[list[int]], None]) -> None:
+    def __init__(self, conn: Connection, free: Callable[[list[int], bool], None]) -> None:
         self.conn = conn
         self.events: queue.SimpleQueue = queue.SimpleQueue()  # also fed by fetch threads
-        self._free = free  # slab ids the main process gave back
+        self._free = free  # slab ids the main process gave back; True: the epoch ended
         self._read_ahead: deque[tuple[str, Any]] = deque()
         self._reader_started = False
         # NOTE [ A worker polls its socket directly ]
@@ -127,7 +127,7 @@ class Inbox:
             item = event[1]
             if event[0] == MESSAGE and isinstance(item, (msg.Release, msg.Task)):
                 # Slabs given back are free now, also those riding with a task read ahead.
-                self._free(item.released)
+                self._free(item.released, isinstance(item, msg.Release) and item.epoch_ended)
                 if isinstance(item, msg.Release):
                     continue
                 event = (MESSAGE, item._replace(released=[]))
@@ -420,7 +420,7 @@ class Worker:
             elif isinstance(item, msg.Cancel):
                 continue  # started or answered already: its reply stands
             elif isinstance(item, msg.Release):
-                st.builder.free(item.released)
+                st.builder.free(item.released, item.epoch_ended)
             elif isinstance(item, msg.Reset):
                 lifecycle.reset(st, item)
             else:

@@ -116,6 +116,9 @@ class Release(NamedTuple):
     waits for a batch (NOTE [ Slabs come back before the next task ])."""
 
     released: list[int]
+    epoch_ended: bool = False
+    """The epoch ended (persistent workers): drop the free reused segments too, so the memory
+    held between epochs is torch's (NOTE [ torch's shared memory, reused ])."""
 
     @property
     def tag(self) -> Tag:
