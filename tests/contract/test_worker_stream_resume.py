@@ -91,6 +91,19 @@ def test_map_style_three_workers_without_worker_init_fn() -> None:
     )
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+def test_torchs_own_classes_gathered_resume_exactly(persistent: bool) -> None:
+    # Gathered batches of torch's classes (NOTE [ torch's own datasets ]) draw nothing, so
+    # their replies carry no states: the resumed workers start from their seeded states,
+    # which are still the states after every batch.
+    tensors = torch.utils.data.TensorDataset(torch.randn(40, 3), torch.arange(40))
+    assert_resumes_exactly(
+        loaders(dataset=tensors, shuffle=True, batch_size=3, worker_init_fn=None,
+                persistent_workers=persistent),
+        epochs=2, steps=[1, 5, 9],
+    )
+
+
 def _worker_streams(batches: Sequence[Any]) -> dict[int, list[Any]]:
     """Each worker's draws in the order it made them (a worker's batches arrive in order)."""
     streams: dict[int, list[Any]] = {}

@@ -4,6 +4,7 @@ segment goes back only when nothing holds it, and never once another process may
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from torch.multiprocessing import reductions as torch_reductions
+from torch.overrides import TorchFunctionMode
 from torch.utils.data import default_collate
 from torch.utils.data._utils import worker as torch_worker
 
@@ -43,7 +45,9 @@ class _Link:
         self.worker, self.main = WorkerSegments(), MainSegments()
         self.fds_sent: list[int] = []
 
-    def batch(self, samples: list[Any]) -> Any:
+    def batch(self, samples: list[Any], mode: Any = None) -> Any:
+        """``samples`` collated in the worker and rebuilt in the main process (inside
+        ``mode``, a ``TorchFunctionMode``, if given)."""
         assert self.worker.start_task()
         try:
             batch = default_collate(samples)
@@ -53,7 +57,8 @@ class _Link:
         finally:
             self.worker.end_task()
         self.fds_sent.append(len(fds))
-        return torch_way.loads(payload, fds, self.main)
+        with mode if mode is not None else contextlib.nullcontext():
+            return torch_way.loads(payload, fds, self.main)
 
     def give_back(self) -> list[int]:
         ids = self.main.settle()
@@ -61,14 +66,29 @@ class _Link:
         return ids
 
 
-def _torch_way(samples: list[Any]) -> Any:
+def _torch_way(samples: list[Any], mode: Any = None) -> Any:
     payload, fds, _ = torch_way.dumps(default_collate(samples))
-    return torch_way.loads(payload, fds)
+    with mode if mode is not None else contextlib.nullcontext():
+        return torch_way.loads(payload, fds)
 
 
 def _layout(t: torch.Tensor) -> tuple:
-    return (t.is_shared(), t.storage_offset(), tuple(t.stride()), t.untyped_storage().nbytes(),
-            t.dtype, t.tolist())
+    return (type(t), t.is_shared(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+            t.untyped_storage().nbytes(), t.untyped_storage().resizable(), t.dtype, t.device,
+            t.requires_grad, t.is_leaf, t._base is None, t.is_contiguous(), t.tolist())
+
+
+class _Calls(TorchFunctionMode):
+    """The torch functions called while it is active, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        self.names.append(getattr(func, "__name__", repr(func)))
+        return func(*args, **(kwargs or {}))
 
 
 def test_this_torch_counts_references_as_the_checks_read_them():
@@ -90,6 +110,23 @@ def test_a_batch_arrives_as_torchs_and_its_segments_are_written_again(in_a_worke
     assert {k: v.untyped_storage().data_ptr() for k, v in second.items()} == ptrs
     assert second["x"].tolist() == _torch_way(_samples(8))["x"].tolist()
     assert second["y"].tolist() == list(range(8, 16))
+
+
+def test_a_reused_leaf_is_rebuilt_with_the_calls_torchs_rebuild_makes(in_a_worker):
+    # NOTE [ One reduction per reused leaf ]: what a mode sees while the batch is rebuilt,
+    # for the first batch (fds) and a later one (segments reused), is what it sees of torch's
+    link = _Link()
+    for start in (0, 8):
+        ours, theirs = _Calls(), _Calls()
+        got = link.batch(_samples(start), ours)
+        expected = _torch_way(_samples(start), theirs)
+        assert ours.names == theirs.names
+        assert ours.names.count("empty") == 2  # one rebuild per leaf, seen by the mode
+        assert {k: _layout(v) for k, v in got.items()} == {
+            k: _layout(v) for k, v in expected.items()}
+        del got, expected
+        link.give_back()
+    assert link.fds_sent == [2, 0]
 
 
 def _hold(x: torch.Tensor, how: str) -> Any:

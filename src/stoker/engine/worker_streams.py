@@ -43,7 +43,8 @@ made the streams per-worker). A state saved with ``num_workers=0`` under torch's
 the main process's streams instead (NOTE [ Main streams resume ] in ``sampling.rng_state``) and
 is refused at another count the same way. Cost per map-style batch under per-worker seeding:
 ~4 us in the worker, ~2 us more on the socket (both ends) when the states changed, ~0.2 us in
-the main process; nothing for an IterableDataset's batches or under per-batch seeding. Generators a
+the main process; nothing for an IterableDataset's batches, under per-batch seeding, or for
+batches gathered from torch's own classes (they run no code that draws). Generators a
 dataset owns (``self.rng``) are not saved: under per-worker seeding every worker has an
 identical copy, which stoker warns about.
 """

@@ -61,13 +61,20 @@ class _Sent:
         self.chosen = chosen
 
 
+def _reduce_tensor(sent: _Sent, torch_reduce: Any, tensor: torch.Tensor) -> Any:
+    # a leaf chosen to cross in its reused segment (NOTE [ One reduction per reused leaf ]
+    # in ``transport.reused_shm``); every other tensor: torch's reduction
+    if sent.chosen and sent.segments is not None:
+        seg = sent.chosen.pop(tensor.untyped_storage().data_ptr(), None)
+        if seg is not None:
+            sent.shared_bytes += seg.nbytes
+            return sent.segments.reduce(seg, tensor, sent.fds)
+    return torch_reduce(tensor)
+
+
 def _reduce_storage(sent: _Sent, storage: torch.UntypedStorage) -> Any:
     # torch's reduce_storage, but for its fd branch: the fd travels with the batch
     sent.shared_bytes += storage.nbytes()
-    if sent.chosen and sent.segments is not None:
-        seg = sent.chosen.pop(storage.data_ptr(), None)
-        if seg is not None:
-            return sent.segments.reduce(seg, sent.fds)
     if sent.segments is not None:  # a segment going torch's way is the main process's now
         sent.segments.gone(storage.data_ptr())
     if (storage.is_cuda or storage.device.type == "meta"
@@ -88,6 +95,8 @@ class _Pickler(ForkingPickler):
         super().__init__(file)
         table = dict(self.dispatch_table)
         table[torch.UntypedStorage] = functools.partial(_reduce_storage, sent)
+        if sent.chosen and torch.Tensor in table:
+            table[torch.Tensor] = functools.partial(_reduce_tensor, sent, table[torch.Tensor])
         self.dispatch_table = table
 
 

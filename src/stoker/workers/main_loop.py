@@ -351,11 +351,16 @@ class Worker:
             init_fn_seeded=st.seed_per_batch != st.spec.seed_per_batch,
             packed_at=packed.packed_at, nbytes=packed.nbytes,
         )
-        builder.done(st.epoch, task_id, packed, skipped, report, self._rngs_after_batch())
+        builder.done(st.epoch, task_id, packed, skipped, report,
+                     self._rngs_after_batch(batched))
 
-    def _rngs_after_batch(self) -> Any:
+    def _rngs_after_batch(self, batched: str = "") -> Any:
         """NOTE [ Worker streams resume ]: a map-style batch's reply carries the global RNG
-        states after it, when they changed; taken here, not through ``StreamStates``."""
+        states after it, when they changed; taken here, not through ``StreamStates``. A batch
+        gathered from torch's own classes ran no code that draws (NOTE [ torch's own
+        datasets ]): the states are those of the last reply, so the reply says so (None)."""
+        if batched == "torch":
+            return None
         changes = self.state.streams.after_batches
         return None if changes is None else changes.take()
 
