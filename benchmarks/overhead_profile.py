@@ -1,7 +1,7 @@
 """Where a loader's own CPU time goes per batch, torch's and stoker's at the defaults, against
 the user's own work (``__getitem__`` for each index and ``default_collate``, no loader).
 
-    .venv/bin/python benchmarks/overhead_profile.py [--epochs N] [--cprofile DIR]
+    .venv/bin/python benchmarks/overhead_profile.py [--epochs N] [--only ...] [--cprofile DIR]
 
 CPU time, not wall time: the figures hold on a loaded machine. For `tiny` (num_workers=2)
 each epoch's main-process CPU (``os.times()`` of this process: every thread) and the workers'
@@ -14,8 +14,9 @@ loader could reach with both cores busy. `torch transport` is what torch's way o
 batch adds to that in one thread (``transport_floor``: collate into new shared memory, pickle
 with torch's reductions, rebuild from the fds, free), so ``main + workers - user - transport``
 is what is left for the loader's own loop, messages and bookkeeping (and the workers' fork
-and exit). For `per_sample` (num_workers=0) the epoch runs in
-this thread (``time.thread_time``).
+and exit). `tensor_dataset` is the same with the rows in torch's ``TensorDataset`` (stoker
+gathers its batch in the worker, so its figure can fall below the user's work). For
+`per_sample` (num_workers=0) the epoch runs in this thread (``time.thread_time``).
 
 With ``--cprofile DIR`` each loader's main process and workers are run under cProfile timed by
 ``time.thread_time`` (one more epoch each; its own overhead inflates Python-heavy code) and
@@ -115,8 +116,10 @@ def _med(values: list[float]) -> float:
     return statistics.median(values) * 1e3  # ms
 
 
-def profile_tiny(epochs: int) -> dict[str, Any]:
-    dataset = TinyDataset(200_000)
+def profile_tiny(epochs: int, tensors: bool = False) -> dict[str, Any]:
+    """``tensors``: the same rows as torch's ``TensorDataset`` (gathered in the worker)."""
+    rows = TinyDataset(200_000)
+    dataset = torch.utils.data.TensorDataset(rows.x, rows.y) if tensors else rows
     kwargs = {"batch_size": 256, "shuffle": True, "num_workers": 2}
     loaders = {name: cls(dataset, **kwargs) for name, cls in LOADERS.items()}
     plain = Plain(dataset, 200)
@@ -211,7 +214,7 @@ def cprofile_tiny(out_dir: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--only", choices=("tiny", "per_sample"), nargs="+",
+    parser.add_argument("--only", choices=("tiny", "tensor_dataset", "per_sample"), nargs="+",
                         default=("tiny", "per_sample"))
     parser.add_argument("--cprofile", type=Path)
     args = parser.parse_args()
@@ -222,6 +225,8 @@ def main() -> int:
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {load}")
     if "tiny" in args.only:
         _show("tiny, num_workers=2", profile_tiny(args.epochs))
+    if "tensor_dataset" in args.only:
+        _show("tiny TensorDataset, num_workers=2", profile_tiny(args.epochs, tensors=True))
     if "per_sample" in args.only:
         _show("per_sample, num_workers=0", profile_per_sample(args.epochs))
     return 0
