@@ -129,6 +129,37 @@ def test_a_reused_leaf_is_rebuilt_with_the_calls_torchs_rebuild_makes(in_a_worke
     assert link.fds_sent == [2, 0]
 
 
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks", "ignore:Sparse CSR tensor support",
+                            "ignore:The PyTorch API of nested tensors")
+def test_tensors_without_a_storage_of_their_own_cross_torchs_way_beside_a_reused_leaf(
+        in_a_worker):
+    # the pickler looks a chosen leaf up by its storage; sparse and nested tensors have none
+    link = _Link()
+    worker = link.worker
+    assert worker.start_task()
+    try:
+        batch = {"coo": torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (3,)),
+                 "csr": torch.eye(3).to_sparse_csr(),
+                 "nested": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+                 "x": default_collate(_samples(0))["x"]}  # pickled after them
+        chosen = worker.prepare(batch)
+        payload, fds, _ = torch_way.dumps(batch, worker, chosen)
+        expected = {k: v.to_dense() if v.layout != torch.strided else v
+                    for k, v in batch.items() if k != "nested"}
+        del batch
+    finally:
+        worker.end_task()
+    assert len(chosen) == 0  # the one chosen leaf went by its id
+    got = torch_way.loads(payload, fds, link.main)
+    assert got["coo"].layout == torch.sparse_coo and got["csr"].layout == torch.sparse_csr
+    assert got["nested"].is_nested and [t.tolist() for t in got["nested"].unbind()] == [
+        [1.0, 1.0], [1.0, 1.0, 1.0]]
+    for key, want in expected.items():
+        have = got[key]
+        assert torch.equal(have.to_dense() if have.layout != torch.strided else have, want)
+    assert got["x"].untyped_storage().data_ptr() in {e.ptr for e in link.main._table.values()}
+
+
 def _hold(x: torch.Tensor, how: str) -> Any:
     if how == "tensor":
         return x

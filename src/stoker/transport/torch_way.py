@@ -64,8 +64,13 @@ class _Sent:
 def _reduce_tensor(sent: _Sent, torch_reduce: Any, tensor: torch.Tensor) -> Any:
     # a leaf chosen to cross in its reused segment (NOTE [ One reduction per reused leaf ]
     # in ``transport.reused_shm``); every other tensor: torch's reduction
-    if sent.chosen and sent.segments is not None:
-        seg = sent.chosen.pop(tensor.untyped_storage().data_ptr(), None)
+    if (sent.chosen and sent.segments is not None and tensor.is_cpu
+            and tensor.layout is torch.strided and not tensor.is_nested):
+        try:
+            ptr = tensor.untyped_storage().data_ptr()
+        except Exception:  # no storage of its own to look up (never chosen): torch's way
+            return torch_reduce(tensor)
+        seg = sent.chosen.pop(ptr, None)
         if seg is not None:
             sent.shared_bytes += seg.nbytes
             return sent.segments.reduce(seg, tensor, sent.fds)
