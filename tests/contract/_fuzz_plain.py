@@ -214,6 +214,19 @@ _PID = re.compile(r"^pid:(\d+)$")
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 
+def mask_pids(record: Any) -> Any:
+    """``record`` with every ``pid:<n>`` string written ``pid:?``."""
+    if isinstance(record, str):
+        return "pid:?" if _PID.match(record) else record
+    if isinstance(record, list):
+        return [mask_pids(v) for v in record]
+    if isinstance(record, tuple):
+        return tuple(mask_pids(v) for v in record)
+    if isinstance(record, dict):
+        return {k: mask_pids(v) for k, v in record.items()}
+    return record
+
+
 def canonical_pids(record: Any) -> Any:
     """Rename ``pid:<n>`` strings: ``pid:main`` for this process, ``pid:#k`` for the k-th
     other process seen (so that which samples came from the same process stays visible);

@@ -54,7 +54,7 @@ from _fuzz_env import (
     signals,
     warning_filters,
 )
-from _fuzz_plain import canonical_pids, drop_tracebacks, exc_record, plain_batch
+from _fuzz_plain import canonical_pids, drop_tracebacks, exc_record, mask_pids, plain_batch
 from _fuzz_spec import (
     BatchSamplerSpec,
     Case,
@@ -237,7 +237,7 @@ class _Run:
         del held, it
         out["main_signals_after"] = signals()
         self.log.add("loop", "epoch end", number)
-        out["batches"] = sorted(batches, key=_order_free_key) if self.case.order_free else batches
+        out["batches"] = _order_free(batches) if self.case.order_free else batches
         out["errors"] = errors
         out["end"] = end
         out["warnings"] = self.warnings_since()
@@ -245,15 +245,13 @@ class _Run:
         return out
 
 
-_RAW_PID = re.compile(r"pid:\d+")
-
-
-def _order_free_key(batch: Any) -> str:
-    """The sort key of a batch in an epoch whose order is timing's: its repr without the raw
-    process ids, which differ between the two runs (and sort as strings: 99999 after 100001),
-    so batches sort by what they hold and ``canonical_pids`` then names the processes in that
-    order in both runs."""
-    return _RAW_PID.sub("pid:?", repr(batch))
+def _order_free(batches: list[Any]) -> list[Any]:
+    """An epoch whose batch order is timing's (``Case.order_free``): its batches sorted, each
+    process id in them written ``pid:?``. Which worker's batch arrives first is timing's too,
+    so the processes cannot be named in order of appearance alike in both runs (two workers'
+    batches that differ only by their pid sort either way); what each batch holds is still
+    compared."""
+    return sorted((mask_pids(b) for b in batches), key=repr)
 
 
 def run_case(loader_cls: type, case: Case) -> dict[str, Any]:
