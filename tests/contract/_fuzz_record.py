@@ -27,7 +27,8 @@ where they part:
 
 Everything the user's code observed inside workers travels in the batches themselves (see
 ``_fuzz_cases``); ``_fuzz_plain`` makes batches and exceptions plain and renames process ids
-``pid:main`` / ``pid:#k`` in order of appearance.
+``pid:main`` / ``pid:#k`` in order of appearance (``pid:?`` in the batches of an epoch whose
+order is timing's, where which process comes first is timing's too).
 """
 
 from __future__ import annotations
