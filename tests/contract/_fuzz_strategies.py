@@ -7,8 +7,9 @@ Where torch's own result depends on timing, the case leaves out what would make 
 comparison flaky under torch itself (see ``Plan``): with ``in_order=False`` and two or more
 workers, observations that depend on which worker built a sample (map-style only: an
 iterable's workers each build their own stream), errors, and stopping an epoch early (the
-record sorts such epochs' batches and masks the process ids in them, ``Case.order_free``); with an iterable dataset and two or
-more persistent workers, errors and stopping the first epoch early.
+record sorts such epochs' batches and masks the process ids in them, ``Case.order_free``);
+with an iterable dataset and two or more persistent workers, errors and stopping the first
+epoch early.
 """
 
 from __future__ import annotations
