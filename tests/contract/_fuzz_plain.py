@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -214,17 +215,23 @@ _PID = re.compile(r"^pid:(\d+)$")
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 
+def _map_strings(record: Any, on_str: Callable[[str], str]) -> Any:
+    """``record`` (lists, tuples, dicts, leaves) with each string ``s`` replaced by
+    ``on_str(s)``, in order of appearance."""
+    if isinstance(record, str):
+        return on_str(record)
+    if isinstance(record, list):
+        return [_map_strings(v, on_str) for v in record]
+    if isinstance(record, tuple):
+        return tuple(_map_strings(v, on_str) for v in record)
+    if isinstance(record, dict):
+        return {k: _map_strings(v, on_str) for k, v in record.items()}
+    return record
+
+
 def mask_pids(record: Any) -> Any:
     """``record`` with every ``pid:<n>`` string written ``pid:?``."""
-    if isinstance(record, str):
-        return "pid:?" if _PID.match(record) else record
-    if isinstance(record, list):
-        return [mask_pids(v) for v in record]
-    if isinstance(record, tuple):
-        return tuple(mask_pids(v) for v in record)
-    if isinstance(record, dict):
-        return {k: mask_pids(v) for k, v in record.items()}
-    return record
+    return _map_strings(record, lambda s: "pid:?" if _PID.match(s) else s)
 
 
 def canonical_pids(record: Any) -> Any:
@@ -233,18 +240,10 @@ def canonical_pids(record: Any) -> Any:
     drop object addresses (`` at 0x7f...``) from messages."""
     names: dict[str, str] = {str(os.getpid()): "pid:main"}
 
-    def walk(x: Any) -> Any:
-        if isinstance(x, str):
-            m = _PID.match(x)
-            if m is None:
-                return _ADDRESS.sub(" at 0x?", x)  # object reprs in messages
-            return names.setdefault(m.group(1), f"pid:#{len(names)}")
-        if isinstance(x, list):
-            return [walk(v) for v in x]
-        if isinstance(x, tuple):
-            return tuple(walk(v) for v in x)
-        if isinstance(x, dict):
-            return {k: walk(v) for k, v in x.items()}
-        return x
+    def rename(s: str) -> str:
+        m = _PID.match(s)
+        if m is None:
+            return _ADDRESS.sub(" at 0x?", s)  # object reprs in messages
+        return names.setdefault(m.group(1), f"pid:#{len(names)}")
 
-    return walk(record)
+    return _map_strings(record, rename)

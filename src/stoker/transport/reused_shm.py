@@ -298,8 +298,7 @@ class WorkerSegments:
 
     def _leaf(self, t: torch.Tensor, chosen: dict[int, _Segment]) -> None:
         if (t.is_nested or t.device.type != "cpu" or t.layout != torch.strided or t.requires_grad
-                or t.is_quantized or t.storage_offset() != 0
-                or not t.is_contiguous()):
+                or t.is_quantized or t.storage_offset() != 0 or not t.is_contiguous()):
             return
         storage = t.untyped_storage()
         nbytes = storage.nbytes()
