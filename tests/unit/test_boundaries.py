@@ -61,8 +61,6 @@ THIRD_PARTY = {
                                                        "makes from an fd",
     ("transport/reused_shm.py", "_typed_storage"): "the self-check allocates as torch's "
                                                    "collate_tensor_fn does",
-    ("fastpaths/torch_gather.py", "_typed_storage"): "a gathered batch's storage allocated as "
-                                                     "torch's collate_tensor_fn allocates it",
     ("fastpaths/torch_gather.py", "_new_shared"): "as torch's collate_tensor_fn does in a worker",
     ("fastpaths/torch_gather.py", "_C"): "torch's mode stacks (NOTE [ torch's own datasets ])",
     ("fastpaths/torch_gather.py", "_len_torch_function_stack"): "an active TorchFunctionMode "
@@ -74,6 +72,8 @@ THIRD_PARTY = {
     ("vision/transforms/_fused_tensor.py", "_nn"): "the same op: torch._C._nn._upsample_*_aa",
     ("workers/spec_once.py", "_extra_reducers"): "torch's reductions registered on "
                                                  "ForkingPickler, copied to a private pickler",
+    ("transport/torch_way.py", "_extra_reducers"): "a ForkingPickler whose table is the shared "
+                                                   "one is given a copy before it is changed",
 }
 # namedtuple's public API is spelled with an underscore.
 NAMEDTUPLE = {"_replace", "_fields", "_asdict", "_make"}

@@ -79,3 +79,82 @@ def test_send_and_receive_over_a_socket_pair():
     finally:
         main.close()
         worker.close()
+
+
+# -- NOTE [ Plain messages skip the reducers ] ---------------------------------------------------
+
+PLAIN = [m for m in MESSAGES if not isinstance(m, (msg.Failed, msg.Slab))] + [
+    msg.Done(epoch=1, task_id=7, segment_id=None, used=0, payload=b"p" * 20, retired=[],
+             skipped=[], report=_REPORT._replace(decisions=()), rngs=None, fds=2, reused=True),
+    msg.Task(epoch=0, task_id=1, indices=list(range(1000, 1256)), released=[]),
+    msg.Task(epoch=0, task_id=2, indices={"a": (1, 2.5, None, True), "b": {3, 4}}, released=[]),
+]
+
+
+@pytest.mark.parametrize("message", PLAIN, ids=lambda m: type(m).__name__)
+def test_a_plain_message_pickles_to_forkingpicklers_bytes(message):
+    from multiprocessing.reduction import ForkingPickler
+
+    wire = msg.encode(message)
+    assert msg._dumps(wire) == bytes(ForkingPickler.dumps(wire))
+
+
+class _Marked:
+    """A type only ForkingPickler's own reducers know."""
+
+
+def test_anything_else_goes_forkingpicklers_way():
+    from multiprocessing.reduction import ForkingPickler
+
+    ForkingPickler.register(_Marked, lambda obj: (str, ("reduced by ForkingPickler",)))
+    try:
+        task = msg.Task(epoch=0, task_id=1, indices=[1, [_Marked()]], released=[])
+        back = msg.decode(pickle.loads(msg._dumps(msg.encode(task))))
+    finally:
+        del ForkingPickler._extra_reducers[_Marked]
+    assert back.indices == [1, ["reduced by ForkingPickler"]]
+
+
+def _pair() -> tuple[Connection, Connection]:
+    a, b = socket.socketpair()
+    return Connection(a.detach()), Connection(b.detach())
+
+
+@pytest.mark.parametrize("size", [0, 100, 16384, 16385, 60_000])
+def test_frames_are_connections_both_ways(size):
+    main, worker = _pair()
+    try:
+        done = PLAIN[-3]._replace(payload=b"x" * size)
+        msg.send(worker, done)
+        assert main.poll(10)
+        assert msg.decode(main.recv()) == done  # Connection reads what send wrote
+        task = msg.Task(epoch=0, task_id=3, indices=list(range(size // 4)), released=[])
+        main.send(msg.encode(task))  # and send's other end reads Connection's frames
+        assert worker.poll(10)
+        assert msg.recv_from_main(worker) == task
+    finally:
+        main.close()
+        worker.close()
+
+
+def test_a_closed_socket_is_eof_and_a_cut_frame_an_oserror():
+    main, worker = _pair()
+    try:
+        main.close()
+        with pytest.raises(EOFError):
+            msg.recv_from_main(worker)
+    finally:
+        worker.close()
+    main, worker = _pair()
+    try:
+        main.send_bytes(b"half")  # a frame of 4 bytes...
+        import os
+        import struct
+
+        os.write(main.fileno(), struct.pack("!i", 10) + b"abc")  # ...then one cut short
+        main.close()
+        assert worker.recv_bytes() == b"half"
+        with pytest.raises(OSError, match="end of file during message"):
+            msg.recv_from_main(worker)
+    finally:
+        worker.close()

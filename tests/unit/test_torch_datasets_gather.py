@@ -62,6 +62,39 @@ def test_gather_is_torchs_batch(name: str, idx: list[int]) -> None:
     assert _same(gather(ds, idx), _torch_batch(ds, idx))
 
 
+def _storage_layout(t: torch.Tensor) -> tuple:
+    storage = t.untyped_storage()
+    return (type(t), t.dtype, t.device, t.shape, t.stride(), t.storage_offset(), t.is_shared(),
+            storage.nbytes(), storage.resizable(), t.requires_grad, t.is_leaf,
+            t._base is None, t.is_contiguous())
+
+
+def _leaves(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    values = batch.values() if isinstance(batch, dict) else batch
+    return [leaf for value in values for leaf in _leaves(value)]
+
+
+@pytest.mark.parametrize("name", sorted(DATASETS))
+def test_in_a_worker_the_gather_allocates_as_torchs_collate(name: str) -> None:
+    """In a worker torch's ``collate_tensor_fn`` stacks into new shared memory; the gather's
+    outputs have that storage and layout (shared, exactly the batch's bytes, offset 0)."""
+    from torch.utils.data._utils import worker as torch_worker
+
+    ds, idx = DATASETS[name](), [9, 0, 3, 3, 7]
+    torch_worker._worker_info = torch_worker.WorkerInfo(id=0, num_workers=1, seed=0,
+                                                        dataset=ds)
+    try:
+        ours, theirs = gather(ds, idx), _torch_batch(ds, idx)
+    finally:
+        torch_worker._worker_info = None
+    assert _same(ours, theirs)
+    assert [_storage_layout(t) for t in _leaves(ours)] == [
+        _storage_layout(t) for t in _leaves(theirs)]
+    assert all(t.is_shared() for t in _leaves(ours))
+
+
 class MyTensorDataset(TensorDataset):
     pass
 

@@ -16,6 +16,7 @@ Under the ``file_system`` sharing strategy torch's reduction runs unchanged (it 
 
 from __future__ import annotations
 
+import copyreg
 import functools
 import io
 import os
@@ -98,11 +99,13 @@ class _Pickler(ForkingPickler):
 
     def __init__(self, file: io.BytesIO, sent: _Sent) -> None:
         super().__init__(file)
-        table = dict(self.dispatch_table)
+        table = self.dispatch_table  # ForkingPickler's __init__ made it: this pickler's own
+        shared = ForkingPickler._extra_reducers  # type: ignore[attr-defined]
+        if table is copyreg.dispatch_table or table is shared:
+            table = self.dispatch_table = dict(table)  # a ForkingPickler that shares one
         table[torch.UntypedStorage] = functools.partial(_reduce_storage, sent)
         if sent.chosen and torch.Tensor in table:
             table[torch.Tensor] = functools.partial(_reduce_tensor, sent, table[torch.Tensor])
-        self.dispatch_table = table
 
 
 def dumps(obj: Any, segments: WorkerSegments | None = None,
