@@ -193,3 +193,34 @@ def test_batch_k_is_loaded_by_worker_k_mod_num_workers(Loader, straggle_cpu_s):
     loader = Loader(WhoLoads(straggle_cpu_s), batch_size=4, num_workers=3, timeout=60)
     for k, (_, workers) in enumerate(loader):
         assert workers.tolist() == [k % 3] * 4, k
+
+
+# 11
+@pytest.mark.parametrize("persistent", [False, True])
+def test_torchs_own_classes_are_read_from_the_copy_each_worker_started_with(
+        Loader, TorchLoader, persistent):
+    """A batch of torch's own classes is one gather (NOTE [ torch's own datasets ]), made in
+    the worker from its copy of the dataset, as torch's workers read theirs: the script's
+    changes in place after the workers started (mid-epoch; between epochs with persistent
+    workers) are not in the batches, neither through torch nor through a numpy view of the
+    tensor (which torch's version counter does not see). Gathering in the main process instead
+    would read the live tensors: that is ``inline_gathers``, beyond torch."""
+    def script(cls: type) -> list:
+        x = torch.arange(64.0).reshape(32, 2)
+        y = torch.arange(32)
+        ds = torch.utils.data.TensorDataset(x, y)
+        loader = cls(ds, batch_size=4, shuffle=True, num_workers=2,
+                     persistent_workers=persistent, timeout=60,
+                     generator=torch.Generator().manual_seed(5))
+        out = []
+        for _ in range(2):
+            epoch = []
+            for i, batch in enumerate(loader):
+                epoch.append(_plain(batch))
+                if i == 1:
+                    x.mul_(-1)  # in place, after the workers forked
+                    y.numpy()[:] += 100  # through a numpy view: no version bump
+            out.append(epoch)
+        return out
+
+    _both(Loader, TorchLoader, script)

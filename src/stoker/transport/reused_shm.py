@@ -418,12 +418,15 @@ class MainSegments:
             for seg_id in self._lent:
                 entry = self._table[seg_id]
                 storage = entry.storage
-                if (entry.forks != _forks or entry.key in cache
-                        or storage.data_ptr() != entry.ptr):
+                # A tensor still holds it (the usual case: a batch not yet handed out, or the
+                # user's): busy, whatever else holds; the checks below wait until it is not.
+                held = _use_count(storage._cdata) != _MAIN_FREE[0]
+                if not held and (entry.forks != _forks or entry.key in cache
+                                 or storage.data_ptr() != entry.ptr):
                     del self._table[seg_id]
                     out.append(~seg_id)
-                elif ((_use_count(storage._cdata), _refs(storage)) == _MAIN_FREE
-                        and not getweakrefcount(storage)):
+                elif not held and _refs(storage) == _MAIN_FREE[1] and not getweakrefcount(
+                        storage):
                     out.append(seg_id)  # only the table's entry holds it (no weak reference)
                 elif entry.busy >= _MAX_BUSY:
                     del self._table[seg_id]
