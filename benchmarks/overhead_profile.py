@@ -20,7 +20,9 @@ gathers its batch in the worker, so its figure can fall below the user's work). 
 
 With ``--cprofile DIR`` each loader's main process and workers are run under cProfile timed by
 ``time.thread_time`` (one more epoch each; its own overhead inflates Python-heavy code) and
-their top functions by own CPU time written to DIR.
+their top functions by own CPU time written to DIR, for `tiny` and `tensor_dataset` as
+``--only`` names them (files ``<loader>-<workload>-main.txt`` and
+``<loader>-<workload>-worker-<pid>.txt``).
 """
 
 from __future__ import annotations
@@ -177,9 +179,10 @@ def _dump(profile: cProfile.Profile, path: Path) -> None:
     path.write_text(text.getvalue())
 
 
-def cprofile_tiny(out_dir: Path) -> None:
+def cprofile_tiny(out_dir: Path, tensors: bool = False) -> None:
     """One epoch per loader with cProfile in the main process and each worker (forked: the
-    wrapped worker entry points are inherited)."""
+    wrapped worker entry points are inherited); ``tensors``: the rows in torch's
+    ``TensorDataset``."""
     from torch.utils.data._utils import worker as torch_worker
 
     from stoker.workers import main_loop
@@ -187,25 +190,28 @@ def cprofile_tiny(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     serve, loop = main_loop.Worker.serve, torch_worker._worker_loop
 
+    workload = "tensor_dataset" if tensors else "tiny"
+
     def profiled(fn: Any, tag: str) -> Any:
         def run(*args: Any, **kw: Any) -> Any:
             p = cProfile.Profile(time.thread_time)  # CPU, not waits
             try:
                 return p.runcall(fn, *args, **kw)
             finally:
-                _dump(p, out_dir / f"{tag}-worker-{os.getpid()}.txt")
+                _dump(p, out_dir / f"{tag}-{workload}-worker-{os.getpid()}.txt")
         return run
 
     main_loop.Worker.serve = profiled(serve, "stoker")  # type: ignore[method-assign]
     torch_worker._worker_loop = profiled(loop, "torch")
     try:
-        dataset = TinyDataset(200_000)
+        rows = TinyDataset(200_000)
+        dataset = torch.utils.data.TensorDataset(rows.x, rows.y) if tensors else rows
         for name, cls in LOADERS.items():
             loader = cls(dataset, batch_size=256, shuffle=True, num_workers=2)
             sum(1 for _ in loader)
             p = cProfile.Profile(time.thread_time)
             p.runcall(lambda loader=loader: sum(1 for _ in loader))
-            _dump(p, out_dir / f"{name}-main.txt")
+            _dump(p, out_dir / f"{name}-{workload}-main.txt")
     finally:
         main_loop.Worker.serve = serve  # type: ignore[method-assign]
         torch_worker._worker_loop = loop
@@ -219,7 +225,9 @@ def main() -> int:
     parser.add_argument("--cprofile", type=Path)
     args = parser.parse_args()
     if args.cprofile is not None:
-        cprofile_tiny(args.cprofile)
+        for workload in ("tiny", "tensor_dataset"):
+            if workload in args.only:
+                cprofile_tiny(args.cprofile, tensors=workload == "tensor_dataset")
         return 0
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {load}")
