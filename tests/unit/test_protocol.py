@@ -3,8 +3,10 @@ tuples on the wire (NOTE [ Plain tuples on the wire ])."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import socket
+import struct
 from multiprocessing.connection import Connection
 
 import pytest
@@ -148,9 +150,6 @@ def test_a_closed_socket_is_eof_and_a_cut_frame_an_oserror():
     main, worker = _pair()
     try:
         main.send_bytes(b"half")  # a frame of 4 bytes...
-        import os
-        import struct
-
         os.write(main.fileno(), struct.pack("!i", 10) + b"abc")  # ...then one cut short
         main.close()
         assert worker.recv_bytes() == b"half"

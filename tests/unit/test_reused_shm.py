@@ -18,6 +18,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.data import default_collate
 from torch.utils.data._utils import worker as torch_worker
 
+from _tensor_layout import tensor_layout
 from stoker.transport import reused_shm, torch_way
 from stoker.transport.reused_shm import MainSegments, WorkerSegments
 
@@ -73,9 +74,7 @@ def _torch_way(samples: list[Any], mode: Any = None) -> Any:
 
 
 def _layout(t: torch.Tensor) -> tuple:
-    return (type(t), t.is_shared(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
-            t.untyped_storage().nbytes(), t.untyped_storage().resizable(), t.dtype, t.device,
-            t.requires_grad, t.is_leaf, t._base is None, t.is_contiguous(), t.tolist())
+    return (*tensor_layout(t), t.tolist())
 
 
 class _Calls(TorchFunctionMode):

@@ -13,6 +13,7 @@ from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset,
 from torch.utils.data._utils import collate as torch_collate
 
 import stoker
+from _tensor_layout import tensor_layout
 from stoker._core.specs import FetchSpec
 from stoker.fastpaths.batched_columns import Decline
 from stoker.fastpaths.torch_datasets import allowed, batched_for
@@ -62,13 +63,6 @@ def test_gather_is_torchs_batch(name: str, idx: list[int]) -> None:
     assert _same(gather(ds, idx), _torch_batch(ds, idx))
 
 
-def _storage_layout(t: torch.Tensor) -> tuple:
-    storage = t.untyped_storage()
-    return (type(t), t.dtype, t.device, t.shape, t.stride(), t.storage_offset(), t.is_shared(),
-            storage.nbytes(), storage.resizable(), t.requires_grad, t.is_leaf,
-            t._base is None, t.is_contiguous())
-
-
 def _leaves(batch: Any) -> list[torch.Tensor]:
     if isinstance(batch, torch.Tensor):
         return [batch]
@@ -90,8 +84,8 @@ def test_in_a_worker_the_gather_allocates_as_torchs_collate(name: str) -> None:
     finally:
         torch_worker._worker_info = None
     assert _same(ours, theirs)
-    assert [_storage_layout(t) for t in _leaves(ours)] == [
-        _storage_layout(t) for t in _leaves(theirs)]
+    assert [tensor_layout(t) for t in _leaves(ours)] == [
+        tensor_layout(t) for t in _leaves(theirs)]
     assert all(t.is_shared() for t in _leaves(ours))
 
 
