@@ -303,7 +303,8 @@ STATS_FIELDS = [
     "device_transform_s", "device_copy_s", "device_wait_s", "device_bytes", "device_batches",
     "fetch_queued_s",
     "cpu_steal_share", "main_cpu_s", "main_queued_s", "worker_times", "cpu_idle_share",
-    "queue_measured", "batched", "inline", "threads", "tasks_moved", "tasks_loaded_twice",
+    "queue_measured", "batched", "gathered_in_main", "inline", "threads", "tasks_moved",
+    "tasks_loaded_twice",
     "concurrency", "tuner", "beyond_torch", "advice", "summary",
 ]
 WORKER_TIMES_FIELDS = ("fetch_wall_s", "fetch_cpu_s", "queued_s", "collate_pack_s")

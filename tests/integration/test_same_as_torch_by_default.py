@@ -200,11 +200,12 @@ def test_batch_k_is_loaded_by_worker_k_mod_num_workers(Loader, straggle_cpu_s):
 def test_torchs_own_classes_are_read_from_the_copy_each_worker_started_with(
         Loader, TorchLoader, persistent):
     """A batch of torch's own classes is one gather (NOTE [ torch's own datasets ]), made in
-    the worker from its copy of the dataset, as torch's workers read theirs: the script's
-    changes in place after the workers started (mid-epoch; between epochs with persistent
-    workers) are not in the batches, neither through torch nor through a numpy view of the
-    tensor (which torch's version counter does not see). Gathering in the main process instead
-    would read the live tensors: that is ``inline_gathers``, beyond torch."""
+    the main process from the copy it took as the workers started (NOTE [ Gathers read the
+    workers' starting copy ]), as torch's workers read theirs: the script's changes in place
+    after the workers started (mid-epoch; between epochs with persistent workers) are not in
+    the batches, neither through torch nor through a numpy view of the tensor (which torch's
+    version counter does not see). Gathering from the live tensors instead would show them:
+    that is ``inline_gathers``, beyond torch."""
     def script(cls: type) -> list:
         x = torch.arange(64.0).reshape(32, 2)
         y = torch.arange(32)

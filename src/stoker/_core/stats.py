@@ -98,6 +98,9 @@ class LoaderStats:
     # batches fetched whole, not sample by sample (NOTE [ Vectorised fetch ], NOTE [ torch's
     # own datasets ])
     batched: int = 0
+    # of those, batches of torch's classes gathered in the main process from the copy the
+    # workers started with (NOTE [ Gathers read the workers' starting copy ])
+    gathered_in_main: int = 0
     # num_workers > 0, yet loaded in the calling thread (NOTE [ Gathers need no workers ])
     inline: bool = False
     # worker_type="thread": fetches ran on threads of the training process, not in workers

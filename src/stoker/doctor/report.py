@@ -11,7 +11,7 @@ from stoker.doctor.conclude import conclude
 from stoker.doctor.diagnose import Diagnosis, Setup
 from stoker.doctor.measure import Run
 from stoker.doctor.sweep import Sweep
-from stoker.profile.timesplit import splits
+from stoker.profile.timesplit import gathered_here, splits
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def where_time_goes(run: Run, d: Diagnosis, setup: Setup) -> list[str]:
     s = run.stats
     loop_wall = s.wait_s + s.loop_s
     work = sum(x.seconds for x in d.shares if x.of == "work")
-    who = ("the training thread" if s.num_workers == 0 or s.inline
+    who = ("the training thread" if s.num_workers == 0 or s.inline or gathered_here(s)
            else f"{s.num_workers} threads of the main process" if setup.worker_type == "thread"
            else f"{s.num_workers} worker processes")
     out = [f"Where the time goes (training loop: {loop_wall:.2f} s of wall time)"]

@@ -10,10 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 from stoker.engine.base_iter import BaseIterator
+from stoker.engine.main_gathers import Gathered, MainGathers
 from stoker.engine.stragglers import MovePolicy, StragglerWatch
 from stoker.engine.task_book import TaskBook
 from stoker.engine.worker_death import DeathWatch
 from stoker.engine.worker_group import StallClock, WorkerGroup
+from stoker.fastpaths.batched_columns import Decline
 from stoker.workers import protocol as msg
 
 
@@ -33,6 +35,7 @@ class Dispatch(BaseIterator):
     _worker_pids: tuple[int, ...]
     _fetch_for_batch: Callable[[list[Any]], None] | None
     _fetch_for_stream: Callable[[int, int, int], None] | None
+    _main_gathers: MainGathers | None
 
     def _file_reply(self, w: Any, message: msg.Reply | msg.Started) -> None:
         raise NotImplementedError  # ``ProcessIterator``'s: a reply read while dispatching
@@ -94,7 +97,23 @@ class Dispatch(BaseIterator):
             self._let_idle_workers_go()
             return
         self._book.new_task(position, index)
-        self._send_task(wid, position, index)
+        if self._main_gathers is None or not self._gathered_here(wid, position, index):
+            self._send_task(wid, position, index)
+
+    def _gathered_here(self, wid: int, position: int, index: Any) -> bool:
+        """NOTE [ Gathers read the workers' starting copy ] in ``engine.main_gathers``: the
+        batch from the main process's copy, filed as worker ``wid``'s; False if it declines
+        (``wid`` loads it)."""
+        assert self._main_gathers is not None
+        try:
+            batch = self._main_gathers.batch(index)
+        except Decline:
+            return False
+        # held against wid's depth until handed out, as torch counts a task outstanding until
+        # its batch is yielded: the sampler is asked as often, at the same points, as before
+        self._book.load[wid] += 1
+        self._book.file(wid, position, Gathered(position, batch))
+        return True
 
     def _send_task(self, wid: int, position: int, index: Any) -> None:
         try:  # NOTE [ The main process fetches for its workers ] in storage.prefetch_threads

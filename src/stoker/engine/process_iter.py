@@ -41,6 +41,7 @@ from stoker._core.plan import Plan
 from stoker.engine.cuda_safety import safe_context
 from stoker.engine.dispatch import Dispatch
 from stoker.engine.loader_state import EngineState
+from stoker.engine.main_gathers import DEATH_CHECK_EVERY, Gathered, MainGathers
 from stoker.engine.prefetch_depth import depth_for
 from stoker.engine.stats import UNPACK, stage_range
 from stoker.engine.worker_death import DeathWatch
@@ -131,6 +132,10 @@ class ProcessIterator(Dispatch):
         specs = worker_specs(plan, ctx, self._group, self._engine, base_seed=cursor.base_seed,
                              first_epoch=cursor.epoch, datapipe_seed=cursor.datapipe_seed,
                              vector_trusted=self._vector_trusted, resume=self._resume_entries)
+        # NOTE [ Gathers read the workers' starting copy ]: copied where the workers copy it
+        self._main_gathers = MainGathers.for_loader(
+            self._fetch_spec, plan.worker_init_fn, self._fetch_for_batch is not None,
+            self._engine.spare_copy)
         try:
             start_workers(self._group, ctx, specs, self._prime)
         finally:
@@ -191,6 +196,8 @@ class ProcessIterator(Dispatch):
             if item is not None:
                 self._try_put_index()
                 wid, reply = item
+                if type(reply) is Gathered:
+                    return self._deliver_gathered(wid, reply)
                 if self._cursor.dropped(reply.task_id, wid):  # re-read after an iterable resume
                     if isinstance(reply, msg.Done):
                         self._group.reader.release_now(wid, reply.segment_id)
@@ -332,6 +339,21 @@ class ProcessIterator(Dispatch):
             return _EMPTY_STEP
         return self._pinned(data)
 
+    def _deliver_gathered(self, wid: int, reply: Gathered) -> Any:
+        """NOTE [ Gathers read the workers' starting copy ]."""
+        position = reply.task_id
+        self._book.load[wid] -= 1
+        self._book.indices.pop(position, None)
+        self._cursor.delivered(position, wid)
+        self._stats.gathered_here()
+        tell_not_per_sample(self._dataset, "torch")
+        gathers = self._main_gathers
+        if gathers is not None and gathers.count % DEATH_CHECK_EVERY == 0:
+            self._deaths.check(self._book, self._file_reply)  # the wait that would see it
+        if self._memory_watch is not None and time.monotonic() > self._watch_from:
+            self._memory_watch.sample(self._worker_pids)
+        return self._pinned(reply.batch)
+
     def _lost_with_worker(self, wid: int, error: Exception) -> None:
         """A batch that could not be unpickled: if its worker died (under torch's
         ``file_system`` strategy its shared memory may go with it), report the death (what it
@@ -356,7 +378,12 @@ class ProcessIterator(Dispatch):
     def _end_epoch(self) -> None:
         if not self._persistent:
             self.shutdown()
+            if self._main_gathers is not None:  # nothing reads the copy now: the next may
+                self._engine.spare_copy[:] = self._main_gathers.tensors  # write over it
+                self._main_gathers = None
             return
+        if self._main_gathers is not None:
+            self._main_gathers.segments.end_epoch()
         for w in self._group.workers:  # NOTE [ torch's shared memory, reused ]
             if not w.stop_sent:
                 self._group.collect_released()

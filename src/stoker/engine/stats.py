@@ -200,6 +200,7 @@ class StatsAccumulator:
         self.device_batches = 0
         self.fetch_queued_s = 0.0
         self.batched = 0
+        self.gathered_in_main = 0
         self.inline = False
         self.threads = False
         self.tasks_moved = 0
@@ -274,6 +275,12 @@ class StatsAccumulator:
         if self.events is not None:
             self.events.worker_batch(worker_id, report, time.perf_counter())
 
+    def gathered_here(self) -> None:
+        """A batch gathered in the main process (NOTE [ Gathers read the workers' starting
+        copy ])."""
+        self.batched += 1
+        self.gathered_in_main += 1
+
     def unpacked(self, started: float) -> None:
         """The main process received a batch from a worker (started at ``started``)."""
         now = time.perf_counter()
@@ -306,6 +313,7 @@ class StatsAccumulator:
             device_wait_s=self.device_wait_s, device_bytes=self.device_bytes,
             device_batches=self.device_batches, fetch_queued_s=fetch_queued_s,
             cpu_steal_share=steal, batched=self.batched, inline=self.inline,
+            gathered_in_main=self.gathered_in_main,
             threads=self.threads, beyond_torch=tuple(sorted(self.beyond)),
             tasks_moved=self.tasks_moved, tasks_loaded_twice=self.tasks_loaded_twice,
             concurrency=tuple(self.concurrency[w] for w in sorted(self.concurrency)),
@@ -344,6 +352,9 @@ class NoStats(StatsAccumulator):
                 hook.batch_delivered(samples, time.perf_counter(), self.snapshot)
 
     def worker_batch(self, worker_id: int, report: BatchReport) -> None:
+        pass
+
+    def gathered_here(self) -> None:
         pass
 
     def unpacked(self, started: float) -> None:

@@ -23,7 +23,7 @@ from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset,
 from stoker.collate._alloc import current_allocator, request
 from stoker.fastpaths.batched_columns import Decline
 
-__all__ = ["gather", "stock"]
+__all__ = ["PLAIN_DTYPES", "gather", "modes_active", "stock"]
 
 _MODULE = "torch.utils.data.dataset"
 # Per class: the methods torch's fetcher and these classes call, and whether torch has them.
@@ -56,7 +56,7 @@ def stock(ds: Any) -> bool:
         return False
     return "__getitems__" not in getattr(ds, "__dict__", {})
 
-_DTYPES = frozenset({
+PLAIN_DTYPES = frozenset({
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
     torch.complex128,
@@ -100,7 +100,7 @@ class _Seq:
 def _plain(t: Any) -> torch.Tensor:
     if not (
         type(t) is torch.Tensor and t.layout is torch.strided and t.device.type == "cpu"
-        and t.dtype in _DTYPES and t.dim() >= 1 and not t.requires_grad
+        and t.dtype in PLAIN_DTYPES and t.dim() >= 1 and not t.requires_grad
         and t.is_contiguous() and not t.is_conj() and not t.is_neg()
     ):
         raise Decline("not a plain CPU tensor")
@@ -236,12 +236,18 @@ def _build(node: Any, n: int) -> Any:
     return out
 
 
+def modes_active() -> bool:
+    """A ``TorchFunctionMode``/``TorchDispatchMode`` is active on this thread (``with
+    torch.device(...)`` is one: it would move the outputs of factory functions)."""
+    return bool(torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack())
+
+
 def gather(dataset: Any, indices: Any) -> Any:
     """``default_collate`` of the samples of ``dataset`` at ``indices``, gathered; ``Decline``
     where NOTE [ torch's own datasets ] does not hold for this batch."""
     if type(indices) is not list or not indices or set(map(type, indices)) != {int}:
         raise Decline("the batch is not a non-empty list of ints")
-    if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
+    if modes_active():
         raise Decline("a torch function or dispatch mode is active")
     try:
         return _build(_resolve(dataset, _Idx(indices), 0), len(indices))

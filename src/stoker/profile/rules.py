@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from stoker._core.stats import LoaderStats
-from stoker.profile.timesplit import TimeSplit, fetching
+from stoker.profile.timesplit import TimeSplit, fetching, gathered_here
 
 Kind = Literal["consumer", "device_copy", "device_queuing", "gil", "contention",
                "oversubscribed", "storage", "main_thread", "transfer", "collate", "cpu"]
@@ -72,6 +72,9 @@ class Figures:
     unpack_s: float = 0.0
     pin_s: float = 0.0
     inline_gathers: bool = False  # num_workers > 0 but batches gathered in the calling thread
+    # most batches gathered here from the workers' starting copy (NOTE [ Gathers read the
+    # workers' starting copy ]): the default for torch's classes, not inline_gathers
+    copy_gathers: bool = False
     cpu_idle_share: float | None = None  # of the machine's CPU time; None: unknown
     draws_global_rng: bool | None = None  # seen drawing from random/numpy/torch's RNGs
     device: Device = field(default_factory=Device)
@@ -336,6 +339,10 @@ def _main_thread(f: Figures) -> bool:
 
 
 def _main_thread_reason(f: Figures) -> str:
+    if f.copy_gathers:
+        return ("batches of torch's dataset classes are gathered in the training process "
+                "from the copy the workers started with (cheaper than receiving them from "
+                "workers); the gathers themselves are the cost")
     if f.inline_gathers:
         return ("batches are array gathers done in the training process (cheaper than "
                 "receiving them from workers); the gathers themselves are the cost")
@@ -343,6 +350,8 @@ def _main_thread_reason(f: Figures) -> str:
 
 
 def _main_thread_advice(f: Figures) -> Advice:
+    if f.copy_gathers:
+        return Advice("use larger batches (a batch costs one gather per tensor)")
     if f.inline_gathers:
         return Advice("use larger batches, or worker_type=\"process\" to move them off this "
                       "thread", {"worker_type": "process"}, otherwise="use larger batches")
@@ -425,9 +434,10 @@ def from_stats(s: LoaderStats, cores: int, worker_type: str = "auto",
     """The figures of ``loader.stats()`` (or the doctor's run of it). ``worker_type`` as the
     loader was built; a dataset the concurrency tuner saw drawing from a global RNG counts
     as drawing even when the caller did not look."""
+    copy_gathers = gathered_here(s)
     if s.threads or worker_type == "thread":
         mode: Mode = "thread"
-    elif s.num_workers == 0 or s.inline:
+    elif s.num_workers == 0 or s.inline or copy_gathers:
         mode = "main"
     else:
         mode = "process"
@@ -441,7 +451,8 @@ def from_stats(s: LoaderStats, cores: int, worker_type: str = "auto",
         num_workers=s.num_workers, cores=cores, concurrency=conc, fetch_cpu_s=s.fetch_cpu_s,
         collate_s=s.collate_s, steal_share=s.cpu_steal_share,
         pack_s=s.pack_s, unpack_s=s.unpack_s, pin_s=s.pin_s, inline_gathers=s.inline,
-        cpu_idle_share=s.cpu_idle_share, draws_global_rng=draws_global_rng,
+        copy_gathers=copy_gathers, cpu_idle_share=s.cpu_idle_share,
+        draws_global_rng=draws_global_rng,
         device=Device(s.device_wait_s, s.device_copy_s, s.device_bytes, s.device_batches,
                       s.to_device_s, s.device_transform_s),
         current={"num_workers": s.num_workers, "worker_type": worker_type,

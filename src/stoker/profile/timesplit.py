@@ -112,7 +112,13 @@ def fetching(s: LoaderStats) -> TimeSplit:
                         s.collate_s + s.pack_s, s)
 
 
+def gathered_here(s: LoaderStats) -> bool:
+    """Most batches were gathered in the training process from the copy the workers started
+    with (NOTE [ Gathers read the workers' starting copy ]): its thread loads them."""
+    return s.gathered_in_main * 2 > s.batches
+
+
 def loads_in_calling_thread(s: LoaderStats) -> bool:
     """Batches were loaded in the training thread, and its ``next()`` calls were measured."""
-    return (s.num_workers == 0 or s.inline) and not s.threads and (
+    return (s.num_workers == 0 or s.inline or gathered_here(s)) and not s.threads and (
         s.main_cpu_s + s.main_queued_s > 0)

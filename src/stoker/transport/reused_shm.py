@@ -485,3 +485,59 @@ def _rebuild_reused(seg_id: int, nbytes: int, index: int, dtype: torch.dtype,
     t = torch.empty((0,), dtype=dtype, device=storage.device).set_(storage, 0, size, stride)
     t.requires_grad = False  # as torch's rebuild sets it (a mode sees the same calls)
     return t
+
+
+class MainOwnedSegments:
+    """Segments the main process makes and writes itself (NOTE [ Gathers read the workers'
+    starting copy ] in ``engine.main_gathers``): an allocator (``empty``) whose tensors are
+    what a worker's batch arrives as (``MainSegments.rebuild`` of a new segment's fd), reused
+    once ``MainSegments.settle`` finds nothing holds them."""
+
+    def __init__(self) -> None:
+        self._table = MainSegments()
+        self._free: dict[int, list[int]] = {}  # nbytes -> ids nothing holds
+        self._nbytes: dict[int, int] = {}  # id -> nbytes, while the table keeps it
+        self._next_id = 0
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        nbytes = dtype.itemsize
+        for s in shape:
+            nbytes *= s
+        if nbytes == 0:  # torch's empty segment is not worth matching: the worker makes it
+            raise ValueError("an empty batch tensor")
+        free = self._free.get(nbytes)
+        if not free:
+            self._settle()
+            free = self._free.get(nbytes)
+        if free:
+            storage = self._table.rebuild(free.pop(), nbytes, None)
+        else:
+            seg_id, self._next_id = self._next_id, self._next_id + 1
+            made = _base_new_shared(_UntypedStorage, nbytes)
+            fd, _ = made._share_fd_cpu_()
+            storage = self._table.rebuild(seg_id, nbytes, fd)  # maps it again, as torch's
+            del made  # rebuild does in the main process; this mapping and its fd go
+            self._nbytes[seg_id] = nbytes
+        t = torch.empty((0,), dtype=dtype).set_(storage, 0, shape)  # type: ignore[call-overload]
+        t.requires_grad = False
+        return t
+
+    def _settle(self) -> None:
+        for i in self._table.settle():
+            if i < 0:
+                self._nbytes.pop(~i, None)
+                continue
+            free = self._free.setdefault(self._nbytes[i], [])
+            if len(free) < _MAX_FREE_PER_SIZE:
+                free.append(i)
+            else:
+                self._table.drop([i])
+                del self._nbytes[i]
+
+    def end_epoch(self) -> None:
+        """Forget every segment nothing holds (between epochs only the user's batches keep
+        memory, as under torch); those still held are forgotten by their holders' end."""
+        self._table.end_epoch()
+        self._free.clear()
+        kept = set(self._table._table)
+        self._nbytes = {i: n for i, n in self._nbytes.items() if i in kept}

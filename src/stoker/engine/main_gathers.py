@@ -1,0 +1,250 @@
+"""Batches of torch's own dataset classes gathered in the main process, from a copy of the
+dataset made as the workers start; a part of ``ProcessIterator``.
+
+NOTE [ Gathers read the workers' starting copy ]
+A batch of torch's own classes (NOTE [ torch's own datasets ]) is one ``index_select`` per
+tensor, ~0.03 ms for 256 rows, but sending its task to a worker and its batch back costs the
+two sides ~0.3 ms more. Gathering it in the main process from the dataset itself would read
+the live tensors, where torch's workers read the copy their fork (or unpickling) made as they
+started: a change made after ``iter()`` (in place, or through a numpy view that torch's
+version counter does not see) would show. So, by default, when the loader qualifies:
+
+* right before the first worker starts (where torch's workers take their copies: nothing of
+  the user's runs between, the sampler is first asked after), the main process copies the
+  dataset tree (``snapshot``): each node's own attributes, each tensor cloned once (aliases
+  stay aliases), each ``Subset``'s indices and ``ConcatDataset``'s sizes copied. The copy lives
+  as long as the workers it stands for (an epoch; persistent workers: the iterator). Only if the
+  tree is torch's classes over plain tensors (every part of NOTE [ torch's own datasets ] the
+  tree can show before a batch) and its tensors take at most ``_MAX_COPY_BYTES`` and an
+  eighth of the memory available;
+* each task is gathered from that copy when it is dispatched, with the same ``gather`` and the
+  same checks a worker runs: what declines (an index out of range, a mode active, a class
+  patched since) goes to the worker torch's round-robin gives it, which runs it as before
+  (its copy is the same), so its batch or its error is torch's;
+* the batch's tensors are allocated as a worker's batch arrives in the main process: a storage
+  made by torch's ``_new_shared_fd_cpu`` from a new segment's fd, of exactly the tensor's
+  bytes, reused only when nothing holds it (``MainOwnedSegments``; the checks of NOTE
+  [ torch's shared memory, reused ]);
+* the workers are started and stopped as before (forks, names, signals, at-fork hooks,
+  ``_workers``) and sit idle; one that dies is reported as before, checked every
+  ``DEATH_CHECK_EVERY`` batches (the loop that would notice it while waiting never waits).
+
+The loader's half: NOTE [ torch's own datasets ]'s ``allowed`` (map-style, default collate,
+no ``worker_init_fn``, no error policy, fast paths on), torch's ``file_descriptor`` sharing
+strategy with reuse eligible, no ``slab_transport``, no ``stoker_fetch_for_batch``.
+``fast_paths=False`` turns it off with the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from array import array
+from typing import Any
+
+import torch
+from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset
+
+from stoker._core.specs import FetchSpec
+from stoker.collate._alloc import allocating_into
+from stoker.fastpaths.torch_datasets import Decline, allowed, batched_for, tree_of
+from stoker.fastpaths.torch_gather import PLAIN_DTYPES, modes_active, stock
+from stoker.transport import reused_shm
+
+_MAX_COPY_BYTES = 256 << 20
+DEATH_CHECK_EVERY = 32
+_INTS = {int}
+
+
+class Gathered:
+    """A task gathered here: the book holds it as a reply until its turn."""
+
+    __slots__ = ("batch", "task_id")
+
+    def __init__(self, task_id: int, batch: Any) -> None:
+        self.task_id = task_id
+        self.batch = batch
+
+
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class _Copier:
+    """Copies a tree ``tree_of`` accepted; ``Decline`` where a part is not plain enough to
+    copy exactly, or the copy would be too large."""
+
+    def __init__(self, limit: int, spare: list[torch.Tensor]) -> None:
+        self.limit = limit
+        self.nbytes = 0
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.nodes: dict[int, Any] = {}
+        # (shape, dtype) -> tensors of an earlier copy that nothing reads any more
+        self.spare: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+        for t in spare:
+            self.spare.setdefault((t.shape, t.dtype), []).append(t)
+
+    def _clone(self, t: torch.Tensor) -> torch.Tensor:
+        # an earlier copy's memory, already faulted in, copies ~6x faster than new memory
+        spare = self.spare.get((t.shape, t.dtype))
+        return spare.pop().copy_(t) if spare else t.clone()
+
+    def tensor(self, t: Any) -> Any:
+        if type(t) is not torch.Tensor or t.layout is not torch.strided or (
+                t.is_nested or t.device.type != "cpu" or t.requires_grad or not t.is_contiguous()
+                or t.is_conj() or t.is_neg() or t.is_quantized):
+            raise Decline("a tensor the gather would not read")
+        copied = self.tensors.get(id(t))
+        if copied is None:
+            self.nbytes += t.numel() * t.element_size()
+            if self.nbytes > self.limit:
+                raise Decline("the dataset's tensors are too large to copy")
+            copied = self.tensors[id(t)] = self._clone(t)
+        return copied
+
+    @staticmethod
+    def each(container: Any, copy: Any) -> Any:
+        """An exact list, tuple or dict copied item by item; anything else as it is (the
+        gather declines on it, as the worker's does)."""
+        kind = type(container)
+        if kind is dict:
+            return {k: copy(v) for k, v in container.items()}
+        if kind is list or kind is tuple:
+            return kind(copy(v) for v in container)
+        return container
+
+    def node(self, ds: Any) -> Any:
+        if id(ds) in self.nodes:
+            return self.nodes[id(ds)]
+        if not stock(ds):
+            raise Decline("not one of torch's classes")
+        cls = type(ds)
+        if cls is torch.Tensor:
+            return self.tensor(ds)
+        copy = object.__new__(cls)
+        state = dict(vars(ds))  # attributes the gather never reads stay shared: unread
+        # Each container keeps its exact type: the gather accepts only some (a tuple of
+        # tensors, a list of datasets...) and declines on the rest, here as in the worker.
+        if cls is TensorDataset:
+            state["tensors"] = self.each(ds.tensors, self.tensor)
+        elif cls is Subset:
+            state["dataset"] = self.node(ds.dataset)
+            state["indices"] = self.each(ds.indices, lambda i: i)
+        elif cls is ConcatDataset:
+            state["datasets"] = self.each(ds.datasets, self.node)
+            state["cumulative_sizes"] = self.each(ds.cumulative_sizes, lambda n: n)
+        elif cls is StackDataset:
+            state["datasets"] = self.each(ds.datasets, self.node)
+        vars(copy).update(state)
+        self.nodes[id(ds)] = copy
+        return copy
+
+
+def snapshot(dataset: Any, spare: list[torch.Tensor] | None = None,
+             limit: int | None = None) -> tuple[Any, list[torch.Tensor]] | None:
+    """A copy of ``dataset``'s tree as a worker starting now would hold it, and its tensors;
+    None where the tree is not one to copy (module NOTE). ``spare``: tensors of an earlier
+    copy nothing reads any more, written over where one fits."""
+    if limit is None:
+        available = _available_bytes()
+        limit = _MAX_COPY_BYTES if available is None else min(_MAX_COPY_BYTES, available // 8)
+    if not tree_of(dataset):
+        return None
+    copier = _Copier(limit, spare or [])
+    try:
+        copy = copier.node(dataset)
+    except (Decline, TypeError, AttributeError):  # an odd attribute: the workers load it
+        return None
+    return copy, list(copier.tensors.values())
+
+
+class _Rows:
+    """A ``TensorDataset`` copy (or a bare tensor's) gathered without ``gather``'s walk: the
+    copy is this process's alone, so what the walk checks of its nodes (torch's classes,
+    plain tensors, a tuple or list of them) was checked once, when it was made; what depends
+    on the batch (exact ints in range, no mode active) is checked as ``gather`` checks it, and
+    the outputs are ``gather``'s: one ``index_select`` per tensor, in a list (a tensor for a
+    bare tensor)."""
+
+    def __init__(self, copy: Any) -> None:
+        self.tensors: list[torch.Tensor] = [copy] if type(copy) is torch.Tensor else list(
+            copy.tensors)
+        self.listed = type(copy) is TensorDataset
+        self.rows = min(t.shape[0] for t in self.tensors)
+
+    @classmethod
+    def of(cls, copy: Any) -> _Rows | None:
+        if type(copy) is TensorDataset:
+            tensors = copy.tensors
+            if type(tensors) not in (tuple, list) or not tensors:
+                return None
+        elif type(copy) is torch.Tensor:
+            tensors = (copy,)
+        else:
+            return None
+        if not all(t.dim() >= 1 and t.dtype in PLAIN_DTYPES for t in tensors):
+            return None  # the copier checked the rest of ``_plain``
+        return cls(copy)
+
+    def __call__(self, indices: Any, segments: reused_shm.MainOwnedSegments) -> Any:
+        if type(indices) is not list or not indices or set(map(type, indices)) != _INTS:
+            raise Decline("the batch is not a non-empty list of ints")
+        if modes_active():
+            raise Decline("a torch function or dispatch mode is active")
+        try:
+            idx = torch.frombuffer(array("q", indices), dtype=torch.int64)
+            lo, hi = torch.aminmax(idx)
+            if int(lo) < 0 or int(hi) >= self.rows:
+                raise Decline("an index out of range (or negative)")
+            n = len(indices)
+            outs = [torch.index_select(t, 0, idx, out=segments.empty((n, *t.shape[1:]), t.dtype))
+                    for t in self.tensors]
+        except Decline:
+            raise
+        except Exception as exc:  # as ``gather``: the worker's path gives torch's answer
+            raise Decline(f"{type(exc).__name__}: {exc}") from exc
+        return outs if self.listed else outs[0]
+
+
+class MainGathers:
+    """The copy, its batch function and the segments its batches are written into."""
+
+    def __init__(self, fetch: Any, rows: _Rows | None, tensors: list[torch.Tensor]) -> None:
+        self._fetch = fetch
+        self._rows = rows
+        self.tensors = tensors  # the copy's, for the next epoch's copy once this one ends
+        self.segments = reused_shm.MainOwnedSegments()
+        self.count = 0
+
+    @classmethod
+    def for_loader(cls, spec: FetchSpec, worker_init_fn: Any, fetches_for_batch: bool,
+                   spare: list[torch.Tensor]) -> MainGathers | None:
+        """Made right before the first worker starts; None where the loader does not qualify
+        (module NOTE). ``spare``: the loader's last finished copy, emptied here."""
+        taken = spare[:]
+        spare.clear()
+        if (fetches_for_batch or "slab_transport" in spec.beyond
+                or not allowed(spec, worker_init_fn) or not reused_shm.eligible()):
+            return None
+        made = snapshot(spec.dataset, taken)
+        if made is None:
+            return None
+        copy, tensors = made
+        fetch = batched_for(dataclasses.replace(spec, dataset=copy), worker_init_fn)
+        return None if fetch is None else cls(fetch, _Rows.of(copy), tensors)
+
+    def batch(self, indices: Any) -> Any:
+        """The batch at ``indices``, from the copy; ``Decline`` (the worker loads it)."""
+        if self._rows is not None:
+            batch = self._rows(indices, self.segments)
+        else:
+            with allocating_into(self.segments):
+                batch = self._fetch(indices)
+        self.count += 1
+        return batch

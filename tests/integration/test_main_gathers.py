@@ -1,0 +1,97 @@
+"""Batches of torch's own classes gathered in the main process from the copy the workers
+started with (NOTE [ Gathers read the workers' starting copy ]), with real workers: torch's
+batches, workers started and stopped as torch's, a batch the copy declines loaded by its
+worker (with torch's result or error), an idle worker's death reported, and no copy past the
+limit. The change after ``iter()`` is test 11 of ``test_same_as_torch_by_default``."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+import stoker
+from stoker.engine import main_gathers
+
+
+def _data(n: int = 64) -> TensorDataset:
+    gen = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(n, 3, generator=gen), torch.arange(n))
+
+
+def _batches(loader: object) -> list[list[torch.Tensor]]:
+    return list(loader)  # type: ignore[call-overload]
+
+
+def _equal(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        len(x) == len(y) and all(torch.equal(s, t) and s.dtype == t.dtype for s, t in zip(
+            x, y, strict=True)) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_torchs_batches_gathered_here_while_the_workers_run(TorchLoader, persistent):
+    ds = _data()
+    kwargs = dict(batch_size=8, shuffle=True, num_workers=2, persistent_workers=persistent,
+                  timeout=60)
+    reference = TorchLoader(ds, generator=torch.Generator().manual_seed(3), **kwargs)
+    expected = [_batches(reference) for _ in range(2)]
+    loader = stoker.DataLoader(ds, generator=torch.Generator().manual_seed(3), **kwargs)
+    it = iter(loader)
+    workers = it._workers
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)  # started as torch's
+    got = [list(it), _batches(loader)]
+    assert _equal(got[0], expected[0]) and _equal(got[1], expected[1])
+    assert all(t.is_shared() for epoch in got for b in epoch for t in b)  # as a worker's arrive
+    assert loader.stats().gathered_in_main == 16
+
+
+def test_a_batch_the_copy_declines_is_loaded_by_its_worker(TorchLoader):
+    # -1 is a valid index for torch's TensorDataset (a row from the end) but not for the gather;
+    # 64 is past the end: torch's worker raises, and so does the worker here
+    ds = _data()
+    batches = [[0, 1], [2, -1], [3, 4], [64, 5]]
+
+    def run(cls: type) -> tuple[list, str, object]:
+        loader = cls(ds, batch_sampler=batches, num_workers=2, timeout=60)
+        out = []
+        with pytest.raises(IndexError) as info:
+            for b in loader:
+                out.append(b)
+        return out, str(info.value) + " ".join(getattr(info.value, "__notes__", [])), loader
+
+    expected, torch_error, _ = run(TorchLoader)
+    got, error, loader = run(stoker.DataLoader)
+    assert _equal(got, expected) and len(got) == 3
+    assert "index 64 is out of bounds for dimension 0 with size 64" in torch_error
+    assert "index 64 is out of bounds for dimension 0 with size 64" in error
+    # torch's header; stoker's note (the known difference worker_exceptions in the fuzzer)
+    assert "worker process 1." in torch_error and "raised in DataLoader worker 1 " in error
+    assert loader.stats().gathered_in_main == 2  # [0, 1] and [3, 4]
+
+
+def test_an_idle_worker_that_dies_is_reported():
+    ds = _data(4 * 200)
+    it = iter(stoker.DataLoader(ds, batch_size=4, num_workers=2, timeout=60))
+    next(it)
+    victim = it._workers[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(30)
+    assert victim.exitcode == -signal.SIGKILL
+    taken = 0
+    with pytest.raises(stoker.WorkerDiedError, match=r"is killed by signal: Killed\."):
+        for _ in it:
+            taken += 1
+    assert taken <= main_gathers.DEATH_CHECK_EVERY
+
+
+def test_no_copy_past_the_limit(TorchLoader, monkeypatch):
+    monkeypatch.setattr(main_gathers, "_MAX_COPY_BYTES", 64 * 3 * 4)  # below x and y
+    ds = _data()
+    loader = stoker.DataLoader(ds, batch_size=8, num_workers=2, timeout=60)
+    assert _equal(_batches(loader), _batches(TorchLoader(ds, batch_size=8, num_workers=2)))
+    stats = loader.stats()
+    assert stats.gathered_in_main == 0 and stats.batched == 8  # gathered in the workers
