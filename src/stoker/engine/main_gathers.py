@@ -38,6 +38,7 @@ strategy with reuse eligible, no ``slab_transport``, no ``stoker_fetch_for_batch
 from __future__ import annotations
 
 import dataclasses
+import mmap
 from array import array
 from typing import Any
 
@@ -76,6 +77,22 @@ def _available_bytes() -> int | None:
     return None
 
 
+def _unforked_like(t: torch.Tensor) -> torch.Tensor:
+    """An empty contiguous tensor like ``t`` in memory a fork does not give the child
+    (``MADV_DONTFORK``): the workers forked after the copy never read it, and a fork would
+    mark each of its pages copy-on-write, so the next epoch's copy into it would fault on
+    every page (~12 ms for 50 MB here) and each fork would copy its page tables."""
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0 or not hasattr(mmap, "MADV_DONTFORK"):
+        return torch.empty_like(t, memory_format=torch.contiguous_format)
+    try:
+        buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        buf.madvise(mmap.MADV_DONTFORK)
+        return torch.frombuffer(buf, dtype=t.dtype, count=t.numel()).view(t.shape)
+    except (OSError, ValueError, TypeError, RuntimeError):  # ordinary memory, then
+        return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
 class _Copier:
     """Copies a tree ``tree_of`` accepted; ``Decline`` where a part is not plain enough to
     copy exactly, or the copy would be too large."""
@@ -93,7 +110,7 @@ class _Copier:
     def _clone(self, t: torch.Tensor) -> torch.Tensor:
         # an earlier copy's memory, already faulted in, copies ~6x faster than new memory
         spare = self.spare.get((t.shape, t.dtype))
-        return spare.pop().copy_(t) if spare else t.clone()
+        return (spare.pop() if spare else _unforked_like(t)).copy_(t)
 
     def tensor(self, t: Any) -> Any:
         if type(t) is not torch.Tensor or t.layout is not torch.strided or (
@@ -159,7 +176,7 @@ def snapshot(dataset: Any, spare: list[torch.Tensor] | None = None,
     copier = _Copier(limit, spare or [])
     try:
         copy = copier.node(dataset)
-    except (Decline, TypeError, AttributeError):  # an odd attribute: the workers load it
+    except Exception:  # Decline, or an odd attribute: the workers load it, as before
         return None
     return copy, list(copier.tensors.values())
 
