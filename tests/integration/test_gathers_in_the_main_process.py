@@ -95,3 +95,43 @@ def test_no_copy_past_the_limit(TorchLoader, monkeypatch):
     assert _equal(_batches(loader), _batches(TorchLoader(ds, batch_size=8, num_workers=2)))
     stats = loader.stats()
     assert stats.gathered_in_main == 0 and stats.batched == 8  # gathered in the workers
+
+
+class _LoggedBatches:
+    """A batch sampler that logs each batch it gives, so the log shows when the loader asks."""
+
+    def __init__(self, n: int, size: int, log: list) -> None:
+        self.n, self.size, self.log = n, size, log
+
+    def __iter__(self):
+        for start in range(0, self.n, self.size):
+            self.log.append(("sampler", start))
+            yield list(range(start, min(start + self.size, self.n)))
+
+    def __len__(self) -> int:
+        return -(-self.n // self.size)
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+@pytest.mark.parametrize("num_workers,prefetch_factor", [(1, 1), (2, 1), (3, 2)])
+def test_the_sampler_is_asked_when_torchs_loader_asks_it(
+        TorchLoader, in_order, num_workers, prefetch_factor):
+    # Gathered tasks count against their worker's depth until handed out: no task more or
+    # fewer in flight, so the same batches (in_order=False once lost one) at the same points.
+    ds = _data(10)
+
+    def run(cls: type) -> list:
+        log: list = []
+        loader = cls(ds, batch_sampler=_LoggedBatches(10, 2, log), num_workers=num_workers,
+                     prefetch_factor=prefetch_factor, in_order=in_order, timeout=60)
+        for epoch in range(2):
+            for batch in loader:
+                log.append(("got", epoch, batch[1].tolist()))
+        return log
+
+    got, expected = run(stoker.DataLoader), run(TorchLoader)
+    if in_order:
+        assert got == expected
+    else:  # torch yields in the order its workers finish: the same asks, the same batches
+        assert [e[0] for e in got] == [e[0] for e in expected]
+        assert sorted(map(str, got)) == sorted(map(str, expected))

@@ -109,8 +109,9 @@ class Dispatch(BaseIterator):
             batch = self._main_gathers.batch(index)
         except Decline:
             return False
-        # held against wid's depth until handed out, as torch counts a task outstanding until
-        # its batch is yielded: the sampler is asked as often, at the same points, as before
+        # held against wid's depth until its turn to be handed out (``_next_data`` takes it
+        # off first), as a task sent is until its reply arrives: the sampler is asked as
+        # often, at the same points, as when the workers load these batches
         self._book.load[wid] += 1
         self._book.file(wid, position, Gathered(position, batch))
         return True

@@ -194,8 +194,10 @@ class ProcessIterator(Dispatch):
         while True:
             item = self._book.next_ready()
             if item is not None:
-                self._try_put_index()
                 wid, reply = item
+                if type(reply) is Gathered:  # off its worker's load before the next task is
+                    self._book.load[wid] -= 1  # placed, as a reply is once it has arrived
+                self._try_put_index()
                 if type(reply) is Gathered:
                     return self._deliver_gathered(wid, reply)
                 if self._cursor.dropped(reply.task_id, wid):  # re-read after an iterable resume
@@ -342,7 +344,6 @@ class ProcessIterator(Dispatch):
     def _deliver_gathered(self, wid: int, reply: Gathered) -> Any:
         """NOTE [ Gathers read the workers' starting copy ]."""
         position = reply.task_id
-        self._book.load[wid] -= 1
         self._book.indices.pop(position, None)
         self._cursor.delivered(position, wid)
         self._stats.gathered_here()
