@@ -105,6 +105,8 @@ class Dispatch(BaseIterator):
         batch from the main process's copy, filed as worker ``wid``'s; False if it declines
         (``wid`` loads it)."""
         assert self._main_gathers is not None
+        if not self._in_order and self._book.queued[wid]:
+            return False  # in_order=False yields a worker's batches in the order it loads them
         try:
             batch = self._main_gathers.batch(index)
         except Decline:

@@ -13,14 +13,20 @@ version counter does not see) would show. So, by default, when the loader qualif
   the user's runs between, the sampler is first asked after), the main process copies the
   dataset tree (``snapshot``): each node's own attributes, each tensor cloned once (aliases
   stay aliases), each ``Subset``'s indices and ``ConcatDataset``'s sizes copied. The copy lives
-  as long as the workers it stands for (an epoch; persistent workers: the iterator). Only if the
+  as long as the workers it stands for (an epoch; persistent workers: the iterator), in memory
+  a fork does not hand on; the loader keeps it to write the next epoch's copy into. Only if the
   tree is torch's classes over plain tensors (every part of NOTE [ torch's own datasets ] the
   tree can show before a batch) and its tensors take at most ``_MAX_COPY_BYTES`` and an
   eighth of the memory available;
-* each task is gathered from that copy when it is dispatched, with the same ``gather`` and the
-  same checks a worker runs: what declines (an index out of range, a mode active, a class
-  patched since) goes to the worker torch's round-robin gives it, which runs it as before
-  (its copy is the same), so its batch or its error is torch's;
+* each task is gathered from that copy when it is dispatched, with ``gather`` and its checks
+  (a ``TensorDataset`` or a bare tensor without the walk over the nodes: ``_Rows``, whose
+  checks of the nodes were made on the copy, which nothing else can change): what declines
+  (an index negative or past the end, not an exact int, a mode active) goes to the worker
+  torch's round-robin gives it, which runs it as before (its copy is the same), so its batch
+  or its error is torch's. The task counts against that worker's depth until its turn to be
+  handed out, so the sampler is asked as often and when it was. With ``in_order=False`` a
+  task whose worker still has tasks to answer goes to that worker too: torch yields each
+  worker's batches in the order it loads them;
 * the batch's tensors are allocated as a worker's batch arrives in the main process: a storage
   made by torch's ``_new_shared_fd_cpu`` from a new segment's fd, of exactly the tensor's
   bytes, reused only when nothing holds it (``MainOwnedSegments``; the checks of NOTE
