@@ -31,7 +31,7 @@ def test_the_copy_does_not_see_later_changes_and_keeps_aliases_and_container_typ
     y = torch.arange(6)
     ds = TensorDataset(x, y)
     tree = ConcatDataset([Subset(ds, [5, 4, 3]), ds])
-    copy, tensors = snapshot(tree)
+    copy = snapshot(tree)
     x.mul_(-1)
     y.numpy()[:] += 100  # no version bump: the copy is bytes, not a view
     tree.datasets[0].indices.append(0)
@@ -39,7 +39,7 @@ def test_the_copy_does_not_see_later_changes_and_keeps_aliases_and_container_typ
     assert type(copy) is ConcatDataset and type(copy.datasets) is list
     assert a.indices == [5, 4, 3] and type(a.dataset) is TensorDataset
     assert a.dataset is b  # one node twice stays one copy
-    assert type(b.tensors) is tuple and len(tensors) == 2
+    assert type(b.tensors) is tuple and len(b.tensors) == 2
     assert torch.equal(b.tensors[0], torch.arange(12.0).reshape(6, 2))
     assert torch.equal(b.tensors[1], torch.arange(6))
     assert copy.cumulative_sizes == [3, 9] and copy.cumulative_sizes is not tree.cumulative_sizes
@@ -50,7 +50,7 @@ def test_containers_the_gather_declines_on_stay_as_they_are():
     # copy as the worker's does on its own, so the copy must not turn it into a tuple
     ds = StackDataset(TensorDataset(torch.zeros(3, 2)), TensorDataset(torch.ones(3)))
     ds.datasets = list(ds.datasets)
-    copy, _ = snapshot(ds)
+    copy = snapshot(ds)
     assert type(copy.datasets) is list
     with pytest.raises(Decline):
         gather(copy, [0, 1])
@@ -74,24 +74,14 @@ def test_no_copy_past_the_limit():
     assert snapshot(ds, limit=64 * 5 * 4 - 1) is None
 
 
-def test_an_earlier_copy_is_written_over_where_one_fits():
-    x = torch.arange(8.0).reshape(4, 2)
-    _, first = snapshot(TensorDataset(x))
-    spare = first[0]
-    x.add_(1)
-    copy, _ = snapshot(TensorDataset(x, torch.arange(4)), spare=first)
-    assert copy.tensors[0] is spare and torch.equal(spare, x)
-    assert copy.tensors[0].data_ptr() != x.data_ptr()
-
-
 def test_a_loader_that_does_not_qualify_gets_no_copy():
     ds = TensorDataset(torch.zeros(8, 2))
-    assert MainGathers.for_loader(_spec(ds), None, False, []) is not None
-    assert MainGathers.for_loader(_spec(ds), print, False, []) is None  # worker_init_fn
-    assert MainGathers.for_loader(_spec(ds), None, True, []) is None  # fetch_for_batch
+    assert MainGathers.for_loader(_spec(ds), None, False) is not None
+    assert MainGathers.for_loader(_spec(ds), print, False) is None  # worker_init_fn
+    assert MainGathers.for_loader(_spec(ds), None, True) is None  # fetch_for_batch
     assert MainGathers.for_loader(
         FetchSpec(dataset=ds, kind="map", auto_collation=True, collate_fn=lambda b: b,
-                  drop_last=False), None, False, []) is None
+                  drop_last=False), None, False) is None
 
 
 def _same(a: object, b: object) -> bool:
@@ -113,7 +103,7 @@ def test_the_rows_path_gives_gathers_batch_or_declines_where_it_does(indices, ba
     x = torch.arange(10 * (shape[1] if len(shape) > 1 else 1), dtype=torch.float32).reshape(
         shape)
     ds = x if bare else TensorDataset(x, torch.arange(10) * 3)
-    gathers = MainGathers.for_loader(_spec(ds), None, False, [])
+    gathers = MainGathers.for_loader(_spec(ds), None, False)
     assert gathers is not None and gathers._rows is not None
     try:
         expected = gather(ds, indices)
@@ -135,14 +125,14 @@ def test_the_rows_path_gives_gathers_batch_or_declines_where_it_does(indices, ba
 
 def test_trees_other_than_a_tensor_dataset_use_gather_itself():
     ds = ConcatDataset([TensorDataset(torch.arange(4.0)), TensorDataset(torch.arange(4.0) + 4)])
-    gathers = MainGathers.for_loader(_spec(ds), None, False, [])
+    gathers = MainGathers.for_loader(_spec(ds), None, False)
     assert gathers is not None and gathers._rows is None
     got = gathers.batch([0, 5, 7])
     assert _same(got, gather(ds, [0, 5, 7])) and got[0].is_shared()
 
 
 def test_a_mode_active_in_the_main_process_declines():
-    gathers = MainGathers.for_loader(_spec(TensorDataset(torch.zeros(4, 2))), None, False, [])
+    gathers = MainGathers.for_loader(_spec(TensorDataset(torch.zeros(4, 2))), None, False)
     with torch.device("meta"), pytest.raises(Decline):
         gathers.batch([0, 1])
 

@@ -62,9 +62,6 @@ class EngineState:
             _memory_watch(self.dataset, self.stats) if self.num_workers > 0 else None)
         self.list_sharing = ListSharing(self.fast_paths)
         self.slab_bank = SlabBank()  # NOTE [ Slabs outlive workers ]
-        # The tensors of the last finished epoch's dataset copy, written over by the next
-        # copy (NOTE [ Gathers read the workers' starting copy ] in engine.main_gathers).
-        self.spare_copy: list[Any] = []
         finalize_here(self, self.slab_bank.close)
 
     def fit_workers(self, num_workers: int) -> None:

@@ -14,7 +14,7 @@ version counter does not see) would show. So, by default, when the loader qualif
   dataset tree (``snapshot``): each node's own attributes, each tensor cloned once (aliases
   stay aliases), each ``Subset``'s indices and ``ConcatDataset``'s sizes copied. The copy lives
   as long as the workers it stands for (an epoch; persistent workers: the iterator), in memory
-  a fork does not hand on; the loader keeps it to write the next epoch's copy into. Only if the
+  a fork does not hand on, and goes with them, as their memory does. Only if the
   tree is torch's classes over plain tensors (every part of NOTE [ torch's own datasets ] the
   tree can show before a batch) and its tensors take at most ``_MAX_COPY_BYTES`` and an
   eighth of the memory available;
@@ -85,9 +85,8 @@ def _available_bytes() -> int | None:
 
 def _unforked_like(t: torch.Tensor) -> torch.Tensor:
     """An empty contiguous tensor like ``t`` in memory a fork does not give the child
-    (``MADV_DONTFORK``): the workers forked after the copy never read it, and a fork would
-    mark each of its pages copy-on-write, so the next epoch's copy into it would fault on
-    every page (~12 ms for 50 MB here) and each fork would copy its page tables."""
+    (``MADV_DONTFORK``): the workers forked after the copy never read it, and each fork would
+    copy its page tables and mark its pages copy-on-write."""
     nbytes = t.numel() * t.element_size()
     if nbytes == 0 or not hasattr(mmap, "MADV_DONTFORK"):
         return torch.empty_like(t, memory_format=torch.contiguous_format)
@@ -103,20 +102,11 @@ class _Copier:
     """Copies a tree ``tree_of`` accepted; ``Decline`` where a part is not plain enough to
     copy exactly, or the copy would be too large."""
 
-    def __init__(self, limit: int, spare: list[torch.Tensor]) -> None:
+    def __init__(self, limit: int) -> None:
         self.limit = limit
         self.nbytes = 0
         self.tensors: dict[int, torch.Tensor] = {}
         self.nodes: dict[int, Any] = {}
-        # (shape, dtype) -> tensors of an earlier copy that nothing reads any more
-        self.spare: dict[tuple[Any, ...], list[torch.Tensor]] = {}
-        for t in spare:
-            self.spare.setdefault((t.shape, t.dtype), []).append(t)
-
-    def _clone(self, t: torch.Tensor) -> torch.Tensor:
-        # an earlier copy's memory, already faulted in, copies ~6x faster than new memory
-        spare = self.spare.get((t.shape, t.dtype))
-        return (spare.pop() if spare else _unforked_like(t)).copy_(t)
 
     def tensor(self, t: Any) -> Any:
         if type(t) is not torch.Tensor or t.layout is not torch.strided or (
@@ -128,7 +118,7 @@ class _Copier:
             self.nbytes += t.numel() * t.element_size()
             if self.nbytes > self.limit:
                 raise Decline("the dataset's tensors are too large to copy")
-            copied = self.tensors[id(t)] = self._clone(t)
+            copied = self.tensors[id(t)] = _unforked_like(t).copy_(t)
         return copied
 
     @staticmethod
@@ -169,22 +159,18 @@ class _Copier:
         return copy
 
 
-def snapshot(dataset: Any, spare: list[torch.Tensor] | None = None,
-             limit: int | None = None) -> tuple[Any, list[torch.Tensor]] | None:
-    """A copy of ``dataset``'s tree as a worker starting now would hold it, and its tensors;
-    None where the tree is not one to copy (module NOTE). ``spare``: tensors of an earlier
-    copy nothing reads any more, written over where one fits."""
+def snapshot(dataset: Any, limit: int | None = None) -> Any | None:
+    """A copy of ``dataset``'s tree as a worker starting now would hold it; None where the
+    tree is not one to copy (module NOTE)."""
     if limit is None:
         available = _available_bytes()
         limit = _MAX_COPY_BYTES if available is None else min(_MAX_COPY_BYTES, available // 8)
     if not tree_of(dataset):
         return None
-    copier = _Copier(limit, spare or [])
     try:
-        copy = copier.node(dataset)
+        return _Copier(limit).node(dataset)
     except Exception:  # Decline, or an odd attribute: the workers load it, as before
         return None
-    return copy, list(copier.tensors.values())
 
 
 class _Rows:
@@ -238,29 +224,25 @@ class _Rows:
 class MainGathers:
     """The copy, its batch function and the segments its batches are written into."""
 
-    def __init__(self, fetch: Any, rows: _Rows | None, tensors: list[torch.Tensor]) -> None:
+    def __init__(self, fetch: Any, rows: _Rows | None) -> None:
         self._fetch = fetch
         self._rows = rows
-        self.tensors = tensors  # the copy's, for the next epoch's copy once this one ends
         self.segments = reused_shm.MainOwnedSegments()
         self.count = 0
 
     @classmethod
-    def for_loader(cls, spec: FetchSpec, worker_init_fn: Any, fetches_for_batch: bool,
-                   spare: list[torch.Tensor]) -> MainGathers | None:
+    def for_loader(cls, spec: FetchSpec, worker_init_fn: Any,
+                   fetches_for_batch: bool) -> MainGathers | None:
         """Made right before the first worker starts; None where the loader does not qualify
-        (module NOTE). ``spare``: the loader's last finished copy, emptied here."""
-        taken = spare[:]
-        spare.clear()
+        (module NOTE)."""
         if (fetches_for_batch or "slab_transport" in spec.beyond
                 or not allowed(spec, worker_init_fn) or not reused_shm.eligible()):
             return None
-        made = snapshot(spec.dataset, taken)
-        if made is None:
+        copy = snapshot(spec.dataset)
+        if copy is None:
             return None
-        copy, tensors = made
         fetch = batched_for(dataclasses.replace(spec, dataset=copy), worker_init_fn)
-        return None if fetch is None else cls(fetch, _Rows.of(copy), tensors)
+        return None if fetch is None else cls(fetch, _Rows.of(copy))
 
     def batch(self, indices: Any) -> Any:
         """The batch at ``indices``, from the copy; ``Decline`` (the worker loads it)."""

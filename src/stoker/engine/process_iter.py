@@ -134,8 +134,7 @@ class ProcessIterator(Dispatch):
                              vector_trusted=self._vector_trusted, resume=self._resume_entries)
         # NOTE [ Gathers read the workers' starting copy ]: copied where the workers copy it
         self._main_gathers = MainGathers.for_loader(
-            self._fetch_spec, plan.worker_init_fn, self._fetch_for_batch is not None,
-            self._engine.spare_copy)
+            self._fetch_spec, plan.worker_init_fn, self._fetch_for_batch is not None)
         try:
             start_workers(self._group, ctx, specs, self._prime)
         finally:
@@ -379,9 +378,7 @@ class ProcessIterator(Dispatch):
     def _end_epoch(self) -> None:
         if not self._persistent:
             self.shutdown()
-            if self._main_gathers is not None:  # nothing reads the copy now: the next may
-                self._engine.spare_copy[:] = self._main_gathers.tensors  # write over it
-                self._main_gathers = None
+            self._main_gathers = None  # the copy goes with the workers it stood for
             return
         if self._main_gathers is not None:
             self._main_gathers.segments.end_epoch()
