@@ -65,6 +65,7 @@ from _fuzz_spec import (
     SamplerSpec,
     WorkerInitSpec,
 )
+from _fuzz_torch_ds import write_tables
 
 MAX_STEPS = 200  # next() calls per epoch before the record says "too many"
 
@@ -178,7 +179,10 @@ class _Run:
                 del loader
             rec["end_warnings"] = self.warnings_since()
 
-    def apply(self, loader: Any, op: Op) -> Any:
+    def apply(self, loader: Any, ds: Any, op: Op) -> Any:
+        if op.attr == "write_tables":
+            write_tables(ds)
+            return (op.attr, "ok")
         try:
             setattr(loader, op.attr, self.build(op.value, op.attr))
         except Exception as exc:
@@ -189,7 +193,7 @@ class _Run:
         return (op.attr, "ok")
 
     def epoch(self, loader: Any, ds: Any, number: int, spec: EpochSpec) -> dict[str, Any]:
-        out: dict[str, Any] = {"ops": [self.apply(loader, op) for op in spec.ops],
+        out: dict[str, Any] = {"ops": [self.apply(loader, ds, op) for op in spec.ops],
                                "main_signals": None}
         ds.tag = f"epoch{number}"
         self.log.add("loop", "iter", number)

@@ -109,7 +109,8 @@ class TensorSpec:
     shape: tuple[int, ...] = ()  # a row's shape: () gives 0-d samples
     # "plain" | "noncontig" (every other row of a larger tensor) | "offset" (contiguous, at a
     # storage offset) | "grad" (requires_grad: torch's collate in a worker refuses it) |
-    # "param" (an nn.Parameter, a Tensor subclass)
+    # "param" (an nn.Parameter, a Tensor subclass) | "shared" (``share_memory_()``) |
+    # "mapped" (in an anonymous shared ``mmap``)
     layout: str = "plain"
 
 
@@ -193,7 +194,9 @@ class WorkerInitSpec:
 class Op:
     """A reassignment between epochs: ``loader.<attr> = <value>`` (built from a spec)."""
 
-    attr: str  # "worker_init_fn" | "collate_fn" | "generator" | "num_workers" | "batch_size" ...
+    # "worker_init_fn" | "collate_fn" | "generator" | "num_workers" | "batch_size" ...; or
+    # "write_tables": torch's classes' tensors written in place (``_fuzz_torch_ds``)
+    attr: str
     value: Any = None
 
 

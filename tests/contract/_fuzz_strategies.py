@@ -341,6 +341,8 @@ def epochs(draw: Any, plan: Plan) -> tuple[EpochSpec, ...]:
         ops.append(Op("num_workers", plan.num_workers_op))
     if rarely(draw, 7):
         ops.append(Op(draw(st.sampled_from(("batch_size", "drop_last", "sampler"))), None))
+    if plan.style == "torch" and draw(st.booleans()):
+        ops.append(Op("write_tables"))
     specs = []
     for number in range(2):
         early = plan.order_free or (number == 0 and plan.first_epoch_whole)

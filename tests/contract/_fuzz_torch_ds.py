@@ -6,7 +6,9 @@ stoker gathers these by default where it can show the batch is torch's (NOTE [ t
 datasets ] in ``stoker.fastpaths.torch_datasets``) and fetches sample by sample everywhere
 else; the cases here aim at both sides of every condition of that NOTE: rows of every dtype
 (bool, bfloat16, complex...), 0-d rows and empty rows, tensors that are not contiguous, at a
-storage offset, requiring grad (without workers), or ``nn.Parameter``s; ``Subset`` indices
+storage offset, requiring grad (without workers), ``nn.Parameter``s, or in memory the
+workers share (``share_memory_()``, an anonymous shared ``mmap``), written between epochs
+(``write_tables``); ``Subset`` indices
 that are negative, out of range or a tensor; ``ConcatDataset`` parts of length 0 and parts
 whose samples differ (dtypes, structures); a dataset shorter than the sampler believes
 (indices out of range). The samplers with negative or numpy indices are ``_fuzz_callables``'
@@ -15,6 +17,7 @@ whose samples differ (dtypes, structures); a dataset shorter than the sampler be
 
 from __future__ import annotations
 
+import mmap
 from typing import Any
 
 import torch
@@ -32,7 +35,7 @@ _GRAD = ("float32", "float64", "float16", "bfloat16", "complex64")
 @st.composite
 def tensor_specs(draw: Any, grad: bool) -> TensorSpec:
     dtype = draw(st.sampled_from(TORCH_DTYPES))
-    layouts = ["plain", "plain", "plain", "noncontig", "offset", "param"]
+    layouts = ["plain", "plain", "plain", "noncontig", "offset", "param", "shared", "mapped"]
     if grad and dtype in _GRAD:
         layouts.append("grad")
     return TensorSpec(dtype, draw(row_shapes), draw(st.sampled_from(layouts)))
@@ -97,6 +100,12 @@ class _Builder:
             t.requires_grad_(True)
         elif spec.layout == "param":
             t = torch.nn.Parameter(t, requires_grad=False)
+        elif spec.layout == "shared":
+            t.share_memory_()
+        elif spec.layout == "mapped" and t.nbytes:
+            # an anonymous shared mapping (mmap's default): torch's forked workers read it live
+            mapped = torch.frombuffer(mmap.mmap(-1, t.nbytes), dtype=t.dtype).view(t.shape)
+            t = mapped.copy_(t)
         self.tables[number] = t
         return t
 
@@ -120,6 +129,15 @@ class _Builder:
                 indices = torch.tensor(indices, dtype=torch.int64)
             return Subset(self.build(spec.children[0]), indices)
         return ConcatDataset([self.build(c) for c in spec.children])
+
+
+def write_tables(ds: Any) -> None:
+    """Reverse the rows of each of the dataset's tensors in place, as a program might change
+    its data between epochs: persistent workers see it where they share the tensor's memory
+    (``shared``, ``mapped``), and not where their fork copied it."""
+    with torch.no_grad():
+        for t in ds.tables.values():
+            t.copy_(t.flip(0))
 
 
 def build_torch_ds(spec: TorchDS) -> Any:

@@ -6,6 +6,7 @@ limit. The change after ``iter()`` is test 11 of ``test_same_as_torch_by_default
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 
@@ -157,3 +158,35 @@ def test_with_in_order_false_a_workers_batches_keep_its_order(TorchLoader, num_w
             assert sorted(map(str, epoch)) == sorted(map(str, reference))
             # worker 0 loads positions 0 (index -1: declined) and 2 (gathered), in that order
             assert [b for b in epoch if b in ([1003.25], [1001.25])] == [[1003.25], [1001.25]]
+
+
+def _shared(x: torch.Tensor) -> torch.Tensor:
+    return x.share_memory_()
+
+
+def _in_a_shared_mapping(x: torch.Tensor) -> torch.Tensor:
+    out = torch.frombuffer(mmap.mmap(-1, x.nbytes), dtype=x.dtype).view(x.shape)
+    return out.copy_(x)
+
+
+@pytest.mark.parametrize(("context", "place"), [
+    ("fork", _shared), ("fork", _in_a_shared_mapping), ("spawn", lambda x: x)],
+    ids=["fork-share_memory_", "fork-mmap", "spawn"])
+def test_memory_the_workers_share_is_read_as_torchs_workers_read_it(
+        TorchLoader, context, place):
+    # NOTE [ Memory a fork copies ]: torch's persistent workers read the second epoch's rows
+    # from memory they share with this process (spawn's pickling moves each tensor there), so
+    # they see what was written between the epochs; no copy may stand in for it
+    def run(cls: type) -> tuple[list, list, object]:
+        ds = TensorDataset(place(torch.arange(32.0).reshape(16, 2)), torch.arange(16))
+        loader = cls(ds, batch_size=4, num_workers=2, persistent_workers=True, timeout=60,
+                     multiprocessing_context=context)
+        first = _batches(loader)
+        ds.tensors[0].mul_(-1)
+        return first, _batches(loader), loader
+
+    *expected, _ = run(TorchLoader)
+    *got, loader = run(stoker.DataLoader)
+    assert float(expected[1][0][0].sum()) < 0  # torch's workers saw the write
+    assert _equal(got[0], expected[0]) and _equal(got[1], expected[1])
+    assert loader.stats().gathered_in_main == 0

@@ -76,12 +76,12 @@ def test_no_copy_past_the_limit():
 
 def test_a_loader_that_does_not_qualify_gets_no_copy():
     ds = TensorDataset(torch.zeros(8, 2))
-    assert MainGathers.for_loader(_spec(ds), None, False) is not None
-    assert MainGathers.for_loader(_spec(ds), print, False) is None  # worker_init_fn
-    assert MainGathers.for_loader(_spec(ds), None, True) is None  # fetch_for_batch
+    assert MainGathers.for_loader(_spec(ds), None, False, "fork") is not None
+    assert MainGathers.for_loader(_spec(ds), print, False, "fork") is None  # worker_init_fn
+    assert MainGathers.for_loader(_spec(ds), None, True, "fork") is None  # fetch_for_batch
     assert MainGathers.for_loader(
         FetchSpec(dataset=ds, kind="map", auto_collation=True, collate_fn=lambda b: b,
-                  drop_last=False), None, False) is None
+                  drop_last=False), None, False, "fork") is None
 
 
 def _same(a: object, b: object) -> bool:
@@ -103,7 +103,7 @@ def test_the_rows_path_gives_gathers_batch_or_declines_where_it_does(indices, ba
     x = torch.arange(10 * (shape[1] if len(shape) > 1 else 1), dtype=torch.float32).reshape(
         shape)
     ds = x if bare else TensorDataset(x, torch.arange(10) * 3)
-    gathers = MainGathers.for_loader(_spec(ds), None, False)
+    gathers = MainGathers.for_loader(_spec(ds), None, False, "fork")
     assert gathers is not None and gathers._rows is not None
     try:
         expected = gather(ds, indices)
@@ -125,14 +125,14 @@ def test_the_rows_path_gives_gathers_batch_or_declines_where_it_does(indices, ba
 
 def test_trees_other_than_a_tensor_dataset_use_gather_itself():
     ds = ConcatDataset([TensorDataset(torch.arange(4.0)), TensorDataset(torch.arange(4.0) + 4)])
-    gathers = MainGathers.for_loader(_spec(ds), None, False)
+    gathers = MainGathers.for_loader(_spec(ds), None, False, "fork")
     assert gathers is not None and gathers._rows is None
     got = gathers.batch([0, 5, 7])
     assert _same(got, gather(ds, [0, 5, 7])) and got[0].is_shared()
 
 
 def test_a_mode_active_in_the_main_process_declines():
-    gathers = MainGathers.for_loader(_spec(TensorDataset(torch.zeros(4, 2))), None, False)
+    gathers = MainGathers.for_loader(_spec(TensorDataset(torch.zeros(4, 2))), None, False, "fork")
     with torch.device("meta"), pytest.raises(Decline):
         gathers.batch([0, 1])
 

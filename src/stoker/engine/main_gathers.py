@@ -16,8 +16,11 @@ version counter does not see) would show. So, by default, when the loader qualif
   as long as the workers it stands for (an epoch; persistent workers: the iterator), in memory
   a fork does not hand on, and goes with them, as their memory does. Only if the
   tree is torch's classes over plain tensors (every part of NOTE [ torch's own datasets ] the
-  tree can show before a batch) and its tensors take at most ``_MAX_COPY_BYTES`` and an
-  eighth of the memory available;
+  tree can show before a batch), its tensors take at most ``_MAX_COPY_BYTES`` and an
+  eighth of the memory available, the workers are forked, and each tensor lies in memory a
+  fork copies (NOTE [ Memory a fork copies ]): torch's workers read shared memory, file
+  mappings, and (spawned or forkserved: pickling moves tensors into shared memory) every
+  tensor live, seeing what the main process writes later;
 * each task is gathered from that copy when it is dispatched, with ``gather`` and its checks
   (a ``TensorDataset`` or a bare tensor without the walk over the nodes: ``_Rows``, whose
   checks of the nodes were made on the copy, which nothing else can change): what declines
@@ -53,8 +56,9 @@ from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset
 
 from stoker._core.specs import FetchSpec
 from stoker.collate._alloc import allocating_into
+from stoker.engine.fork_private_memory import PrivateMemory
 from stoker.fastpaths.torch_datasets import Decline, allowed, batched_for, tree_of
-from stoker.fastpaths.torch_gather import PLAIN_DTYPES, modes_active, stock
+from stoker.fastpaths.torch_gather import modes_active, plain_tensor, stock
 from stoker.transport import reused_shm
 
 _MAX_COPY_BYTES = 256 << 20
@@ -104,15 +108,17 @@ class _Copier:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        self.memory = PrivateMemory()
         self.nbytes = 0
         self.tensors: dict[int, torch.Tensor] = {}
         self.nodes: dict[int, Any] = {}
 
     def tensor(self, t: Any) -> Any:
-        if type(t) is not torch.Tensor or t.layout is not torch.strided or (
-                t.is_nested or t.device.type != "cpu" or t.requires_grad or not t.is_contiguous()
-                or t.is_conj() or t.is_neg() or t.is_quantized):
+        if not plain_tensor(t):
             raise Decline("a tensor the gather would not read")
+        if not self.memory.holds(t.data_ptr(), t.numel() * t.element_size()):
+            # NOTE [ Memory a fork copies ]: the workers would see its later changes
+            raise Decline("a tensor in memory the workers share or map from a file")
         copied = self.tensors.get(id(t))
         if copied is None:
             self.nbytes += t.numel() * t.element_size()
@@ -197,8 +203,8 @@ class _Rows:
             tensors = (copy,)
         else:
             return None
-        if not all(t.dim() >= 1 and t.dtype in PLAIN_DTYPES for t in tensors):
-            return None  # the copier checked the rest of ``_plain``
+        if not all(map(plain_tensor, tensors)):
+            return None  # ``gather`` declines on these batches, and so does ``_Rows``
         return cls(copy)
 
     def __call__(self, indices: Any, segments: reused_shm.MainOwnedSegments) -> Any:
@@ -231,11 +237,13 @@ class MainGathers:
         self.count = 0
 
     @classmethod
-    def for_loader(cls, spec: FetchSpec, worker_init_fn: Any,
-                   fetches_for_batch: bool) -> MainGathers | None:
+    def for_loader(cls, spec: FetchSpec, worker_init_fn: Any, fetches_for_batch: bool,
+                   start_method: str) -> MainGathers | None:
         """Made right before the first worker starts; None where the loader does not qualify
         (module NOTE)."""
-        if (fetches_for_batch or "slab_transport" in spec.beyond
+        # Another start method pickles the dataset to the workers, which moves each tensor
+        # into shared memory (torch's reductions): the workers would see what changes later.
+        if (start_method != "fork" or fetches_for_batch or "slab_transport" in spec.beyond
                 or not allowed(spec, worker_init_fn) or not reused_shm.eligible()):
             return None
         copy = snapshot(spec.dataset)

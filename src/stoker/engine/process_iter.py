@@ -134,7 +134,8 @@ class ProcessIterator(Dispatch):
                              vector_trusted=self._vector_trusted, resume=self._resume_entries)
         # NOTE [ Gathers read the workers' starting copy ]: copied where the workers copy it
         self._main_gathers = MainGathers.for_loader(
-            self._fetch_spec, plan.worker_init_fn, self._fetch_for_batch is not None)
+            self._fetch_spec, plan.worker_init_fn, self._fetch_for_batch is not None,
+            ctx.get_start_method())
         try:
             start_workers(self._group, ctx, specs, self._prime)
         finally:

@@ -23,7 +23,7 @@ from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset,
 from stoker.collate._alloc import current_allocator, request
 from stoker.fastpaths.batched_columns import Decline
 
-__all__ = ["PLAIN_DTYPES", "gather", "modes_active", "stock"]
+__all__ = ["PLAIN_DTYPES", "gather", "modes_active", "plain_tensor", "stock"]
 
 _MODULE = "torch.utils.data.dataset"
 # Per class: the methods torch's fetcher and these classes call, and whether torch has them.
@@ -97,12 +97,18 @@ class _Seq:
         self.keys = keys
 
 
-def _plain(t: Any) -> torch.Tensor:
-    if not (
+def plain_tensor(t: Any) -> bool:
+    """``t`` is a tensor the gathers read as rows: an exact dense CPU tensor of a plain dtype,
+    at least 1-d, contiguous, with no grad, conjugate or negative bit, not nested."""
+    return (
         type(t) is torch.Tensor and t.layout is torch.strided and t.device.type == "cpu"
-        and t.dtype in PLAIN_DTYPES and t.dim() >= 1 and not t.requires_grad
-        and t.is_contiguous() and not t.is_conj() and not t.is_neg()
-    ):
+        and not t.is_nested and t.dtype in PLAIN_DTYPES and t.dim() >= 1
+        and not t.requires_grad and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+    )
+
+
+def _plain(t: Any) -> torch.Tensor:
+    if not plain_tensor(t):
         raise Decline("not a plain CPU tensor")
     return t
 
