@@ -12,6 +12,7 @@ import signal
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils.data import TensorDataset
 
 import stoker
@@ -190,3 +191,26 @@ def test_memory_the_workers_share_is_read_as_torchs_workers_read_it(
     assert float(expected[1][0][0].sum()) < 0  # torch's workers saw the write
     assert _equal(got[0], expected[0]) and _equal(got[1], expected[1])
     assert loader.stats().gathered_in_main == 0
+
+
+class _StacksPlus1000(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        if func is torch.stack and out.is_floating_point():
+            out.add_(1000)
+        return out
+
+
+def test_a_mode_active_as_the_workers_fork_stays_theirs(TorchLoader):
+    # torch's workers fork inside the mode and keep it for every batch they stack; the main
+    # process has left it by the time it asks for them
+    def run(cls: type) -> tuple[list, object]:
+        loader = cls(_data(), batch_size=4, num_workers=2, timeout=60)
+        with _StacksPlus1000():
+            it = iter(loader)
+        return list(it), loader
+
+    expected, _ = run(TorchLoader)
+    got, loader = run(stoker.DataLoader)
+    assert all(float(b[0].min()) > 500 for b in expected)  # every batch stacked in the mode
+    assert _equal(got, expected) and loader.stats().gathered_in_main == 0

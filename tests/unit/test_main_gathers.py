@@ -5,8 +5,11 @@ write are reused only when nothing holds them."""
 
 from __future__ import annotations
 
+import mmap
 import weakref
+from typing import Any
 
+import numpy
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,6 +18,7 @@ from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset,
 
 from stoker._core.specs import FetchSpec
 from stoker.engine import main_gathers
+from stoker.engine.fork_private_memory import PrivateMemory
 from stoker.engine.main_gathers import MainGathers, snapshot
 from stoker.fastpaths.batched_columns import Decline
 from stoker.fastpaths.torch_gather import gather
@@ -82,6 +86,51 @@ def test_a_loader_that_does_not_qualify_gets_no_copy():
     assert MainGathers.for_loader(
         FetchSpec(dataset=ds, kind="map", auto_collation=True, collate_fn=lambda b: b,
                   drop_last=False), None, False, "fork") is None
+    # other start methods pickle the dataset, moving its tensors into shared memory
+    assert MainGathers.for_loader(_spec(ds), None, False, "spawn") is None
+    assert MainGathers.for_loader(_spec(ds), None, False, "forkserver") is None
+    with torch.device("cpu"):  # a mode now is the forked workers' mode for their lives
+        assert MainGathers.for_loader(_spec(ds), None, False, "fork") is None
+
+
+def _in_shared_memory() -> torch.Tensor:
+    return torch.zeros(8, 2).share_memory_()
+
+
+def _in_a_shared_mapping() -> torch.Tensor:
+    return torch.frombuffer(mmap.mmap(-1, 64), dtype=torch.float32).view(8, 2)
+
+
+def _in_a_file(tmp_path: Any, mode: str) -> torch.Tensor:
+    path = tmp_path / "rows.bin"
+    numpy.zeros((8, 2), numpy.float32).tofile(path)
+    return torch.from_numpy(numpy.memmap(path, mode=mode, dtype=numpy.float32, shape=(8, 2)))
+
+
+@pytest.mark.parametrize("make", [
+    lambda tmp: _in_shared_memory(),
+    lambda tmp: _in_a_shared_mapping(),
+    lambda tmp: _in_a_file(tmp, "r+"),
+    lambda tmp: _in_a_file(tmp, "c"),  # private, but it shows the file's later changes
+], ids=["share_memory_", "mmap", "memmap", "memmap-copy-on-write"])
+def test_no_copy_of_memory_the_workers_would_share(make, tmp_path):
+    # NOTE [ Memory a fork copies ]: torch's forked workers see what is written there later
+    x = make(tmp_path)
+    assert snapshot(TensorDataset(x, torch.arange(8))) is None
+    assert snapshot(TensorDataset(x.clone(), torch.arange(8))) is not None
+
+
+def test_private_memory_is_told_from_the_rest():
+    private = torch.zeros(1 << 20)  # a mapping of its own
+    small = torch.zeros(3)  # the heap
+    memory = PrivateMemory()
+    assert memory.holds(private.data_ptr(), private.nbytes)
+    assert memory.holds(small.data_ptr(), small.nbytes)
+    assert memory.holds(0, 0)  # nothing to see
+    assert not memory.holds(private.data_ptr(), 1 << 62)  # runs past the mappings
+    assert not memory.holds(0, 8)  # nothing is mapped there
+    shared = _in_shared_memory()
+    assert not PrivateMemory().holds(shared.data_ptr(), shared.nbytes)
 
 
 def _same(a: object, b: object) -> bool:

@@ -20,7 +20,8 @@ version counter does not see) would show. So, by default, when the loader qualif
   eighth of the memory available, the workers are forked, and each tensor lies in memory a
   fork copies (NOTE [ Memory a fork copies ]): torch's workers read shared memory, file
   mappings, and (spawned or forkserved: pickling moves tensors into shared memory) every
-  tensor live, seeing what the main process writes later;
+  tensor live, seeing what the main process writes later. Nor when a torch function or
+  dispatch mode is active as the workers fork: they keep it for their lives;
 * each task is gathered from that copy when it is dispatched, with ``gather`` and its checks
   (a ``TensorDataset`` or a bare tensor without the walk over the nodes: ``_Rows``, whose
   checks of the nodes were made on the copy, which nothing else can change): what declines
@@ -243,7 +244,10 @@ class MainGathers:
         (module NOTE)."""
         # Another start method pickles the dataset to the workers, which moves each tensor
         # into shared memory (torch's reductions): the workers would see what changes later.
-        if (start_method != "fork" or fetches_for_batch or "slab_transport" in spec.beyond
+        # A mode active now stays active in the forked workers (this thread's state is
+        # theirs), however the main process's changes later.
+        if (start_method != "fork" or modes_active() or fetches_for_batch
+                or "slab_transport" in spec.beyond
                 or not allowed(spec, worker_init_fn) or not reused_shm.eligible()):
             return None
         copy = snapshot(spec.dataset)
