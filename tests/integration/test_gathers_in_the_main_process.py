@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.data import TensorDataset
+from torch.utils.data._utils import collate as torch_collate
 
 import stoker
 from stoker.engine import main_gathers
@@ -213,4 +214,47 @@ def test_a_mode_active_as_the_workers_fork_stays_theirs(TorchLoader):
     expected, _ = run(TorchLoader)
     got, loader = run(stoker.DataLoader)
     assert all(float(b[0].min()) > 500 for b in expected)  # every batch stacked in the mode
+    assert _equal(got, expected) and loader.stats().gathered_in_main == 0
+
+
+def test_the_collate_map_as_the_workers_fork_stays_theirs(TorchLoader):
+    # a tensor function in torch's default_collate map at iter(), put back right after: the
+    # forked workers stack every batch with it
+    def plus_1000(batch: list, *, collate_fn_map: dict | None = None) -> torch.Tensor:
+        return torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map) + 1000
+
+    def run(cls: type) -> tuple[list, object]:
+        loader = cls(_data(), batch_size=4, num_workers=2, timeout=60)
+        stock = torch_collate.default_collate_fn_map[torch.Tensor]
+        torch_collate.default_collate_fn_map[torch.Tensor] = plus_1000
+        try:
+            it = iter(loader)
+        finally:
+            torch_collate.default_collate_fn_map[torch.Tensor] = stock
+        return list(it), loader
+
+    expected, _ = run(TorchLoader)
+    got, loader = run(stoker.DataLoader)
+    assert all(float(b[0].min()) > 500 for b in expected)
+    assert _equal(got, expected) and loader.stats().gathered_in_main == 0
+
+
+def test_a_class_patched_as_the_workers_fork_stays_patched_in_them(TorchLoader, monkeypatch):
+    # TensorDataset.__getitem__ patched at iter(), put back right after: the forked workers
+    # call the patched method for every sample
+    stock = TensorDataset.__getitem__
+
+    def plus_1000(self: TensorDataset, index: int) -> tuple:
+        return tuple(t + 1000 if t.is_floating_point() else t for t in stock(self, index))
+
+    def run(cls: type) -> tuple[list, object]:
+        loader = cls(_data(), batch_size=4, num_workers=2, timeout=60)
+        with monkeypatch.context() as patch:
+            patch.setattr(TensorDataset, "__getitem__", plus_1000)
+            it = iter(loader)
+        return list(it), loader
+
+    expected, _ = run(TorchLoader)
+    got, loader = run(stoker.DataLoader)
+    assert all(float(b[0].min()) > 500 for b in expected)
     assert _equal(got, expected) and loader.stats().gathered_in_main == 0

@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset, default_collate
+from torch.utils.data._utils import collate as torch_collate
 
 from stoker._core.specs import FetchSpec
 from stoker.engine import main_gathers
@@ -91,6 +92,13 @@ def test_a_loader_that_does_not_qualify_gets_no_copy():
     assert MainGathers.for_loader(_spec(ds), None, False, "forkserver") is None
     with torch.device("cpu"):  # a mode now is the forked workers' mode for their lives
         assert MainGathers.for_loader(_spec(ds), None, False, "fork") is None
+    # the collate map as the workers fork is theirs for their lives: the gathers never read it
+    tensor_fn = torch_collate.default_collate_fn_map[torch.Tensor]
+    torch_collate.default_collate_fn_map[torch.Tensor] = lambda b, **kw: tensor_fn(b, **kw)
+    try:
+        assert MainGathers.for_loader(_spec(ds), None, False, "fork") is None
+    finally:
+        torch_collate.default_collate_fn_map[torch.Tensor] = tensor_fn
 
 
 def _in_shared_memory() -> torch.Tensor:

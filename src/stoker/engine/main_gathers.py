@@ -21,7 +21,9 @@ version counter does not see) would show. So, by default, when the loader qualif
   fork copies (NOTE [ Memory a fork copies ]): torch's workers read shared memory, file
   mappings, and (spawned or forkserved: pickling moves tensors into shared memory) every
   tensor live, seeing what the main process writes later. Nor when a torch function or
-  dispatch mode is active as the workers fork: they keep it for their lives;
+  dispatch mode is active as the workers fork, or the collate map is not torch's then: the
+  workers keep both as they were for their lives (the gathers do not look at the map
+  again);
 * each task is gathered from that copy when it is dispatched, with ``gather`` and its checks
   (a ``TensorDataset`` or a bare tensor without the walk over the nodes: ``_Rows``, whose
   checks of the nodes were made on the copy, which nothing else can change): what declines
@@ -58,7 +60,14 @@ from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset
 from stoker._core.specs import FetchSpec
 from stoker.collate._alloc import allocating_into
 from stoker.engine.fork_private_memory import PrivateMemory
-from stoker.fastpaths.torch_datasets import Decline, allowed, batched_for, tree_of
+from stoker.fastpaths.torch_datasets import (
+    Decline,
+    allowed,
+    batched_for,
+    collate_map,
+    default_map,
+    tree_of,
+)
 from stoker.fastpaths.torch_gather import modes_active, plain_tensor, stock
 from stoker.transport import reused_shm
 
@@ -245,8 +254,10 @@ class MainGathers:
         # Another start method pickles the dataset to the workers, which moves each tensor
         # into shared memory (torch's reductions): the workers would see what changes later.
         # A mode active now stays active in the forked workers (this thread's state is
-        # theirs), however the main process's changes later.
+        # theirs), however the main process's changes later; and so does the collate map as
+        # it is now (no code of the user's runs in them to change it).
         if (start_method != "fork" or modes_active() or fetches_for_batch
+                or not default_map(collate_map(spec.collate_fn))
                 or "slab_transport" in spec.beyond
                 or not allowed(spec, worker_init_fn) or not reused_shm.eligible()):
             return None

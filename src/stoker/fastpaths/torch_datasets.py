@@ -58,7 +58,7 @@ from stoker._core.specs import FetchSpec
 from stoker.fastpaths.batched_columns import Decline
 from stoker.fastpaths.torch_gather import gather, stock
 
-__all__ = ["Decline", "allowed", "batched_for", "default_map", "stock", "tree_of"]
+__all__ = ["Decline", "allowed", "batched_for", "collate_map", "default_map", "stock", "tree_of"]
 
 _MAP_KEYS = (torch.Tensor, np.ndarray, (np.bool_, np.number, np.object_), float, int, str, bytes)
 
