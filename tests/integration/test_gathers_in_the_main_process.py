@@ -258,3 +258,59 @@ def test_a_class_patched_as_the_workers_fork_stays_patched_in_them(TorchLoader, 
     got, loader = run(stoker.DataLoader)
     assert all(float(b[0].min()) > 500 for b in expected)
     assert _equal(got, expected) and loader.stats().gathered_in_main == 0
+
+
+def _plus_1000_if_float(out: object) -> object:
+    if isinstance(out, torch.Tensor) and out.is_floating_point():
+        return out + 1000
+    return out
+
+
+def _rebinding(name: str, features: torch.Tensor) -> tuple[object, str, object]:
+    """(owner, attribute, replacement): a program's own version of one function torch's path
+    for a TensorDataset batch calls, adding 1000 to the floats it gives."""
+    if name == "torch.stack":
+        stock = torch.stack
+
+        def stack(*args: object, **kwargs: object) -> object:
+            return _plus_1000_if_float(stock(*args, **kwargs))
+        return torch, "stack", stack
+    if name == "Tensor.__getitem__":
+        stock_item = torch.Tensor.__getitem__
+
+        def getitem(self: torch.Tensor, index: object) -> object:
+            out = stock_item(self, index)
+            return _plus_1000_if_float(out) if self is features else out
+        return torch.Tensor, "__getitem__", getitem
+    stock_collate = torch_collate.collate
+
+    def collate(batch: list, *, collate_fn_map: dict | None = None) -> object:
+        return _plus_1000_if_float(stock_collate(batch, collate_fn_map=collate_fn_map))
+    return torch_collate, "collate", collate
+
+
+@pytest.mark.parametrize("name", ["torch.stack", "Tensor.__getitem__", "collate"])
+@pytest.mark.parametrize(("workers", "only_at_iter"), [(0, False), (2, False), (2, True)])
+def test_a_function_torchs_path_calls_rebound_by_the_program_is_called(
+        TorchLoader, monkeypatch, name, workers, only_at_iter):
+    # torch.stack, Tensor.__getitem__ or default_collate's recursion replaced by the program:
+    # torch's path calls the replacement for every batch (its forked workers keep what was
+    # there at iter()), so the gathers must not go around it
+    ds = _data()
+    owner, attribute, replacement = _rebinding(name, ds.tensors[0])
+
+    def run(cls: type) -> tuple[list, object]:
+        loader = cls(ds, batch_size=4, num_workers=workers,
+                     timeout=60 if workers else 0)
+        with monkeypatch.context() as patch:
+            patch.setattr(owner, attribute, replacement)
+            it = iter(loader)
+            if not only_at_iter:
+                return list(it), loader
+        return list(it), loader
+
+    expected, _ = run(TorchLoader)
+    got, loader = run(stoker.DataLoader)
+    assert all(float(b[0].min()) > 500 for b in expected)
+    assert _equal(got, expected)
+    assert loader.stats().gathered_in_main == 0

@@ -99,6 +99,14 @@ def test_a_loader_that_does_not_qualify_gets_no_copy():
         assert MainGathers.for_loader(_spec(ds), None, False, "fork") is None
     finally:
         torch_collate.default_collate_fn_map[torch.Tensor] = tensor_fn
+    # and so is torch.stack (any function torch's path calls) as the program has it then
+    stack = torch.stack
+    torch.stack = lambda *args, **kwargs: stack(*args, **kwargs)
+    try:
+        assert MainGathers.for_loader(_spec(ds), None, False, "fork") is None
+    finally:
+        torch.stack = stack
+    assert MainGathers.for_loader(_spec(ds), None, False, "fork") is not None
 
 
 def _in_shared_memory() -> torch.Tensor:

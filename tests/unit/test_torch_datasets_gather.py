@@ -17,7 +17,7 @@ from _tensor_layout import tensor_layout
 from stoker._core.specs import FetchSpec
 from stoker.fastpaths.batched_columns import Decline
 from stoker.fastpaths.torch_datasets import allowed, batched_for
-from stoker.fastpaths.torch_gather import gather
+from stoker.fastpaths.torch_gather import gather, torch_calls_stock
 
 
 def _x(n: int = 10, *row: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -144,6 +144,31 @@ def test_a_patched_class_declines(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(TensorDataset, "__getitem__", lambda self, i: (self.tensors[0][i] * 2,))
     with pytest.raises(Decline):
         gather(ds, [0, 1])
+
+
+def _wrapped(fn: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+@pytest.mark.parametrize(("owner", "name"), [
+    (torch, "stack"), (torch.Tensor, "__getitem__"), (torch.Tensor, "new"),
+    (torch.Tensor, "resize_"), (torch.Tensor, "_typed_storage"),
+    (torch.TypedStorage, "_new_shared"), (torch_collate, "collate"),
+])
+def test_a_function_torchs_path_calls_rebound_declines(
+        monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> None:
+    # even a wrapper that changes nothing: what it does is the program's, called by torch
+    ds = TensorDataset(_x(10, 2))
+    assert torch_calls_stock()
+    gather(ds, [0, 1])
+    monkeypatch.setattr(owner, name, _wrapped(getattr(owner, name)))
+    assert not torch_calls_stock()
+    with pytest.raises(Decline):
+        gather(ds, [0, 1])
+    monkeypatch.undo()
+    assert torch_calls_stock()
 
 
 def _spec(ds: Any, collate_fn: Any = default_collate, **kw: Any) -> FetchSpec:

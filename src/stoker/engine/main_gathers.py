@@ -21,9 +21,9 @@ version counter does not see) would show. So, by default, when the loader qualif
   fork copies (NOTE [ Memory a fork copies ]): torch's workers read shared memory, file
   mappings, and (spawned or forkserved: pickling moves tensors into shared memory) every
   tensor live, seeing what the main process writes later. Nor when a torch function or
-  dispatch mode is active as the workers fork, or the collate map is not torch's then: the
-  workers keep both as they were for their lives (the gathers do not look at the map
-  again);
+  dispatch mode is active as the workers fork, or the collate map or a function torch's
+  path calls (``torch_calls_stock``) is not torch's then: the workers keep them as they were
+  for their lives (the gathers do not look at the map again);
 * each task is gathered from that copy when it is dispatched, with ``gather`` and its checks
   (a ``TensorDataset`` or a bare tensor without the walk over the nodes: ``_Rows``, whose
   checks of the nodes were made on the copy, which nothing else can change): what declines
@@ -68,7 +68,7 @@ from stoker.fastpaths.torch_datasets import (
     default_map,
     tree_of,
 )
-from stoker.fastpaths.torch_gather import modes_active, plain_tensor, stock
+from stoker.fastpaths.torch_gather import modes_active, plain_tensor, stock, torch_calls_stock
 from stoker.transport import reused_shm
 
 _MAX_COPY_BYTES = 256 << 20
@@ -254,9 +254,11 @@ class MainGathers:
         # Another start method pickles the dataset to the workers, which moves each tensor
         # into shared memory (torch's reductions): the workers would see what changes later.
         # A mode active now stays active in the forked workers (this thread's state is
-        # theirs), however the main process's changes later; and so does the collate map as
-        # it is now (no code of the user's runs in them to change it).
-        if (start_method != "fork" or modes_active() or fetches_for_batch
+        # theirs), however the main process's changes later; and so do the collate map and
+        # the functions torch's path calls as they are now (no code of the user's runs in
+        # them to change them).
+        if (start_method != "fork" or modes_active() or not torch_calls_stock()
+                or fetches_for_batch
                 or not default_map(collate_map(spec.collate_fn))
                 or "slab_transport" in spec.beyond
                 or not allowed(spec, worker_init_fn) or not reused_shm.eligible()):

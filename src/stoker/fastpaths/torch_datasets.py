@@ -37,6 +37,10 @@ Each condition is why the batch is the one ``default_collate([dataset[i] for i i
   checks: tuples become lists, dicts keep the first sample's key order;
 * no ``TorchFunctionMode``/``TorchDispatchMode`` is active (``with torch.device(...)`` would
   move the outputs of factory functions).
+* the functions torch's path calls through names a program can rebind are torch's own
+  (``torch_gather.torch_calls_stock``: ``torch.stack``, the collate module's ``collate``, the
+  ``torch.Tensor`` methods ``collate_tensor_fn`` and the classes call): torch would call the
+  program's version.
 
 Anything else, and any exception on the way, is ``Decline``: the batch is fetched sample by
 sample by the ordinary path, so what torch does (its result, or its error) is what the user

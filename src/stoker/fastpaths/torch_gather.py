@@ -18,12 +18,15 @@ from array import array
 from typing import Any
 
 import torch
+import torch._tensor
+import torch.storage
 from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset, get_worker_info
+from torch.utils.data._utils import collate as _torch_collate
 
 from stoker.collate._alloc import current_allocator, request
 from stoker.fastpaths.batched_columns import Decline
 
-__all__ = ["PLAIN_DTYPES", "gather", "modes_active", "plain_tensor", "stock"]
+__all__ = ["PLAIN_DTYPES", "gather", "modes_active", "plain_tensor", "stock", "torch_calls_stock"]
 
 _MODULE = "torch.utils.data.dataset"
 # Per class: the methods torch's fetcher and these classes call, and whether torch has them.
@@ -248,6 +251,31 @@ def modes_active() -> bool:
     return bool(torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack())
 
 
+# What torch's path for these classes calls through names a program can rebind: the samples'
+# ``tensor[index]``, ``default_collate``'s recursion (the module's ``collate``) and
+# ``collate_tensor_fn``'s ``torch.stack``, ``numel``, ``size``, ``_typed_storage()._new_shared``,
+# ``new`` and ``resize_``. ``TensorBase`` cannot be changed; ``torch.Tensor`` can, and has none
+# of these C methods in its own dict unless a program put one there.
+_STACK = torch._C._VariableFunctions.stack
+_TENSOR_C_ATTRS = ("__getitem__", "new", "resize_", "numel", "size", "is_nested", "layout",
+                   "device", "dim", "element_size")
+
+
+def _defined_in(fn: Any, module: Any) -> bool:
+    code = getattr(fn, "__code__", None)
+    return code is not None and code.co_filename == module.__file__
+
+
+def torch_calls_stock() -> bool:
+    """The functions torch's path for these classes calls are torch's own: where a program
+    rebound one (``torch.stack = ...``), torch calls it for every batch, so the gathers decline."""
+    own = vars(torch.Tensor)
+    return (torch.stack is _STACK and not any(name in own for name in _TENSOR_C_ATTRS)
+            and _defined_in(own.get("_typed_storage"), torch._tensor)
+            and _defined_in(vars(torch.TypedStorage).get("_new_shared"), torch.storage)
+            and _defined_in(_torch_collate.collate, _torch_collate))
+
+
 def gather(dataset: Any, indices: Any) -> Any:
     """``default_collate`` of the samples of ``dataset`` at ``indices``, gathered; ``Decline``
     where NOTE [ torch's own datasets ] does not hold for this batch."""
@@ -255,6 +283,9 @@ def gather(dataset: Any, indices: Any) -> Any:
         raise Decline("the batch is not a non-empty list of ints")
     if modes_active():
         raise Decline("a torch function or dispatch mode is active")
+    if not torch_calls_stock():
+        raise Decline("a function torch's path calls was rebound (torch.stack, Tensor methods, "
+                      "default_collate's recursion)")
     try:
         return _build(_resolve(dataset, _Idx(indices), 0), len(indices))
     except Decline:
