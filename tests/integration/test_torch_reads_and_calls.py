@@ -3,6 +3,10 @@ test reads and calls the same.
 
 - ``len(dataset)``, ``len(sampler)``, ``len(batch_sampler)``: called as often as torch calls
   them in an epoch (a dataset or sampler that logs its ``__len__`` calls sees torch's calls).
+- A class or function of torch's that the program patched (``functools.wraps`` wrappers, the
+  usual way): the samplers' methods, ``TensorDataset.__getitem__``, ``default_collate`` and
+  ``collate_tensor_fn`` rebound in their module: torch calls the program's version, and so
+  does the loader under test (its fast paths are only for torch's own code).
 - A persistent loader's arguments set between epochs: torch's persistent iterator keeps the
   ones it was made with (its ``_reset`` reads none of them), so its next epochs run on the
   same workers with the same prefetch depth, collate_fn, worker_init_fn and seeds; only
@@ -13,6 +17,7 @@ Each test runs torch's loader and the loader under test and compares what they d
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -22,9 +27,12 @@ from torch.utils.data import (
     BatchSampler,
     Dataset,
     IterableDataset,
+    RandomSampler,
     SequentialSampler,
+    TensorDataset,
     get_worker_info,
 )
+from torch.utils.data._utils import collate as torch_collate
 
 N = 6
 
@@ -163,3 +171,64 @@ def test_a_persistent_loader_keeps_its_iterators_arguments_as_torch_does(
 ):
     expected = _two_epochs(TorchLoader, kind, setting)
     assert _two_epochs(Loader, kind, setting) == expected
+
+
+# -- torch's code, patched by the program --------------------------------------------------------
+
+
+def _reversed_iter(stock: Any) -> Any:
+    @functools.wraps(stock)
+    def __iter__(self: Any) -> Any:
+        yield from reversed(list(stock(self)))
+    return __iter__
+
+
+def _plus_1000(stock: Any) -> Any:
+    @functools.wraps(stock)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        out = stock(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            return out + 1000
+        if isinstance(out, tuple):
+            return tuple(t + 1000 if t.is_floating_point() else t for t in out)
+        if isinstance(out, list):
+            return [t + 1000 if t.is_floating_point() else t for t in out]
+        return out
+    return wrapper
+
+
+_PATCHES = {
+    "RandomSampler.__iter__": (RandomSampler, "__iter__", _reversed_iter),
+    "SequentialSampler.__iter__": (SequentialSampler, "__iter__", _reversed_iter),
+    "BatchSampler.__iter__": (BatchSampler, "__iter__", _reversed_iter),
+    "TensorDataset.__getitem__": (TensorDataset, "__getitem__", _plus_1000),
+    "default_collate": (torch_collate, "default_collate", _plus_1000),
+}
+
+
+def _batches(Loader: type, shuffle: bool, num_workers: int) -> list:
+    gen = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(24, 2, generator=gen), torch.arange(24))
+    loader = Loader(ds, batch_size=5, shuffle=shuffle, num_workers=num_workers,
+                    generator=torch.Generator().manual_seed(1), timeout=60 if num_workers else 0)
+    return [[t.tolist() for t in batch] for batch in loader]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("patched", [*_PATCHES, "collate_tensor_fn"])
+def test_torchs_code_the_program_patched_is_called(
+        Loader, TorchLoader, monkeypatch, patched, num_workers):
+    shuffle = patched != "SequentialSampler.__iter__"
+    with monkeypatch.context() as patch:
+        if patched == "collate_tensor_fn":
+            # rebound in its module and put in the map: the map holds what the module says
+            wrapper = _plus_1000(torch_collate.collate_tensor_fn)
+            patch.setattr(torch_collate, "collate_tensor_fn", wrapper)
+            patch.setitem(torch_collate.default_collate_fn_map, torch.Tensor, wrapper)
+        else:
+            owner, name, make = _PATCHES[patched]
+            patch.setattr(owner, name, make(getattr(owner, name)))
+        expected = _batches(TorchLoader, shuffle, num_workers)
+        got = _batches(Loader, shuffle, num_workers)
+    assert expected != _batches(TorchLoader, shuffle, num_workers)  # the patch showed
+    assert got == expected

@@ -3,6 +3,7 @@ and the generator drawn at the same moments (its state compared after every batc
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import pytest
@@ -92,3 +93,42 @@ def test_other_samplers_are_not_taken():
     assert fast_iter(Mine(SequentialSampler(range(4)), 2, False)) is None
     assert fast_iter(BatchSampler(RandomSampler(range(4), replacement=True), 2, False)) is None
     assert fast_iter(SequentialSampler(range(4))) is None
+
+
+def _wrapped(fn):  # type: ignore[no-untyped-def]
+    # the usual way to patch a method: functools.wraps copies its name, module and qualname
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+@pytest.mark.parametrize(("cls", "name"), [
+    (BatchSampler, "__iter__"), (BatchSampler, "__len__"), (RandomSampler, "__iter__"),
+    (RandomSampler, "__len__"), (SequentialSampler, "__iter__"), (SequentialSampler, "__len__"),
+])
+def test_a_class_the_program_patched_is_not_taken(monkeypatch, cls, name):
+    def sampler(inner_cls):  # type: ignore[no-untyped-def]
+        return BatchSampler(inner_cls(range(10)), 3, False)
+
+    inner = RandomSampler if cls is RandomSampler else SequentialSampler
+    assert fast_iter(sampler(inner)) is not None
+    monkeypatch.setattr(cls, name, _wrapped(getattr(cls, name)))
+    assert fast_iter(sampler(inner)) is None
+
+
+def test_a_patched_property_or_randperm_is_not_taken(monkeypatch):
+    def sampler():  # type: ignore[no-untyped-def]
+        return BatchSampler(RandomSampler(range(10)), 3, False)
+
+    with monkeypatch.context() as patch:
+        stock = RandomSampler.num_samples
+        patch.setattr(RandomSampler, "num_samples", property(_wrapped(stock.fget)))
+        assert fast_iter(sampler()) is None
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "randperm", _wrapped(torch.randperm))
+        assert fast_iter(sampler()) is None
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.Tensor, "tolist", _wrapped(torch.Tensor.tolist), raising=False)
+        assert fast_iter(sampler()) is None
+    assert fast_iter(sampler()) is not None

@@ -59,6 +59,7 @@ from torch.utils.data import Subset, TensorDataset
 from torch.utils.data._utils import collate as _torch_collate
 
 from stoker._core.specs import FetchSpec
+from stoker._core.torch_own import torchs_own
 from stoker.fastpaths.batched_columns import Decline
 from stoker.fastpaths.torch_gather import gather, stock
 
@@ -90,14 +91,17 @@ def default_map(fn_map: Any) -> bool:
     from stoker.collate import _leaves
 
     tensor_fn = fn_map[torch.Tensor]
-    return tensor_fn is _torch_collate.collate_tensor_fn or tensor_fn is _leaves.collate_tensor_fn
+    # torch's function, not whatever its module's name is bound to now (NOTE [ torch's own
+    # functions ]); stoker's own cannot be rebound where the map holds it
+    return (torchs_own(tensor_fn, _torch_collate, "collate_tensor_fn")
+            or tensor_fn is _leaves.collate_tensor_fn)
 
 
 def collate_map(collate_fn: Any) -> Any:
     """The map ``collate_fn`` reads, when it is a default collate; else None."""
     from stoker import collate as ours
 
-    if collate_fn is _torch_collate.default_collate:
+    if torchs_own(collate_fn, _torch_collate, "default_collate"):
         return _torch_collate.default_collate_fn_map
     if collate_fn is ours.default_collate:
         return ours.default_collate_fn_map

@@ -20,15 +20,16 @@ from typing import Any
 import torch
 import torch._tensor
 import torch.storage
+import torch.utils.data.dataset
 from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset, get_worker_info
 from torch.utils.data._utils import collate as _torch_collate
 
+from stoker._core.torch_own import torchs_own
 from stoker.collate._alloc import current_allocator, request
 from stoker.fastpaths.batched_columns import Decline
 
 __all__ = ["PLAIN_DTYPES", "gather", "modes_active", "plain_tensor", "stock", "torch_calls_stock"]
 
-_MODULE = "torch.utils.data.dataset"
 # Per class: the methods torch's fetcher and these classes call, and whether torch has them.
 _METHODS: dict[type, tuple[tuple[str, bool], ...]] = {
     TensorDataset: (("__getitem__", True), ("__getitems__", False), ("__len__", True)),
@@ -44,8 +45,7 @@ def _stock_methods(cls: type) -> bool:
         if not present:
             if fn is not None:
                 return False
-        elif (getattr(fn, "__module__", None) != _MODULE
-              or getattr(fn, "__qualname__", None) != f"{cls.__name__}.{name}"):
+        elif not torchs_own(fn, torch.utils.data.dataset, name):
             return False
     return True
 
@@ -261,19 +261,15 @@ _TENSOR_C_ATTRS = ("__getitem__", "new", "resize_", "numel", "size", "is_nested"
                    "device", "dim", "element_size")
 
 
-def _defined_in(fn: Any, module: Any) -> bool:
-    code = getattr(fn, "__code__", None)
-    return code is not None and code.co_filename == module.__file__
-
-
 def torch_calls_stock() -> bool:
     """The functions torch's path for these classes calls are torch's own: where a program
     rebound one (``torch.stack = ...``), torch calls it for every batch, so the gathers decline."""
     own = vars(torch.Tensor)
     return (torch.stack is _STACK and not any(name in own for name in _TENSOR_C_ATTRS)
-            and _defined_in(own.get("_typed_storage"), torch._tensor)
-            and _defined_in(vars(torch.TypedStorage).get("_new_shared"), torch.storage)
-            and _defined_in(_torch_collate.collate, _torch_collate))
+            and torchs_own(own.get("_typed_storage"), torch._tensor, "_typed_storage")
+            and torchs_own(vars(torch.TypedStorage).get("_new_shared"), torch.storage,
+                           "_new_shared")
+            and torchs_own(_torch_collate.collate, _torch_collate, "collate"))
 
 
 def gather(dataset: Any, indices: Any) -> Any:

@@ -5,18 +5,46 @@ torch yields each index through two generators (``RandomSampler.__iter__`` then
 thousand samples per second is the main process's largest cost. This produces the same
 batches by slicing each ``randperm(...)`` chunk, and draws from the generator at the
 same moments (lazily, chunk by chunk, including the final partial draw), so shuffles, base
-seeds and later epochs are bit-identical to torch's. Used only for exactly these classes.
+seeds and later epochs are bit-identical to torch's. Used only for exactly these classes, with
+torch's own methods (NOTE [ torch's own functions ]): a class a program patched is iterated as
+the program has it.
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
+import torch.utils.data.sampler
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+from stoker._core.torch_own import torchs_own
+
+# What torch's path reads of each class (``len(loader)`` reads ``__len__``; ``num_samples`` is a
+# property) and what this module replaces.
+_METHODS: dict[type, tuple[str, ...]] = {
+    BatchSampler: ("__iter__", "__len__"),
+    RandomSampler: ("__iter__", "__len__", "num_samples"),
+    SequentialSampler: ("__iter__", "__len__"),
+}
+
+
+_RANDPERM = torch._C._VariableFunctions.randperm
+
+
+def _stock(cls: type) -> bool:
+    return all(torchs_own(inspect.getattr_static(cls, name, None), torch.utils.data.sampler, name)
+               for name in _METHODS[cls])
+
+
+def _randperm_stock() -> bool:
+    """torch's ``randperm(...).tolist()``, read here as ``.numpy()`` slices: the same ints
+    only while both are torch's."""
+    return torch.randperm is _RANDPERM and "tolist" not in vars(torch.Tensor)
 
 
 def _random_chunks(sampler: RandomSampler) -> Iterator[np.ndarray]:
@@ -76,13 +104,14 @@ def _per_chunk(
 
 def fast_iter(index_sampler: Any) -> Iterator[list[int]] | None:
     """An equivalent fast iterator for torch's plain batch samplers, else None."""
-    if type(index_sampler) is not BatchSampler:
+    if type(index_sampler) is not BatchSampler or not _stock(BatchSampler):
         return None
     inner = index_sampler.sampler
     chunks: Iterator[np.ndarray] | Iterator[range]
-    if type(inner) is RandomSampler and not inner.replacement:
+    if (type(inner) is RandomSampler and not inner.replacement and _stock(RandomSampler)
+            and _randperm_stock()):
         chunks = _random_chunks(inner)
-    elif type(inner) is SequentialSampler:
+    elif type(inner) is SequentialSampler and _stock(SequentialSampler):
         chunks = _sequential_chunks(inner)
     else:
         return None
