@@ -55,6 +55,7 @@ from _fuzz_env import (
     signals,
     warning_filters,
 )
+from _fuzz_patches import patch
 from _fuzz_plain import canonical_pids, drop_tracebacks, exc_record, mask_pids, plain_batch
 from _fuzz_spec import (
     BatchSamplerSpec,
@@ -121,6 +122,7 @@ class _Run:
         self.progress = {"received": 0}
         self.caught: list[warnings.WarningMessage] = []
         self.seen_warnings = 0
+        self.undo: list[Callable[[], None]] = []  # the patches of torch's code, undone last
 
     def build(self, value: Any, attr: str) -> Any:
         return build_value(value, attr, self.case.dataset.n, self.log, self.progress)
@@ -140,6 +142,8 @@ class _Run:
                 self._run(rec)
         finally:
             torch.set_warn_always(warn_always)
+            while self.undo:
+                self.undo.pop()()
         failed = any(rec.get(k) is not None for k in ("ctor", "build")) or any(
             e["errors"] for e in rec["epochs"])
         rec["loud"] = quiet_failures(loud, failed)
@@ -183,6 +187,9 @@ class _Run:
         if op.attr == "write_tables":
             write_tables(ds)
             return (op.attr, "ok")
+        if op.attr == "patch_torch":
+            self.undo.append(patch(op.value))
+            return (op.attr, op.value)
         try:
             setattr(loader, op.attr, self.build(op.value, op.attr))
         except Exception as exc:

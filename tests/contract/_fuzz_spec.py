@@ -195,7 +195,8 @@ class Op:
     """A reassignment between epochs: ``loader.<attr> = <value>`` (built from a spec)."""
 
     # "worker_init_fn" | "collate_fn" | "generator" | "num_workers" | "batch_size" ...; or
-    # "write_tables": torch's classes' tensors written in place (``_fuzz_torch_ds``)
+    # "write_tables": torch's classes' tensors written in place (``_fuzz_torch_ds``);
+    # "patch_torch": torch's code patched by the program, ``value`` names it (``_fuzz_patches``)
     attr: str
     value: Any = None
 

@@ -340,6 +340,17 @@ FIXED_CASES: dict[str, Case] = {
         _WORKERS + (("persistent_workers", True),),
         (EpochSpec(), EpochSpec(ops=(Op("write_tables"),))))
        for layout in ("plain", "shared", "mapped")},
+    # torch's code patched by the program between epochs (``functools.wraps`` wrappers): torch
+    # calls the program's version; stoker's fast paths (the sampler's slices of randperm, the
+    # gathers of torch's classes) ran torch's own (NOTE [ torch's own functions ]).
+    **{f"patched_between_epochs_{name}_{workers}": Case(
+        DatasetSpec("torch", 6, _INT, torch_ds=TorchDS(
+            "tensors", 6, (TensorSpec("float32", (2,)), TensorSpec("int64")))),
+        (("batch_size", 2), ("shuffle", True), ("num_workers", workers))
+        + ((("timeout", 30.0),) if workers else ()),
+        (EpochSpec(), EpochSpec(ops=(Op("patch_torch", name),))))
+       for name in ("RandomSampler.__iter__", "BatchSampler.__iter__",
+                    "TensorDataset.__getitem__", "torch.stack") for workers in (0, 2)},
 }
 
 
