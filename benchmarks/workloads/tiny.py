@@ -1,6 +1,7 @@
 """`tiny`: many tiny in-memory samples. Measures per-sample and per-batch overhead of the
 loader itself (fetch loop, collate of dicts, inter-process transfer), num_workers 0 and 2, and
-the same tensors in a `torch.utils.data.TensorDataset` with num_workers 2.
+the same tensors in a `torch.utils.data.TensorDataset` with num_workers 2; num_workers 0 once
+more with the two loaders' epochs alternating (`epoch_ratios`).
 
 Each record also carries `two_process_plain_samples_per_s`: two forked processes doing only
 the user's work (`default_collate([dataset[i] for i in batch])` over shuffled batches, no
@@ -18,7 +19,7 @@ import time
 from typing import Any
 
 import torch
-from _harness import Context, Plan, compare
+from _harness import Context, Plan, compare, compare_interleaved
 from torch.utils.data import default_collate
 
 
@@ -79,6 +80,12 @@ def run(ctx: Context) -> list[dict[str, Any]]:
         kwargs = {"batch_size": 256, "shuffle": True, "num_workers": workers}
         records += compare(ctx, "tiny", dataset, kwargs, plan, variant=f"num_workers={workers}",
                            extra=_bound, reference=lambda: two_process_plain_rate(dataset, batches))
+    # A 0.46 s epoch at num_workers=0 swings by a few percent on a VM, about what a loader can
+    # save there (the rest is the user's __getitem__ and default_collate): alternating the
+    # loaders' epochs over many rounds tells it apart, as for `per_sample`.
+    kwargs = {"batch_size": 256, "shuffle": True, "num_workers": 0}
+    records += compare_interleaved(ctx, "tiny", dataset, kwargs, rounds=2 if ctx.quick else 12,
+                                   variant="num_workers=0, epochs interleaved")
     tensors = torch.utils.data.TensorDataset(dataset.x, dataset.y)
     kwargs = {"batch_size": 256, "shuffle": True, "num_workers": 2}
     records += compare(ctx, "tiny", tensors, kwargs, plan, variant="TensorDataset, num_workers=2",
