@@ -61,11 +61,12 @@ THIRD_PARTY = {
                                                        "makes from an fd",
     ("transport/reused_shm.py", "_typed_storage"): "the self-check allocates as torch's "
                                                    "collate_tensor_fn does",
-    ("fastpaths/torch_gather.py", "_VariableFunctions"): "torch.stack's own function, to tell "
-                                                        "a program's rebinding of torch.stack "
-                                                        "(NOTE [ torch's own functions ])",
-    ("sampling/fast_batches.py", "_C"): "torch._C._VariableFunctions.randperm: the same",
-    ("sampling/fast_batches.py", "_VariableFunctions"): "the same",
+    ("_core/torch_own.py", "_C"): "torch._C._VariableFunctions: torch's own C functions, to "
+                                  "tell a program's rebinding of torch.stack or torch.randperm "
+                                  "(NOTE [ torch's own functions ])",
+    ("_core/torch_own.py", "_VariableFunctions"): "the same",
+    ("_core/torch_own.py", "_tensor"): "torch._tensor: the module defining torch.Tensor's "
+                                       "Python methods (the same NOTE)",
     ("fastpaths/torch_gather.py", "_new_shared"): "as torch's collate_tensor_fn does in a worker",
     ("fastpaths/torch_gather.py", "_C"): "torch's mode stacks (NOTE [ torch's own datasets ])",
     ("fastpaths/torch_gather.py", "_len_torch_function_stack"): "an active TorchFunctionMode "

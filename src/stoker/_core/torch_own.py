@@ -1,4 +1,4 @@
-"""Whether a function is torch's own: the one torch's module defines under that name.
+"""Whether code is torch's own: the function torch's module defines under that name.
 
 NOTE [ torch's own functions ]
 A fast path may replace torch's code only where that code is torch's: a program can rebind a
@@ -7,7 +7,10 @@ method (``RandomSampler.__iter__ = mine``), and torch then calls the program's v
 identity check against a reference taken at import misses a rebinding made before stoker was
 imported, and ``__module__``/``__qualname__`` are what ``functools.wraps`` copies onto a
 wrapper. The code object is not: torch's function has its code in that module's file, under
-that name, and a program's wrapper has its own.
+that name, and a program's wrapper has its own. torch's C functions have no code object: a
+``torch.<name>`` is torch's while it is ``torch._C._VariableFunctions.<name>``, and a
+``torch.Tensor`` method defined in C (on ``TensorBase``, which cannot be changed) is torch's
+while ``torch.Tensor``'s own dict does not shadow it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-__all__ = ["torchs_own"]
+import torch
+import torch._tensor
+
+__all__ = ["methods_own", "tensor_methods_own", "torch_function_own", "torchs_own"]
 
 
 def torchs_own(fn: Any, module: ModuleType, name: str) -> bool:
@@ -25,3 +31,20 @@ def torchs_own(fn: Any, module: ModuleType, name: str) -> bool:
     fn = getattr(fn, "__func__", fn)  # a classmethod or staticmethod read from the class dict
     code = getattr(fn, "__code__", None)
     return code is not None and code.co_name == name and code.co_filename == module.__file__
+
+
+def methods_own(cls: type, module: ModuleType, names: tuple[str, ...]) -> bool:
+    """Each of ``names`` on torch's class ``cls`` is the one ``module`` defines for it."""
+    return all(torchs_own(getattr(cls, name, None), module, name) for name in names)
+
+
+def tensor_methods_own(names: tuple[str, ...]) -> bool:
+    """Each of ``names`` on ``torch.Tensor`` is torch's: its C method (nothing in
+    ``torch.Tensor``'s own dict over it) or the one ``torch._tensor`` defines."""
+    own = vars(torch.Tensor)
+    return all(name not in own or torchs_own(own[name], torch._tensor, name) for name in names)
+
+
+def torch_function_own(name: str) -> bool:
+    """``torch.<name>`` is torch's C function of that name."""
+    return getattr(torch, name, None) is getattr(torch._C._VariableFunctions, name)

@@ -18,13 +18,12 @@ from array import array
 from typing import Any
 
 import torch
-import torch._tensor
 import torch.storage
 import torch.utils.data.dataset
 from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset, get_worker_info
 from torch.utils.data._utils import collate as _torch_collate
 
-from stoker._core.torch_own import torchs_own
+from stoker._core.torch_own import tensor_methods_own, torch_function_own, torchs_own
 from stoker.collate._alloc import current_allocator, request
 from stoker.fastpaths.batched_columns import Decline
 
@@ -254,19 +253,15 @@ def modes_active() -> bool:
 # What torch's path for these classes calls through names a program can rebind: the samples'
 # ``tensor[index]``, ``default_collate``'s recursion (the module's ``collate``) and
 # ``collate_tensor_fn``'s ``torch.stack``, ``numel``, ``size``, ``_typed_storage()._new_shared``,
-# ``new`` and ``resize_``. ``TensorBase`` cannot be changed; ``torch.Tensor`` can, and has none
-# of these C methods in its own dict unless a program put one there.
-_STACK = torch._C._VariableFunctions.stack
-_TENSOR_C_ATTRS = ("__getitem__", "new", "resize_", "numel", "size", "is_nested", "layout",
-                   "device", "dim", "element_size")
+# ``new`` and ``resize_``.
+_TENSOR_METHODS = ("__getitem__", "new", "resize_", "numel", "size", "is_nested", "layout",
+                   "device", "dim", "element_size", "_typed_storage")
 
 
 def torch_calls_stock() -> bool:
     """The functions torch's path for these classes calls are torch's own: where a program
     rebound one (``torch.stack = ...``), torch calls it for every batch, so the gathers decline."""
-    own = vars(torch.Tensor)
-    return (torch.stack is _STACK and not any(name in own for name in _TENSOR_C_ATTRS)
-            and torchs_own(own.get("_typed_storage"), torch._tensor, "_typed_storage")
+    return (torch_function_own("stack") and tensor_methods_own(_TENSOR_METHODS)
             and torchs_own(vars(torch.TypedStorage).get("_new_shared"), torch.storage,
                            "_new_shared")
             and torchs_own(_torch_collate.collate, _torch_collate, "collate"))

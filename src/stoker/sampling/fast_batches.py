@@ -12,7 +12,6 @@ the program has it.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +21,7 @@ import torch
 import torch.utils.data.sampler
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
-from stoker._core.torch_own import torchs_own
+from stoker._core.torch_own import methods_own, tensor_methods_own, torch_function_own
 
 # What torch's path reads of each class (``len(loader)`` reads ``__len__``; ``num_samples`` is a
 # property) and what this module replaces.
@@ -33,18 +32,14 @@ _METHODS: dict[type, tuple[str, ...]] = {
 }
 
 
-_RANDPERM = torch._C._VariableFunctions.randperm
-
-
 def _stock(cls: type) -> bool:
-    return all(torchs_own(inspect.getattr_static(cls, name, None), torch.utils.data.sampler, name)
-               for name in _METHODS[cls])
+    return methods_own(cls, torch.utils.data.sampler, _METHODS[cls])
 
 
 def _randperm_stock() -> bool:
     """torch's ``randperm(...).tolist()``, read here as ``.numpy()`` slices: the same ints
     only while both are torch's."""
-    return torch.randperm is _RANDPERM and "tolist" not in vars(torch.Tensor)
+    return torch_function_own("randperm") and tensor_methods_own(("tolist",))
 
 
 def _random_chunks(sampler: RandomSampler) -> Iterator[np.ndarray]:
