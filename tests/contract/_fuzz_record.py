@@ -33,6 +33,7 @@ order is timing's, where which process comes first is timing's too).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import pprint
 import random
@@ -55,6 +56,7 @@ from _fuzz_env import (
     signals,
     warning_filters,
 )
+from _fuzz_modes import counting_mode
 from _fuzz_patches import patch
 from _fuzz_plain import canonical_pids, drop_tracebacks, exc_record, mask_pids, plain_batch
 from _fuzz_spec import (
@@ -123,6 +125,7 @@ class _Run:
         self.caught: list[warnings.WarningMessage] = []
         self.seen_warnings = 0
         self.undo: list[Callable[[], None]] = []  # the patches of torch's code, undone last
+        self.broken = False  # an epoch so far ended before its end (a break, an error)
 
     def build(self, value: Any, attr: str) -> Any:
         return build_value(value, attr, self.case.dataset.n, self.log, self.progress)
@@ -190,6 +193,8 @@ class _Run:
         if op.attr == "patch_torch":
             self.undo.append(patch(op.value))
             return (op.attr, op.value)
+        if op.attr == "torch_mode":  # the epoch's iter() and next() calls run inside it
+            return (op.attr, op.value)
         try:
             setattr(loader, op.attr, self.build(op.value, op.attr))
         except Exception as exc:
@@ -208,8 +213,12 @@ class _Run:
         errors: list[Any] = []
         held: list[tuple[Any, Any]] = []
         end: Any = None
+        kinds = [op.value for op in spec.ops if op.attr == "torch_mode"]
+        mode = counting_mode(kinds[-1]) if kinds else None
+        inside: Any = mode if mode is not None else contextlib.nullcontext()
         try:
-            it = iter(loader)
+            with inside:
+                it = iter(loader)
         except Exception as exc:
             errors.append(("iter", exc_record(exc)))
             drop_tracebacks(exc)
@@ -217,7 +226,8 @@ class _Run:
         received = 0
         for _ in range(MAX_STEPS if it is not None else 0):
             try:
-                batch = next(it)
+                with inside:
+                    batch = next(it)
             except StopIteration as exc:
                 end = ("stop", exc_record(exc))
                 break
@@ -250,6 +260,12 @@ class _Run:
         out["main_signals_after"] = signals()
         self.log.add("loop", "epoch end", number)
         out["batches"] = _order_free(batches) if self.case.order_free else batches
+        # What the mode saw, on a run that succeeds (louder than torch on a failure is fine)
+        # and whose epochs all ran to their end: after a break, how many of the batches in
+        # flight the loop's process received in this call or the next is timing's, torch's too.
+        whole = isinstance(end, tuple) and end[0] == "stop" and not self.broken
+        out["mode_seen"] = dict(mode.seen) if mode is not None and whole and not errors else None
+        self.broken = self.broken or not whole
         out["errors"] = errors
         out["end"] = end
         out["warnings"] = self.warnings_since()

@@ -196,7 +196,9 @@ class Op:
 
     # "worker_init_fn" | "collate_fn" | "generator" | "num_workers" | "batch_size" ...; or
     # "write_tables": torch's classes' tensors written in place (``_fuzz_torch_ds``);
-    # "patch_torch": torch's code patched by the program, ``value`` names it (``_fuzz_patches``)
+    # "patch_torch": torch's code patched by the program, ``value`` names it (``_fuzz_patches``);
+    # "torch_mode": the epoch iterates inside a counting torch mode of kind ``value``
+    # (``_fuzz_modes``)
     attr: str
     value: Any = None
 

@@ -22,6 +22,7 @@ from _fuzz_cases import EXCEPTIONS
 from _fuzz_env import WARN_MODES
 from _fuzz_formats import format_datasets
 from _fuzz_known import masked
+from _fuzz_modes import MODES
 from _fuzz_patches import PATCHES
 from _fuzz_spec import (
     OBS_NAMES,
@@ -346,6 +347,8 @@ def epochs(draw: Any, plan: Plan) -> tuple[EpochSpec, ...]:
         ops.append(Op("write_tables"))
     if rarely(draw, 3):
         ops.append(Op("patch_torch", draw(st.sampled_from(sorted(PATCHES)))))
+    if rarely(draw, 3):
+        ops.append(Op("torch_mode", draw(st.sampled_from(MODES))))
     specs = []
     for number in range(2):
         early = plan.order_free or (number == 0 and plan.first_epoch_whole)

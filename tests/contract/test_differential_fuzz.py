@@ -351,6 +351,16 @@ FIXED_CASES: dict[str, Case] = {
         (EpochSpec(), EpochSpec(ops=(Op("patch_torch", name),))))
        for name in ("RandomSampler.__iter__", "BatchSampler.__iter__",
                     "TensorDataset.__getitem__", "torch.stack") for workers in (0, 2)},
+    # a torch mode active while the program iterates saw stoker's own calls (statistics, RNG
+    # copies, the sampler's randperm(...).numpy()) and missed torch's profiler range
+    # (NOTE [ The program's torch modes see torch's calls ]).
+    **{f"iterated_inside_a_{kind}_mode_{workers}": Case(
+        DatasetSpec("torch", 6, _INT, torch_ds=TorchDS(
+            "tensors", 6, (TensorSpec("float32", (2,)), TensorSpec("int64")))),
+        (("batch_size", 2), ("shuffle", True), ("num_workers", workers))
+        + ((("timeout", 30.0),) if workers else ()),
+        (EpochSpec(ops=(Op("torch_mode", kind),)),))
+       for kind in ("function", "dispatch") for workers in (0, 2)},
 }
 
 

@@ -36,9 +36,10 @@ def test_worker_batches_are_timed_on_the_main_clock() -> None:
 
 def test_profiler_sees_receiving_from_workers() -> None:
     loader = stoker.DataLoader(_Rows(), batch_size=8, num_workers=2, worker_type="process",
-                               timeout=30)
+                               timeout=30, beyond_torch={"profiler_ranges"})
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         assert len(list(loader)) == 12
     names = [e.name for e in prof.events()]
+    assert names.count("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__") == 13
     assert names.count("stoker: receive batch from worker") == 12
     assert names.count("stoker: next()") == 13

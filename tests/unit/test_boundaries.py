@@ -68,11 +68,13 @@ THIRD_PARTY = {
     ("_core/torch_own.py", "_tensor"): "torch._tensor: the module defining torch.Tensor's "
                                        "Python methods (the same NOTE)",
     ("fastpaths/torch_gather.py", "_new_shared"): "as torch's collate_tensor_fn does in a worker",
-    ("fastpaths/torch_gather.py", "_C"): "torch's mode stacks (NOTE [ torch's own datasets ])",
-    ("fastpaths/torch_gather.py", "_len_torch_function_stack"): "an active TorchFunctionMode "
-                                                                "declines the gathers",
-    ("fastpaths/torch_gather.py", "_len_torch_dispatch_stack"): "an active TorchDispatchMode "
-                                                                "declines the gathers",
+    ("_core/torch_modes.py", "_C"): "torch's mode stacks, and the guards that hide stoker's "
+                                    "own calls from them (NOTE [ The program's torch modes see "
+                                    "torch's calls ])",
+    ("_core/torch_modes.py", "_len_torch_function_stack"): "an active TorchFunctionMode",
+    ("_core/torch_modes.py", "_len_torch_dispatch_stack"): "an active TorchDispatchMode",
+    ("_core/torch_modes.py", "_DisableTorchDispatch"): "hides stoker's calls from an active "
+                                                       "TorchDispatchMode (the same NOTE)",
     ("vision/transforms/_fused_tensor.py", "_C"): "torch's antialiased resize with explicit "
                                                   "scales (interpolate takes a size or a scale)",
     ("vision/transforms/_fused_tensor.py", "_nn"): "the same op: torch._C._nn._upsample_*_aa",

@@ -88,12 +88,23 @@ def test_recorder_keeps_only_the_newest() -> None:
     assert abs(last.fetch_start - 4.4) < 1e-9
 
 
-def test_profiler_sees_the_loaders_ranges_only_while_recording() -> None:
+def test_a_profiler_sees_torchs_range_and_stokers_only_when_asked() -> None:
+    # torch's range on every next(), as torch's iterator opens it; stoker's own are beyond
+    # torch (a trace would list ranges torch's does not)
+    torchs = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
     loader = stoker.DataLoader(_Squares(), batch_size=4)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         list(loader)
     names = [e.name for e in prof.events()]
-    assert names.count("stoker: next()") == 11  # 10 batches and the StopIteration
+    assert names.count(torchs) == 11  # 10 batches and the StopIteration
+    assert not [name for name in names if name.startswith("stoker")]
+
+    loader = stoker.DataLoader(_Squares(), batch_size=4, beyond_torch={"profiler_ranges"})
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        list(loader)
+    names = [e.name for e in prof.events()]
+    assert names.count(torchs) == 11
+    assert names.count("stoker: next()") == 11
     assert names.count("stoker: fetch (dataset __getitem__)") == 10
     assert names.count("stoker: collate") == 10
 

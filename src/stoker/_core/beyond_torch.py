@@ -31,7 +31,7 @@ ENV = "STOKER_BEYOND_TORCH"
 Behaviour = Literal[
     "per_batch_seeding", "inline_gathers", "batched_getitem", "deep_prefetch",
     "move_stragglers", "epoch_autopilot", "shared_lists", "slab_transport", "keep_slabs",
-    "thread_caps", "gc_freeze", "cuda_forkserver",
+    "thread_caps", "gc_freeze", "cuda_forkserver", "profiler_ranges",
 ]
 
 # name -> what it does and what a program could tell (the promise it asks the user to make).
@@ -80,6 +80,10 @@ BEHAVIOURS: dict[str, str] = {
         "process, so they may use CUDA: the dataset, collate_fn and worker_init_fn are pickled "
         "to each worker (CudaInWorkersError if they do not pickle), and the workers are "
         "ForkServerProcess-N"),
+    "profiler_ranges": (
+        "name the loader's stages in a torch.profiler trace (stoker: next(), receive batch "
+        "from worker, pin batch, fetch, collate) inside torch's own enumerate(DataLoader) "
+        "range: the trace lists ranges torch's does not"),
 }
 ALL: frozenset[str] = frozenset(BEHAVIOURS)
 

@@ -64,10 +64,16 @@ _DIRECT_STACK_MIN_ELEM_BYTES = 1024
 
 # numpy dtype -> torch dtype for arrays torch.as_tensor accepts as they are (native byte
 # order); any other dtype takes torch's own path and so gets torch's own error.
+# (Written out, not read from torch.from_numpy at import: NOTE [ The program's torch modes see
+# torch's calls ], a module may be imported first inside the program's mode.)
 _NP_TO_TORCH: dict[np.dtype[Any], torch.dtype] = {
-    np.dtype(t): torch.from_numpy(np.empty(0, dtype=t)).dtype
-    for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16)
-    + (np.uint32, np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128)
+    np.dtype(np_type): torch_type for np_type, torch_type in (
+        (np.bool_, torch.bool), (np.int8, torch.int8), (np.int16, torch.int16),
+        (np.int32, torch.int32), (np.int64, torch.int64), (np.uint8, torch.uint8),
+        (np.uint16, torch.uint16), (np.uint32, torch.uint32), (np.uint64, torch.uint64),
+        (np.float16, torch.float16), (np.float32, torch.float32), (np.float64, torch.float64),
+        (np.complex64, torch.complex64), (np.complex128, torch.complex128),
+    )
 }
 _ARRAY_TYPES = frozenset({np.ndarray, np.memmap})
 _STR_OBJ_KINDS = frozenset("SaUO")

@@ -13,6 +13,7 @@ from torch.utils.data import IterableDataset
 from stoker._core.arguments import note_iterator_check
 from stoker._core.plan import Plan
 from stoker._core.specs import FetchSpec
+from stoker._core.torch_modes import profiler_range, unseen
 from stoker._core.torch_voice import warn_at_caller
 from stoker.engine.cursor import Delivery, EpochCursor
 from stoker.engine.loader_state import EngineState
@@ -79,6 +80,10 @@ def _epoch_samples(index_sampler: Any) -> int | None:
 class BaseIterator:
     # Worker iterators call iter(sampler) a second time after the seed draw, as torch does.
     _reiter_after_seed = False
+    # The range torch's iterator of this kind opens in every __next__ (NOTE [ The program's
+    # torch modes see torch's calls ]): a profiler trace and TensorBoard's DataLoader view
+    # find the loader by it.
+    _profile_name = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 
     def __init__(self, plan: Plan, engine: EngineState, resume: dict[str, Any] | None) -> None:
         from stoker.device.attach import make_feed  # NOTE [ Import only what the loader needs ]
@@ -102,6 +107,7 @@ class BaseIterator:
         self._engine = engine  # NOTE [ Engine state ]
         self._stats = self._engine.stats
         self._stats.beyond = self._fetch_spec.beyond
+        self._ranges = "profiler_ranges" in self._fetch_spec.beyond  # stoker's own, asked for
         per_batch = self._seeding == "per_batch"
         self._dataset_rngs = find_dataset_rngs(self._dataset) if per_batch else []
         if not per_batch and self._num_workers > 1:
@@ -199,21 +205,22 @@ class BaseIterator:
         return self.next_host() if self._feed is None else self._feed.next()
 
     def __next__(self) -> Any:
-        entered = self._stats.entered_next()
-        try:
-            if profiling():  # a torch.profiler range only while one records
-                with stage_range(WAIT):
+        with profiler_range(self._profile_name):
+            entered = self._stats.entered_next()
+            try:
+                if self._ranges and profiling():  # stoker's range only while one records
+                    with stage_range(WAIT, True):
+                        data = self._next_batch()
+                else:
                     data = self._next_batch()
-            else:
-                data = self._next_batch()
-        except StopIteration:
-            if self._steps_target is not None and self._num_yielded < self._steps_target:
-                return self._end_of_data()
-            self._finish_epoch()
-            self._stats.epoch_ended()
-            raise
-        self._stats.left_next(entered, data)
-        return data
+            except StopIteration:
+                if self._steps_target is not None and self._num_yielded < self._steps_target:
+                    return self._end_of_data()
+                self._finish_epoch()
+                self._stats.epoch_ended()
+                raise
+            self._stats.left_next(entered, data)
+            return data
 
     def next_host(self) -> Any:
         """The next batch as the engine delivers it, on the host (the device feed's source)."""
@@ -234,7 +241,7 @@ class BaseIterator:
 
         t0 = time.perf_counter()
         pins = self._pins  # NOTE [ Slabs pinned in place ]: slab tensors are pinned already
-        with stage_range(PIN):
+        with stage_range(PIN, self._ranges), unseen():  # as torch's pin thread, unseen
             data = pin_batch(data, pins.covers if pins is not None and not pins.refused else None)
         self._stats.pinned(t0)
         return data

@@ -29,6 +29,8 @@ from stoker.workers.remote_errors import add_note, describe_failure
 
 
 class InlineIterator(BaseIterator):
+    _profile_name = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
     def __init__(
         self, plan: Plan, engine: EngineState, resume: dict[str, Any] | None = None
     ) -> None:
@@ -110,12 +112,12 @@ class InlineIterator(BaseIterator):
     def _timed_fetch(self, index: Any) -> Any:
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            with stage_range(FETCH):
+            with stage_range(FETCH, self._ranges):
                 data = self._fetcher.gather(index)
         finally:
             clear_sample_context()  # this is the user's thread: leave nothing behind
         t1, c1 = time.perf_counter(), time.thread_time()
-        with stage_range(COLLATE):
+        with stage_range(COLLATE, self._ranges):
             batch = self._fetcher.finish(data)
         t2 = time.perf_counter()
         stats = self._stats

@@ -58,6 +58,7 @@ import torch
 from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset
 
 from stoker._core.specs import FetchSpec
+from stoker._core.torch_modes import modes_active
 from stoker.collate._alloc import allocating_into
 from stoker.engine.fork_private_memory import PrivateMemory
 from stoker.fastpaths.torch_datasets import (
@@ -68,7 +69,7 @@ from stoker.fastpaths.torch_datasets import (
     default_map,
     tree_of,
 )
-from stoker.fastpaths.torch_gather import modes_active, plain_tensor, stock, torch_calls_stock
+from stoker.fastpaths.torch_gather import plain_tensor, stock, torch_calls_stock
 from stoker.transport import reused_shm
 
 _MAX_COPY_BYTES = 256 << 20

@@ -24,7 +24,7 @@ worker's ``set_epoch`` with every new epoch (``Reset``). Others are left as torc
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import time
 import weakref
 from typing import Any
@@ -38,6 +38,7 @@ from stoker._core.dataset_hooks import (
     provided,
 )
 from stoker._core.plan import Plan
+from stoker._core.torch_modes import unseen
 from stoker.engine.cuda_safety import safe_context
 from stoker.engine.dispatch import Dispatch
 from stoker.engine.loader_state import EngineState
@@ -66,7 +67,9 @@ def _dataset_epoch(dataset: Any) -> int | None:
     return epoch_of() if callable(epoch_of) else None
 
 
-_unpacking = functools.partial(stage_range, UNPACK)  # NOTE [ Batches cross as torch's do ]
+
+
+_SEEN = contextlib.nullcontext()
 
 
 class ProcessIterator(Dispatch):
@@ -236,7 +239,7 @@ class ProcessIterator(Dispatch):
             w, is_conn = by_fd.get(fd, (None, False))  # gone if it was let go meanwhile
             if w is not None and is_conn:
                 try:  # one message: the caller polls again for the rest
-                    self._file(w, msg.recv_from_worker(w.conn, _unpacking, w.reused))
+                    self._file(w, msg.recv_from_worker(w.conn, self._unpacking, w.reused))
                 except (EOFError, OSError):
                     self._deaths.lost(self._book, w, self._file_reply)
                 got_reply = True
@@ -366,10 +369,16 @@ class ProcessIterator(Dispatch):
                 self._deaths.lost(self._book, w, self._file_reply)
         raise error
 
+    def _unpacking(self) -> Any:
+        """stoker's receive range (NOTE [ Batches cross as torch's do ]), where asked for."""
+        return stage_range(UNPACK, self._ranges)
+
     def _unpack(self, wid: int, done: msg.Done) -> Any:
         assert isinstance(done.payload, bytes)
         t0 = time.perf_counter()
-        with stage_range(UNPACK):
+        # torch's pin thread rebuilds a batch where the program's modes are not: NOTE [ The
+        # program's torch modes see torch's calls ]
+        with stage_range(UNPACK, self._ranges), unseen() if self._pin else _SEEN:
             data = self._group.reader.unpack(wid, done.segment_id, done.used, done.payload)
         self._stats.unpacked(t0)
         return data

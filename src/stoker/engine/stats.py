@@ -2,9 +2,11 @@
 the calling thread's CPU and queued time around sampled ``next()`` calls, and mark the
 loader's waits and stages as named ranges in the user's ``torch.profiler`` trace.
 
-Ranges only while a profiler is recording: ``stage_range`` then opens a
-``torch.autograd.profiler.record_function`` range; otherwise it returns one shared
-``nullcontext`` and costs a C call and a ``with`` per batch.
+stoker's ranges are beyond torch (``beyond_torch={"profiler_ranges"}``: a trace would list
+ranges torch's does not; torch's own ``enumerate(DataLoader)#...`` range is always there,
+NOTE [ The program's torch modes see torch's calls ]), and only while a profiler is recording:
+``stage_range`` then opens a ``torch.autograd.profiler.record_function`` range; otherwise it
+returns one shared ``nullcontext`` and costs a C call and a ``with`` per batch.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from torch import Tensor
 
 from stoker._core.stats import LoaderStats, StatsHook, TunerEvent, WorkerTimes
+from stoker._core.torch_modes import subclass_unseen, unseen
 from stoker.profile.events import EventRecorder
 
 if TYPE_CHECKING:  # NOTE [ Import only what the loader needs ]: loads with the workers
@@ -36,9 +39,10 @@ def profiling() -> bool:
     return _enabled is not None and bool(_enabled())
 
 
-def stage_range(name: str) -> Any:
-    """``with stage_range("stoker: ..."):`` a profiler range when one records, else nothing."""
-    if _enabled is None or not _enabled():
+def stage_range(name: str, asked: bool) -> Any:
+    """``with stage_range("stoker: ...", asked):`` a profiler range when the loader asked for
+    stoker's ranges and a profiler records, else nothing."""
+    if not asked or _enabled is None or not _enabled():
         return _OFF
     return torch.autograd.profiler.record_function(name)
 
@@ -387,13 +391,22 @@ def machine_ticks() -> tuple[int, int, int] | None:
 def batch_samples(data: Any) -> int:
     """Samples in a delivered batch: the first dimension of its first tensor (depth first, in
     order), the length of its first list of plain values, else 1. Per batch, so it returns
-    at the first leaf it can size instead of walking the batch."""
-    n = _first_size(data)
+    at the first leaf it can size instead of walking the batch. Not seen by the program's
+    torch modes nor a tensor subclass's ``__torch_function__`` (NOTE [ The program's torch
+    modes see torch's calls ]); a batch it cannot size counts as 1."""
+    try:
+        with unseen():
+            n = _first_size(data)
+    except Exception:  # a subclass's size that cannot be read: the statistics never raise
+        n = None
     return 1 if n is None else n
 
 
 def _first_size(item: Any) -> int | None:
     if isinstance(item, Tensor):
+        if type(item) is not Tensor:  # a subclass's __torch_function__ does not see it either
+            with subclass_unseen():
+                return int(item.size(0)) if item.dim() else 1
         return int(item.size(0)) if item.dim() else 1  # size(0): nested tensors too
     if isinstance(item, dict):
         values: Any = item.values()

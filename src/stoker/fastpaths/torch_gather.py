@@ -23,11 +23,12 @@ import torch.utils.data.dataset
 from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset, get_worker_info
 from torch.utils.data._utils import collate as _torch_collate
 
+from stoker._core.torch_modes import modes_active
 from stoker._core.torch_own import tensor_methods_own, torch_function_own, torchs_own
 from stoker.collate._alloc import current_allocator, request
 from stoker.fastpaths.batched_columns import Decline
 
-__all__ = ["PLAIN_DTYPES", "gather", "modes_active", "plain_tensor", "stock", "torch_calls_stock"]
+__all__ = ["PLAIN_DTYPES", "gather", "plain_tensor", "stock", "torch_calls_stock"]
 
 # Per class: the methods torch's fetcher and these classes call, and whether torch has them.
 _METHODS: dict[type, tuple[tuple[str, bool], ...]] = {
@@ -242,12 +243,6 @@ def _build(node: Any, n: int) -> Any:
         assert positions is not None  # merged parts always say where their rows go
         out.index_copy_(0, positions.tensor, torch.index_select(t, 0, rows.tensor))
     return out
-
-
-def modes_active() -> bool:
-    """A ``TorchFunctionMode``/``TorchDispatchMode`` is active on this thread (``with
-    torch.device(...)`` is one: it would move the outputs of factory functions)."""
-    return bool(torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack())
 
 
 # What torch's path for these classes calls through names a program can rebind: the samples'

@@ -21,6 +21,7 @@ import torch
 import torch.utils.data.sampler
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
+from stoker._core.torch_modes import modes_active
 from stoker._core.torch_own import methods_own, tensor_methods_own, torch_function_own
 
 # What torch's path reads of each class (``len(loader)`` reads ``__len__``; ``num_samples`` is a
@@ -42,7 +43,7 @@ def _randperm_stock() -> bool:
     return torch_function_own("randperm") and tensor_methods_own(("tolist",))
 
 
-def _random_chunks(sampler: RandomSampler) -> Iterator[np.ndarray]:
+def _random_chunks(sampler: RandomSampler) -> Iterator[np.ndarray | list[int]]:
     n = len(sampler.data_source)  # type: ignore[arg-type]
     generator = sampler.generator
     if generator is None:
@@ -50,20 +51,26 @@ def _random_chunks(sampler: RandomSampler) -> Iterator[np.ndarray]:
         generator = torch.Generator()
         generator.manual_seed(seed)
     for _ in range(sampler.num_samples // n):
-        yield torch.randperm(n, generator=generator).numpy()
-    yield torch.randperm(n, generator=generator).numpy()[: sampler.num_samples % n]
+        yield _ints(torch.randperm(n, generator=generator))
+    yield _ints(torch.randperm(n, generator=generator))[: sampler.num_samples % n]
+
+
+def _ints(perm: torch.Tensor) -> np.ndarray | list[int]:
+    # An active torch mode sees torch's own call, tolist() (NOTE [ The program's torch modes
+    # see torch's calls ]); else a view of the same ints, turned into lists a batch at a time
+    return perm.tolist() if modes_active() else perm.numpy()
 
 
 def _sequential_chunks(sampler: SequentialSampler) -> Iterator[range]:
     yield range(len(sampler.data_source))  # type: ignore[arg-type]
 
 
-def _as_list(part: np.ndarray | range) -> list[int]:
-    return list(part) if type(part) is range else part.tolist()  # type: ignore[union-attr]
+def _as_list(part: np.ndarray | range | list[int]) -> list[int]:
+    return part.tolist() if type(part) is np.ndarray else list(part)
 
 
 def _batches(
-    chunks: Iterator[np.ndarray] | Iterator[range], size: int, drop_last: bool
+    chunks: Iterator[np.ndarray | list[int]] | Iterator[range], size: int, drop_last: bool
 ) -> Iterator[list[int]]:
     # Chunks stay arrays (or ranges) and only each batch becomes a list: a whole epoch as
     # Python ints would be ~36 bytes per sample in the main process (72 MiB for 2M samples).
@@ -75,7 +82,7 @@ def _batches(
 
 
 def _per_chunk(
-    chunks: Iterator[np.ndarray] | Iterator[range], size: int, drop_last: bool
+    chunks: Iterator[np.ndarray | list[int]] | Iterator[range], size: int, drop_last: bool
 ) -> Iterator[Iterator[list[int]]]:
     carry: list[int] = []
     for chunk in chunks:
@@ -89,7 +96,7 @@ def _per_chunk(
             carry = []
         full = len(chunk) - len(chunk) % size
         # _as_list's choice, made once per chunk: calling it per batch is the frame avoided
-        to_list: Any = list if type(chunk) is range else np.ndarray.tolist
+        to_list: Any = np.ndarray.tolist if type(chunk) is np.ndarray else list
         yield map(to_list, map(chunk.__getitem__,
                                map(slice, range(0, full, size), range(size, full + 1, size))))
         carry = _as_list(chunk[full:])
@@ -97,12 +104,28 @@ def _per_chunk(
         yield iter((carry,))
 
 
+def draws_unseen_by_workers(index_sampler: Any) -> bool:
+    """Drawing from ``index_sampler`` changes nothing a worker forked afterwards could read
+    (NOTE [ Tasks before the next fork ]): torch's own ``BatchSampler`` over its own
+    ``SequentialSampler`` (a range), or over its own ``RandomSampler`` without a generator
+    (the seed it draws moves only the global torch RNG, which each worker seeds before any of
+    the program's code runs), and no torch mode active (the worker's copy would have seen
+    the draw). A program's sampler, or a generator the dataset may hold too, is not."""
+    if type(index_sampler) is not BatchSampler or not _stock(BatchSampler) or modes_active():
+        return False
+    inner = index_sampler.sampler
+    if type(inner) is SequentialSampler:
+        return _stock(SequentialSampler)
+    return (type(inner) is RandomSampler and inner.generator is None
+            and _stock(RandomSampler) and _randperm_stock())
+
+
 def fast_iter(index_sampler: Any) -> Iterator[list[int]] | None:
     """An equivalent fast iterator for torch's plain batch samplers, else None."""
     if type(index_sampler) is not BatchSampler or not _stock(BatchSampler):
         return None
     inner = index_sampler.sampler
-    chunks: Iterator[np.ndarray] | Iterator[range]
+    chunks: Iterator[np.ndarray | list[int]] | Iterator[range]
     if (type(inner) is RandomSampler and not inner.replacement and _stock(RandomSampler)
             and _randperm_stock()):
         chunks = _random_chunks(inner)

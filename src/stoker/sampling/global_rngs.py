@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from stoker._core.fast_paths_env import env_allows
+from stoker._core.torch_modes import unseen
 from stoker.sampling.worker_rngs import CANON, MT_WORDS, RAW, canonical_public
 
 _MT_WORDS = MT_WORDS
@@ -252,7 +253,8 @@ def take() -> tuple:
     """The wire form of the states now (``sampling.worker_rngs``): the raw copies and torch's
     state as bytes, else (no raw copies here) the canonical form."""
     py, nps, ts = snapshot()
-    torch_bytes = ts.numpy().tobytes()
+    with unseen():  # NOTE [ The program's torch modes see torch's calls ]
+        torch_bytes = ts.numpy().tobytes()
     if isinstance(py[0], bytes) and isinstance(nps[0], bytes):
         return (RAW, py[0], py[1], nps[0], nps[1], torch_bytes)
     return (CANON, canonical_public(random.getstate(), np.random.get_state(legacy=True),

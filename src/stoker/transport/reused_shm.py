@@ -55,6 +55,8 @@ import torch
 from torch.multiprocessing import get_sharing_strategy
 from torch.multiprocessing import reductions as torch_reductions
 
+from stoker._core.torch_modes import modes_active, unseen
+
 _MAX_BUSY = 16  # checks a lent segment may stay held before the table forgets it
 _MAX_FREE_PER_SIZE = 8
 
@@ -107,7 +109,8 @@ def _self_check() -> bool:
     """The checks on small batches, run once: what is held elsewhere is never chosen nor
     given back, what nothing holds is. False (no reuse) if this torch counts otherwise."""
     try:
-        return _check_worker_side() and _check_main_side()
+        with unseen():  # NOTE [ The program's torch modes see torch's calls ]
+            return _check_worker_side() and _check_main_side()
     except Exception:  # an API this torch lacks: torch's way, as before
         return False
 
@@ -203,7 +206,7 @@ class WorkerSegments:
     def start_task(self) -> bool:
         """Hand ``_new_shared``'s CPU storages out of this pool until ``end_task``; False
         (and nothing changed) where reuse is not allowed now."""
-        if not eligible():
+        if not eligible() or modes_active():  # a mode sees torch's _new_shared alone
             return False
         self._begin()
         return True

@@ -31,6 +31,7 @@ from torch.multiprocessing import get_sharing_strategy
 from torch.multiprocessing import reductions as torch_reductions
 
 from stoker._core.notes import add_note
+from stoker._core.torch_modes import unseen
 from stoker.transport import reused_shm
 from stoker.transport.reused_shm import MainSegments, WorkerSegments
 
@@ -117,7 +118,8 @@ def dumps(obj: Any, segments: WorkerSegments | None = None,
     buf = io.BytesIO()
     sent = _Sent([], segments, chosen)
     try:
-        _Pickler(buf, sent).dump(obj)
+        with unseen():  # torch's feeder thread pickles where the program's modes are not
+            _Pickler(buf, sent).dump(obj)
     except BaseException:
         close(sent.fds)
         raise

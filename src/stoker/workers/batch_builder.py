@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
 from stoker._core.specs import WorkerSpec
+from stoker._core.torch_modes import modes_active
 from stoker.collate import allocating_into
 from stoker.errors import MixedDeviceError
 from stoker.fetch.fetchers import EMPTY
@@ -144,7 +145,10 @@ class BatchBuilder:
             del data
             t1 = time.perf_counter()
             reuse = self.reuse
-            chosen = reuse.prepare(batch) if reuse is not None else {}
+            # an active torch mode (one the worker was forked with, or the program's
+            # worker_init_fn set) sees only torch's pickling: NOTE [ The program's torch
+            # modes see torch's calls ]
+            chosen = reuse.prepare(batch) if reuse is not None and not modes_active() else {}
             reused = bool(chosen)
             try:
                 payload, fds, nbytes = torch_way.dumps(batch, reuse, chosen)

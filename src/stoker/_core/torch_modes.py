@@ -1,0 +1,58 @@
+"""The program's torch modes see torch's calls, not stoker's.
+
+NOTE [ The program's torch modes see torch's calls ]
+A ``TorchFunctionMode`` or ``TorchDispatchMode`` the program has active while it iterates
+(``torch.set_default_device``, ``with torch.device(...)``, a counting or logging mode, a
+``FakeTensorMode``) sees every torch call made on its thread, and a worker forked while one
+is active starts with it. Under torch's DataLoader that is torch's own calls: the base seed's
+``empty``/``random_``/``item``, the sampler's ``randperm(...).tolist()``, the fetch and
+``default_collate``, the pickling and rebuild of a worker's batch, and the profiler range of
+every ``next()`` (``profiler_range``). stoker's bookkeeping (its statistics, RNG-state copies,
+the gathers' and the transport's own tensors) is not among them: a mode would count calls
+torch never makes, and a factory function could go to the mode's device. So stoker either
+makes torch's calls (the sampler's fast path reads ``tolist()`` while a mode is active, the
+gathers decline) or makes its own under ``unseen()``, which hides them from both kinds of
+mode while one is active and costs two C calls when none is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["modes_active", "profiler_range", "subclass_unseen", "unseen"]
+
+_NONE = contextlib.nullcontext()
+
+
+def modes_active() -> bool:
+    """A ``TorchFunctionMode``/``TorchDispatchMode`` is active on this thread (``with
+    torch.device(...)`` is one: it would move the outputs of factory functions)."""
+    return bool(torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack())
+
+
+@contextlib.contextmanager
+def _hidden() -> Iterator[None]:
+    with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+        yield
+
+
+def unseen() -> Any:
+    """``with unseen():`` stoker's own torch calls, hidden from the program's active modes."""
+    return _hidden() if modes_active() else _NONE
+
+
+def subclass_unseen() -> Any:
+    """``with subclass_unseen():`` stoker's reads of a tensor subclass's sizes, not seen by
+    its ``__torch_function__`` (torch's path never asks it)."""
+    return torch._C.DisableTorchFunctionSubclass()
+
+
+def profiler_range(name: str) -> Any:
+    """The range torch's ``_BaseDataLoaderIter.__next__`` opens on every call, by torch's
+    module path as torch resolves it (a profiler, TensorBoard's DataLoader view and an active
+    mode see torch's ``record_function``)."""
+    return torch.autograd.profiler.record_function(name)
