@@ -16,6 +16,7 @@ from stoker.engine.task_book import TaskBook
 from stoker.engine.worker_death import DeathWatch
 from stoker.engine.worker_group import StallClock, WorkerGroup
 from stoker.fastpaths.batched_columns import Decline
+from stoker.sampling.fast_batches import draws_unseen_by_workers
 from stoker.workers import protocol as msg
 
 
@@ -44,7 +45,8 @@ class Dispatch(BaseIterator):
         """NOTE [ Tasks before the next fork ] in ``engine.worker_start``."""
         book = self._book
         if not self._is_iterable and book.load[wid] < min(1, book.depth[wid]) and not (
-                book.sampler_done) and book.take_turn(wid):
+                book.sampler_done) and draws_unseen_by_workers(self._index_sampler) and (
+                book.take_turn(wid)):
             self._try_put_index(wid)
 
     def _fill(self) -> None:

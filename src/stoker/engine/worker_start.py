@@ -5,7 +5,10 @@ Forking a worker costs the main process ~6 ms (its page tables), and workers are
 one after another. Sending tasks only once all were forked left the first worker idle
 for the forks after it, at the start of every epoch. So each worker of a map-style
 dataset gets its first task as soon as it is forked (``prime``) if the round-robin cycle is at
-it; the rest follow after the last fork, in the same order as before, so which worker loads
+it and drawing it from the sampler changes nothing a later worker could read (torch forks
+every worker before its first draw: ``fast_batches.draws_unseen_by_workers``, torch's own
+samplers without a generator of the program's); the rest follow after the last fork, in the
+same order as before, so which worker loads
 which batch does not change: at an epoch's start task k goes to worker k mod n, and a resumed
 epoch starts the cycle where the saved run stopped (``TaskBook.start_turn_at``: position p to
 worker p mod n, the first at ``batches`` mod n; NOTE [ Worker streams resume ]), so a worker
