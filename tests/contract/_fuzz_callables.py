@@ -66,6 +66,7 @@ class LoggingSampler(Sampler[int]):
             if self.spec.kind == "raising" and k == 2:
                 raise make_exception("coded", "sampler")
             self.log.add("sampler.next", index)
+            self.progress["drawn"] = self.progress.get("drawn", 0) + 1  # the datasets' "drawn"
             yield index
 
 

@@ -287,6 +287,12 @@ class _SampleMaker:
             return self.tag
         if name == "prog":
             return self.progress["received"]
+        if name == "drawn":  # indices a program's sampler yielded in the loop's process so far
+            return self.progress.get("drawn", 0)
+        if name == "lgen":  # a draw from the generator the loader shuffles with, if any
+            generator = self.progress.get("generator")
+            return "none" if generator is None else int(
+                torch.randint(0, 1 << 30, (), generator=generator))
         if name == "calls":
             return self.calls
         if name == "iter":

@@ -103,8 +103,10 @@ def build_value(value: Any, attr: str, n: int, log: Log, progress: dict[str, int
         return FuzzCollate(value, log)
     if isinstance(value, WorkerInitSpec):
         return FuzzWorkerInit(value)
-    if attr == "generator" and value is not None:
-        return torch.Generator().manual_seed(value)
+    if attr == "generator":  # the datasets' "lgen" draws from the loader's generator too
+        generator = None if value is None else torch.Generator().manual_seed(value)
+        progress["generator"] = generator  # type: ignore[assignment]
+        return generator
     return value
 
 

@@ -47,9 +47,13 @@ LEAF_KINDS = (
 # The process's own (``_fuzz_env``): ``sig``, ``names``, ``rt``, ``proc``, ``info``, ``gen`` and
 # ``child``; ``child`` starts a process per sample, so it is drawn for about one case in
 # twenty, not with the others.
+# ``drawn`` (how far a program's sampler has run in the loop's process) and ``lgen`` (a draw
+# from the loader's own generator) read what a worker's copy of the main process holds: torch
+# forks every worker before the sampler's first draw.
 OBS_WORKER_DEPENDENT = ("wid", "seed", "iseed", "py", "np", "th", "pid", "init", "calls",
-                        "proc", "info", "gen")
-OBS_STABLE = ("nw", "ds_is_self", "main_thread", "tag", "prog", "iter", "sig", "names", "rt")
+                        "proc", "info", "gen", "lgen")
+OBS_STABLE = ("nw", "ds_is_self", "main_thread", "tag", "prog", "iter", "sig", "names", "rt",
+              "drawn")
 OBS_NAMES = OBS_WORKER_DEPENDENT + OBS_STABLE
 OBS_RARE = ("child",)
 

@@ -361,6 +361,15 @@ FIXED_CASES: dict[str, Case] = {
         + ((("timeout", 30.0),) if workers else ()),
         (EpochSpec(ops=(Op("torch_mode", kind),)),))
        for kind in ("function", "dispatch") for workers in (0, 2)},
+    # a forked worker's first task went before the next fork whatever the sampler: the second
+    # worker saw how far a program's sampler had run, or the loader's generator after the
+    # shuffle's draw; torch forks every worker first (NOTE [ Tasks before the next fork ]).
+    "a_later_worker_saw_the_samplers_draws": Case(
+        _map(Obs(("drawn",)), n=6), _WORKERS + (("sampler", SamplerSpec("stateful")),),
+        (EpochSpec(), EpochSpec())),
+    "a_later_worker_saw_the_generators_draws": Case(
+        _map(Obs(("lgen",)), n=6), _WORKERS + (("shuffle", True), ("generator", 5)),
+        (EpochSpec(), EpochSpec())),
 }
 
 
