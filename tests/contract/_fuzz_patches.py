@@ -1,7 +1,8 @@
 """Code of torch's that a program patches between epochs, for the differential fuzzer.
 
 A program may wrap torch's own code (``functools.wraps``, the usual way): a sampler's
-``__iter__``, a dataset class's ``__getitem__``, ``torch.stack``. torch then calls the
+``__iter__``, a dataset class's ``__getitem__``, ``torch.stack``, or a function torch's path
+never calls (``torch.index_select``: under torch the wrapper changes nothing). torch then calls the
 program's version, in the main process and in workers forked after the patch; stoker's fast
 paths for torch's code must notice (NOTE [ torch's own functions ]). Each patch here changes
 what it returns in a way the record shows, keeps it valid (indices in range, the same
@@ -60,6 +61,8 @@ PATCHES: dict[str, tuple[Any, str, Callable[[Any], Any]]] = {
     "BatchSampler.__iter__": (BatchSampler, "__iter__", _reversed_batches),
     "TensorDataset.__getitem__": (TensorDataset, "__getitem__", _floats_plus_one),
     "torch.stack": (torch, "stack", _stacked_plus_one),
+    # one torch's path never calls (stoker's gathers' own: they must not call the program's)
+    "torch.index_select": (torch, "index_select", _stacked_plus_one),
 }
 
 

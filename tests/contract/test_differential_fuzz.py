@@ -350,7 +350,8 @@ FIXED_CASES: dict[str, Case] = {
         + ((("timeout", 30.0),) if workers else ()),
         (EpochSpec(), EpochSpec(ops=(Op("patch_torch", name),))))
        for name in ("RandomSampler.__iter__", "BatchSampler.__iter__",
-                    "TensorDataset.__getitem__", "torch.stack") for workers in (0, 2)},
+                    "TensorDataset.__getitem__", "torch.stack", "torch.index_select")
+       for workers in (0, 2)},
     # a torch mode active while the program iterates saw stoker's own calls (statistics, RNG
     # copies, the sampler's randperm(...).numpy()) and missed torch's profiler range
     # (NOTE [ The program's torch modes see torch's calls ]).

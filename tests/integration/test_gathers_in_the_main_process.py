@@ -6,6 +6,7 @@ limit. The change after ``iter()`` is test 11 of ``test_same_as_torch_by_default
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import signal
@@ -314,3 +315,47 @@ def test_a_function_torchs_path_calls_rebound_by_the_program_is_called(
     assert all(float(b[0].min()) > 500 for b in expected)
     assert _equal(got, expected)
     assert loader.stats().gathered_in_main == 0
+
+
+# What only the gathers call (torch's path calls torch.stack and Tensor.__getitem__ instead),
+# and the sampler fast path's view of randperm; torch's path calls some of these itself (the
+# base seed's torch.empty, the rebuild's set_), so the counts are compared, not asserted zero.
+_ONLY_STOKERS = [(torch, name) for name in ("index_select", "empty", "empty_like", "frombuffer",
+                                            "aminmax")] + [
+    (torch.Tensor, name) for name in ("index_copy_", "view", "copy_", "set_", "numpy")]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_function_only_the_gathers_call_rebound_by_the_program_is_not_called(
+        TorchLoader, monkeypatch, workers):
+    # a program's counting wrappers (functools.wraps) over functions torch's path for these
+    # classes does not call: the gathers call torch's C functions themselves, so the program
+    # counts what it counts under torch (NOTE [ torch's own functions ])
+    counts: dict[str, int] = {}
+
+    def counting(name: str, stock: object) -> object:
+        @functools.wraps(stock)  # type: ignore[arg-type]
+        def wrapper(*args: object, **kwargs: object) -> object:
+            counts[name] = counts.get(name, 0) + 1
+            return stock(*args, **kwargs)  # type: ignore[operator]
+        return wrapper
+
+    ds = torch.utils.data.ConcatDataset([_data(40), _data(24)])  # index_copy_ joins the parts
+
+    def run(cls: type) -> tuple[list, dict[str, int], object]:
+        counts.clear()
+        torch.manual_seed(0)  # the shuffle draws from the global RNG
+        loader = cls(ds, batch_size=8, shuffle=True, num_workers=workers,
+                     persistent_workers=bool(workers), timeout=60 if workers else 0)
+        with monkeypatch.context() as patch:
+            for owner, name in _ONLY_STOKERS:
+                patch.setattr(owner, name, counting(name, getattr(owner, name)))
+            batches = [list(loader) for _ in range(2)]
+        return batches, dict(counts), loader
+
+    expected, torchs, _ = run(TorchLoader)
+    got, stokers, loader = run(stoker.DataLoader)
+    assert all(_equal(g, e) for g, e in zip(got, expected, strict=True))
+    assert stokers == torchs
+    if workers:  # the gathers ran
+        assert loader.stats().gathered_in_main > 0

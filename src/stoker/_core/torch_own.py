@@ -11,6 +11,11 @@ that name, and a program's wrapper has its own. torch's C functions have no code
 ``torch.<name>`` is torch's while it is ``torch._C._VariableFunctions.<name>``, and a
 ``torch.Tensor`` method defined in C (on ``TensorBase``, which cannot be changed) is torch's
 while ``torch.Tensor``'s own dict does not shadow it.
+
+The other way round, a fast path's own calls (an ``index_select`` where torch's path has
+``torch.stack``) go to torch's C function or method itself (``c_function``, ``c_method``): a
+program that rebound ``torch.index_select`` or patched ``torch.Tensor.index_copy_`` sees no
+call torch's path would not make.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from typing import Any
 import torch
 import torch._tensor
 
-__all__ = ["methods_own", "tensor_methods_own", "torch_function_own", "torchs_own"]
+__all__ = ["c_function", "c_method", "methods_own", "tensor_methods_own", "torch_function_own",
+           "torchs_own"]
 
 
 def torchs_own(fn: Any, module: ModuleType, name: str) -> bool:
@@ -48,3 +54,13 @@ def tensor_methods_own(names: tuple[str, ...]) -> bool:
 def torch_function_own(name: str) -> bool:
     """``torch.<name>`` is torch's C function of that name."""
     return getattr(torch, name, None) is getattr(torch._C._VariableFunctions, name)
+
+
+def c_function(name: str) -> Any:
+    """torch's C function ``torch.<name>``, whatever ``torch.<name>`` is bound to now."""
+    return getattr(torch._C._VariableFunctions, name)
+
+
+def c_method(name: str) -> Any:
+    """torch's C method ``Tensor.<name>`` (on ``TensorBase``), whatever a program patched."""
+    return getattr(torch._C.TensorBase, name)

@@ -59,6 +59,7 @@ from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset
 
 from stoker._core.specs import FetchSpec
 from stoker._core.torch_modes import modes_active
+from stoker._core.torch_own import c_function, c_method
 from stoker.collate._alloc import allocating_into
 from stoker.engine.fork_private_memory import PrivateMemory
 from stoker.fastpaths.torch_datasets import (
@@ -98,19 +99,25 @@ def _available_bytes() -> int | None:
     return None
 
 
+# torch's C functions and methods themselves: NOTE [ torch's own functions ]
+_frombuffer, _aminmax = c_function("frombuffer"), c_function("aminmax")
+_empty_like, _index_select = c_function("empty_like"), c_function("index_select")
+_view, _copy = c_method("view"), c_method("copy_")
+
+
 def _unforked_like(t: torch.Tensor) -> torch.Tensor:
     """An empty contiguous tensor like ``t`` in memory a fork does not give the child
     (``MADV_DONTFORK``): the workers forked after the copy never read it, and each fork would
     copy its page tables and mark its pages copy-on-write."""
     nbytes = t.numel() * t.element_size()
     if nbytes == 0 or not hasattr(mmap, "MADV_DONTFORK"):
-        return torch.empty_like(t, memory_format=torch.contiguous_format)
+        return _empty_like(t, memory_format=torch.contiguous_format)
     try:
         buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         buf.madvise(mmap.MADV_DONTFORK)
-        return torch.frombuffer(buf, dtype=t.dtype, count=t.numel()).view(t.shape)
+        return _view(_frombuffer(buf, dtype=t.dtype, count=t.numel()), t.shape)
     except (OSError, ValueError, TypeError, RuntimeError):  # ordinary memory, then
-        return torch.empty_like(t, memory_format=torch.contiguous_format)
+        return _empty_like(t, memory_format=torch.contiguous_format)
 
 
 class _Copier:
@@ -135,7 +142,7 @@ class _Copier:
             self.nbytes += t.numel() * t.element_size()
             if self.nbytes > self.limit:
                 raise Decline("the dataset's tensors are too large to copy")
-            copied = self.tensors[id(t)] = _unforked_like(t).copy_(t)
+            copied = self.tensors[id(t)] = _copy(_unforked_like(t), t)
         return copied
 
     @staticmethod
@@ -224,12 +231,12 @@ class _Rows:
         if modes_active():
             raise Decline("a torch function or dispatch mode is active")
         try:
-            idx = torch.frombuffer(array("q", indices), dtype=torch.int64)
-            lo, hi = torch.aminmax(idx)
+            idx = _frombuffer(array("q", indices), dtype=torch.int64)
+            lo, hi = _aminmax(idx)
             if int(lo) < 0 or int(hi) >= self.rows:
                 raise Decline("an index out of range (or negative)")
             n = len(indices)
-            outs = [torch.index_select(t, 0, idx, out=segments.empty((n, *t.shape[1:]), t.dtype))
+            outs = [_index_select(t, 0, idx, out=segments.empty((n, *t.shape[1:]), t.dtype))
                     for t in self.tensors]
         except Decline:
             raise

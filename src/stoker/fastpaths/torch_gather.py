@@ -24,7 +24,13 @@ from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset,
 from torch.utils.data._utils import collate as _torch_collate
 
 from stoker._core.torch_modes import modes_active
-from stoker._core.torch_own import tensor_methods_own, torch_function_own, torchs_own
+from stoker._core.torch_own import (
+    c_function,
+    c_method,
+    tensor_methods_own,
+    torch_function_own,
+    torchs_own,
+)
 from stoker.collate._alloc import current_allocator, request
 from stoker.fastpaths.batched_columns import Decline
 
@@ -65,6 +71,11 @@ PLAIN_DTYPES = frozenset({
     torch.complex128,
 })
 _MAX_DEPTH = 32
+# The gathers' own calls, not torch's path's: torch's C functions and methods themselves, so a
+# program's rebinding of these names sees nothing (NOTE [ torch's own functions ])
+_frombuffer, _aminmax = c_function("frombuffer"), c_function("aminmax")
+_empty, _index_select = c_function("empty"), c_function("index_select")
+_set, _index_copy = c_method("set_"), c_method("index_copy_")
 
 
 class _Idx:
@@ -75,8 +86,8 @@ class _Idx:
     def __init__(self, values: list[int]) -> None:
         self.values = values
         # array('q') refuses what is not an int64 (OverflowError): the caller declines
-        self.tensor = torch.frombuffer(array("q", values), dtype=torch.int64)
-        lo, hi = torch.aminmax(self.tensor)
+        self.tensor = _frombuffer(array("q", values), dtype=torch.int64)
+        lo, hi = _aminmax(self.tensor)
         self.lo, self.hi = int(lo), int(hi)
 
 
@@ -221,9 +232,9 @@ def _empty_like_collate(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor
         for s in shape:
             numel *= s
         storage = torch.UntypedStorage._new_shared(numel * t.element_size(), device=t.device)
-        out = torch.empty((0,), dtype=t.dtype, device=storage.device)
-        return out.set_(storage, 0, shape)  # type: ignore[call-overload]
-    return torch.empty(shape, dtype=t.dtype)
+        out = _empty((0,), dtype=t.dtype, device=storage.device)
+        return _set(out, storage, 0, shape)
+    return _empty(shape, dtype=t.dtype)
 
 
 def _build(node: Any, n: int) -> Any:
@@ -238,10 +249,10 @@ def _build(node: Any, n: int) -> Any:
             raise Decline("rows of different dtypes or shapes in one batch")
     out = _empty_like_collate(first, (n, *row_shape))
     if len(parts) == 1 and parts[0][1] is None:
-        return torch.index_select(first, 0, parts[0][2].tensor, out=out)
+        return _index_select(first, 0, parts[0][2].tensor, out=out)
     for t, positions, rows in parts:
         assert positions is not None  # merged parts always say where their rows go
-        out.index_copy_(0, positions.tensor, torch.index_select(t, 0, rows.tensor))
+        _index_copy(out, 0, positions.tensor, _index_select(t, 0, rows.tensor))
     return out
 
 

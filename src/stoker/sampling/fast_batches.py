@@ -22,7 +22,7 @@ import torch.utils.data.sampler
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from stoker._core.torch_modes import modes_active
-from stoker._core.torch_own import methods_own, tensor_methods_own, torch_function_own
+from stoker._core.torch_own import c_method, methods_own, tensor_methods_own, torch_function_own
 
 # What torch's path reads of each class (``len(loader)`` reads ``__len__``; ``num_samples`` is a
 # property) and what this module replaces.
@@ -55,10 +55,13 @@ def _random_chunks(sampler: RandomSampler) -> Iterator[np.ndarray | list[int]]:
     yield _ints(torch.randperm(n, generator=generator))[: sampler.num_samples % n]
 
 
+_numpy = c_method("numpy")  # torch's, whatever a program patched (NOTE [ torch's own functions ])
+
+
 def _ints(perm: torch.Tensor) -> np.ndarray | list[int]:
     # An active torch mode sees torch's own call, tolist() (NOTE [ The program's torch modes
     # see torch's calls ]); else a view of the same ints, turned into lists a batch at a time
-    return perm.tolist() if modes_active() else perm.numpy()
+    return perm.tolist() if modes_active() else _numpy(perm)
 
 
 def _sequential_chunks(sampler: SequentialSampler) -> Iterator[range]:

@@ -37,6 +37,7 @@ import torch
 
 from stoker._core.fast_paths_env import env_allows
 from stoker._core.torch_modes import unseen
+from stoker._core.torch_own import c_method
 from stoker.sampling.worker_rngs import CANON, MT_WORDS, RAW, canonical_public
 
 _MT_WORDS = MT_WORDS
@@ -243,6 +244,9 @@ def _set_numpy_state(state: Any) -> None:
         rs.set_state(state)
 
 
+_numpy = c_method("numpy")  # torch's, whatever a program patched (NOTE [ torch's own functions ])
+
+
 def snapshot(raw: bool = True) -> tuple[Any, Any, torch.Tensor]:
     """The states of ``random``, numpy's global RNG and torch's default CPU generator;
     ``raw=False``: through the public APIs only (NOTE [ One switch for the fast paths ])."""
@@ -254,7 +258,7 @@ def take() -> tuple:
     state as bytes, else (no raw copies here) the canonical form."""
     py, nps, ts = snapshot()
     with unseen():  # NOTE [ The program's torch modes see torch's calls ]
-        torch_bytes = ts.numpy().tobytes()
+        torch_bytes = _numpy(ts).tobytes()
     if isinstance(py[0], bytes) and isinstance(nps[0], bytes):
         return (RAW, py[0], py[1], nps[0], nps[1], torch_bytes)
     return (CANON, canonical_public(random.getstate(), np.random.get_state(legacy=True),

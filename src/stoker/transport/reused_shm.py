@@ -56,6 +56,7 @@ from torch.multiprocessing import get_sharing_strategy
 from torch.multiprocessing import reductions as torch_reductions
 
 from stoker._core.torch_modes import modes_active, unseen
+from stoker._core.torch_own import c_function, c_method
 
 _MAX_BUSY = 16  # checks a lent segment may stay held before the table forgets it
 _MAX_FREE_PER_SIZE = 8
@@ -104,6 +105,14 @@ def eligible() -> bool:
             and "_new_shared" not in vars(_UntypedStorage) and _self_check())
 
 
+# stoker's own calls (the self-check, a leaf moved into a reused segment): torch's C functions
+# and methods themselves, which a program's rebinding does not reach (NOTE [ torch's own
+# functions ]); the rebuild in the main process makes torch's rebuild's calls, as torch's does
+_zeros, _tensor, _empty = c_function("zeros"), c_function("tensor"), c_function("empty")
+_set, _copy, _new, _resize = (c_method("set_"), c_method("copy_"), c_method("new"),
+                              c_method("resize_"))
+
+
 @functools.cache
 def _self_check() -> bool:
     """The checks on small batches, run once: what is held elsewhere is never chosen nor
@@ -117,16 +126,16 @@ def _self_check() -> bool:
 
 def _collated(n: int) -> torch.Tensor:
     # as torch's collate_tensor_fn allocates an output in a worker
-    elem = torch.zeros(n)
+    elem = _zeros(n)
     storage = elem._typed_storage()._new_shared(n, device=elem.device)
-    return elem.new(storage).resize_(n)
+    return _resize(_new(elem, storage), n)
 
 
 def _check_worker_side() -> bool:
     pool = WorkerSegments()
     pool._begin()
     try:
-        batch: Any = {"x": _collated(4), "y": torch.tensor([1, 2])}
+        batch: Any = {"x": _collated(4), "y": _tensor([1, 2])}
         all_free = set(pool.prepare(batch))
         if all_free != {batch["x"].data_ptr(), batch["y"].data_ptr()}:
             return False
@@ -135,7 +144,7 @@ def _check_worker_side() -> bool:
         view = held_x["y"][0][1:]
         stored = {"x": _collated(4)}
         keep_storage = stored["x"].untyped_storage()
-        twice = torch.tensor([3, 4])
+        twice = _tensor([3, 4])
         aliased = [twice, twice]
         del twice
         for batch in (held_x, stored, aliased):
@@ -164,7 +173,7 @@ def _check_main_side() -> bool:
     source = _base_new_shared(_UntypedStorage, 16)
     fd, _ = source._share_fd_cpu_()
     storage = table.rebuild(0, 16, fd)
-    t = torch.empty(0).set_(storage, 0, (4,), (1,))
+    t = _set(_empty(0), storage, 0, (4,), (1,))
     del storage
     if table.settle() != []:
         return False
@@ -322,9 +331,9 @@ class WorkerSegments:
             return  # shared memory that is not ours, or held elsewhere: torch's way
         del storage
         seg = self._take(nbytes, candidate=False)
-        out = torch.empty(0, dtype=t.dtype).set_(seg.storage, 0, t.shape, t.stride())
-        out.copy_(t)
-        t.set_(seg.storage, 0, t.shape, t.stride())
+        out = _set(_empty(0, dtype=t.dtype), seg.storage, 0, t.shape, t.stride())
+        _copy(out, t)
+        _set(t, seg.storage, 0, t.shape, t.stride())
         chosen[seg.storage.data_ptr()] = seg
 
     def gone(self, ptr: int) -> None:
