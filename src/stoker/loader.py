@@ -186,6 +186,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     # -- iteration ---------------------------------------------------------------------------
 
     def __iter__(self) -> BaseIterator:  # type: ignore[override]
+        if type(self)._get_iterator is not DataLoader._get_iterator:
+            return self._subclass_iter()
         resume, self._stoker_resume = self._stoker_resume, None
         if resume is not None and not resume.get("sampler_state_applies", True):
             resume = {**resume, "sampler_state": None}  # NOTE [ Constant state keys ]
@@ -209,6 +211,19 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def _get_iterator(self) -> Any:
         return self._make_iterator(None)
+
+    def _subclass_iter(self) -> Any:
+        """A subclass that makes its own iterators (``_get_iterator`` overridden) gets them as
+        torch's ``__iter__`` gets them: made anew each pass, or kept and ``_reset`` with
+        persistent workers. What it makes is its own, so stoker's resume and epoch autopilot
+        do not apply to it."""
+        if self.persistent_workers and self.num_workers > 0:
+            if self._iterator is None:
+                self._iterator = self._get_iterator()
+            else:
+                self._iterator._reset(self)
+            return self._iterator
+        return self._get_iterator()
 
     def _make_iterator(self, resume: dict[str, Any] | None) -> Any:
         check_generator(self.generator)

@@ -225,3 +225,33 @@ def test_torchs_own_classes_are_read_from_the_copy_each_worker_started_with(
         return out
 
     _both(Loader, TorchLoader, script)
+
+
+# found by a blind sweep of ordinary programs: stoker's __iter__ went around a subclass's own
+# _get_iterator
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_subclass_that_makes_its_own_iterators_gets_them(Loader, TorchLoader, num_workers):
+    from torch.utils.data.dataloader import (
+        _MultiProcessingDataLoaderIter,
+        _SingleProcessDataLoaderIter,
+    )
+
+    base = _MultiProcessingDataLoaderIter if num_workers else _SingleProcessDataLoaderIter
+
+    class Tagged(base):  # type: ignore[misc, valid-type]
+        def _next_data(self) -> Any:
+            return ("tagged", super()._next_data())
+
+    def script(cls: type) -> list:
+        class Tagging(cls):  # type: ignore[misc, valid-type]
+            def _get_iterator(self) -> Any:
+                return Tagged(self)
+
+        loader = Tagging(list(range(8)), batch_size=2, num_workers=num_workers,
+                         persistent_workers=bool(num_workers), timeout=60 if num_workers else 0)
+        epochs = [[(tag, batch.tolist()) for tag, batch in loader] for _ in range(2)]
+        del loader
+        gc.collect()  # torch's iterator shuts its persistent workers down when collected
+        return epochs
+
+    _both(Loader, TorchLoader, script)
