@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import collections
 import functools
+import gc
 import multiprocessing
 import os
 import threading
 import time
 import warnings
+import weakref
 from typing import Any
 
 import psutil
@@ -272,6 +274,36 @@ def test_timeout_raises_torchs_runtime_error(Loader):
     finally:
         release.set()
         del it, loader
+
+
+def test_a_timed_out_iterator_goes_with_its_traceback(Loader):
+    # a script that retries on the timeout: torch's iterator (and its workers) goes as soon as
+    # the caught error does, by reference counting; stoker's stayed in a cycle through the
+    # frame that raised the error until the collector ran (found by a blind sweep)
+    release, started = multiprocessing.Event(), multiprocessing.Event()
+    loader = Loader(
+        GatedDS(4, release, started, block_index=None), batch_size=1, num_workers=1, timeout=1
+    )
+
+    def attempt() -> Any:
+        it = iter(loader)
+        ref = weakref.ref(it)
+        try:
+            next(it)
+        except RuntimeError as exc:
+            assert str(exc) == "DataLoader timed out after 1 seconds"
+        finally:
+            del it
+        return ref
+
+    # ``release`` is never set: the worker is stopped while it waits (after which set() could
+    # block on the waiter it lost); a kept iterator's worker gives up after BLOCK_TIMEOUT_S
+    gc.disable()
+    try:
+        ref = attempt()
+        assert ref() is None, "the timed-out iterator is kept by a reference cycle"
+    finally:
+        gc.enable()
 
 
 def test_in_order_false_returns_ready_batches_first(Loader):

@@ -367,7 +367,10 @@ class ProcessIterator(Dispatch):
             w.process.join(1.0)
             if w.process.exitcode is not None:
                 self._deaths.lost(self._book, w, self._file_reply)
-        raise error
+        try:
+            raise error
+        finally:  # no cycle through this frame (the iterator goes with the traceback)
+            del error
 
     def _unpacking(self) -> Any:
         """stoker's receive range (NOTE [ Batches cross as torch's do ]), where asked for."""

@@ -157,7 +157,10 @@ class ThreadIterator(BaseIterator):
         if error is not None:
             add_note(error, f"stoker: raised in a fetch thread while loading "
                             f"{describe_failure(job.indices, error)}.")
-            raise error
+            try:
+                raise error
+            finally:  # no cycle through this frame (the iterator goes with the traceback)
+                del error
         try:
             return self._fetcher.finish(kept if kept else EMPTY)
         except MixedDeviceError as exc:

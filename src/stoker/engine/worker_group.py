@@ -259,7 +259,10 @@ class StallClock:
         err = LoaderTimeoutError(f"DataLoader timed out after {self.timeout_s} seconds")
         if where:
             add_note(err, f"stoker: {where}")
-        raise err
+        try:
+            raise err
+        finally:  # no cycle through this frame: the iterator goes with the traceback, as torch's
+            del err
 
 
 class StreamLog:

@@ -114,7 +114,10 @@ def start_workers(group: WorkerGroup, ctx: BaseContext, specs: list[WorkerSpec],
     # the sampler: a sampler that raises there leaves the same process behind.
     _set_SIGCHLD_handler()
     if failed is not None:
-        raise failed
+        try:
+            raise failed
+        finally:  # no cycle through this frame (the iterator goes with the traceback)
+            del failed
 
 
 def _spawn_side_by_side(group: WorkerGroup, ctx: BaseContext, specs: list[WorkerSpec]) -> None:
