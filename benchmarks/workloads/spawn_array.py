@@ -1,7 +1,8 @@
 """`spawn_array`: a dataset holding a 256 MiB numpy array, workers started with `spawn`.
-torch pickles the dataset once per worker and each worker unpickles its own copy; stoker
-pickles it once and the workers map the array's pages from one shared segment (NOTE
-[ Pickle once ]). One epoch, num_workers=2, batch 64, no warm-up: compare
+torch pickles the dataset once per worker and each worker unpickles its own copy, as stoker
+does by default; with `STOKER_BEYOND_TORCH=pickle_once` (or `=1`) stoker pickles it once and
+the workers map the array's pages from one shared segment (NOTE [ Pickle once ]). One epoch,
+num_workers=2, batch 64, no warm-up: compare
 `time_to_first_batch_s` (start-up included) and `peak_pss_mib` / `peak_pss_ratio_to_before`."""
 
 from __future__ import annotations

@@ -564,6 +564,28 @@ class BigArrayDS(Dataset):
         )
 
 
+class PicklingCounted(Dataset):
+    """Notes, in the process that pickles it, the thread of each ``__getstate__``;
+    ``ds[i]`` = (i, whether its 1 MiB array owns its data in the process that reads it)."""
+
+    pickled: list[str] = []
+
+    def __init__(self) -> None:
+        self.array = np.zeros(2**17)
+
+    def __getstate__(self) -> dict:
+        import threading
+
+        PicklingCounted.pickled.append(threading.current_thread().name)
+        return self.__dict__
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> tuple:
+        return i, int(self.array.flags.owndata)
+
+
 def touch_and_mark_array(worker_id: int) -> None:
     """worker_init_fn: read the whole array (its pages shared by every worker), then write
     one element, which must stay this worker's own."""

@@ -68,6 +68,8 @@ THIRD_PARTY = {
     ("_core/torch_own.py", "_tensor"): "torch._tensor: the module defining torch.Tensor's "
                                        "Python methods (the same NOTE)",
     ("fastpaths/torch_gather.py", "_new_shared"): "as torch's collate_tensor_fn does in a worker",
+    ("loader.py", "_reset"): "a subclass's own iterator, reset as torch's __iter__ resets it "
+                             "(DataLoader._subclass_iter)",
     ("_core/torch_modes.py", "_C"): "torch's mode stacks, and the guards that hide stoker's "
                                     "own calls from them (NOTE [ The program's torch modes see "
                                     "torch's calls ])",

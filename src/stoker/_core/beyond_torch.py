@@ -31,7 +31,7 @@ ENV = "STOKER_BEYOND_TORCH"
 Behaviour = Literal[
     "per_batch_seeding", "inline_gathers", "batched_getitem", "deep_prefetch",
     "move_stragglers", "epoch_autopilot", "shared_lists", "slab_transport", "keep_slabs",
-    "thread_caps", "gc_freeze", "cuda_forkserver", "profiler_ranges",
+    "thread_caps", "gc_freeze", "cuda_forkserver", "profiler_ranges", "pickle_once",
 ]
 
 # name -> what it does and what a program could tell (the promise it asks the user to make).
@@ -80,6 +80,12 @@ BEHAVIOURS: dict[str, str] = {
         "process, so they may use CUDA: the dataset, collate_fn and worker_init_fn are pickled "
         "to each worker (CudaInWorkersError if they do not pickle), and the workers are "
         "ForkServerProcess-N"),
+    "pickle_once": (
+        "under spawn/forkserver, pickle the dataset, collate_fn and worker_init_fn once for "
+        "all workers (protocol 5, large arrays out of band in one shared mapping each worker "
+        "reads copy-on-write) and start the workers side by side, instead of once per worker "
+        "in turn: their __getstate__/__reduce_ex__ run once, a worker's large arrays view "
+        "the shared mapping (not owndata)"),
     "profiler_ranges": (
         "name the loader's stages in a torch.profiler trace (stoker: next(), receive batch "
         "from worker, pin batch, fetch, collate) inside torch's own enumerate(DataLoader) "

@@ -33,9 +33,10 @@ beyond_torch: ``None`` (default) reads ``STOKER_BEYOND_TORCH`` (unset: nothing b
     names turns on those: ``"per_batch_seeding"``, ``"inline_gathers"``,
     ``"batched_getitem"``, ``"deep_prefetch"``, ``"move_stragglers"``,
     ``"epoch_autopilot"``, ``"shared_lists"``, ``"slab_transport"``, ``"keep_slabs"``,
-    ``"thread_caps"``, ``"gc_freeze"``, ``"cuda_forkserver"``, ``"profiler_ranges"``. Each
-    changes something a program can observe (NOTE [ Same as torch unless asked ] says what;
-    the audit table in docs/same_as_torch.md lists every mechanism).
+    ``"thread_caps"``, ``"gc_freeze"``, ``"cuda_forkserver"``, ``"profiler_ranges"``,
+    ``"pickle_once"``. Each changes something a program can observe (NOTE [ Same as torch
+    unless asked ] says what; the audit table in docs/same_as_torch.md lists every
+    mechanism).
 seeding: ``None`` (default): torch's seeding (each worker seeded once at start with base
     seed + worker id), or per batch when ``beyond_torch`` names ``"per_batch_seeding"``.
     ``"per_batch"`` reseeds ``random``, numpy's global RNG and torch's default generator

@@ -66,6 +66,8 @@ def _shm_note(exitcode: int) -> str:
 
 
 FileReply = Callable[[Any, Any], None]
+# processes that unpickle their arguments before any of stoker's code runs in them
+_PICKLED_STARTS = ("SpawnProcess", "ForkServerProcess")
 
 
 class DeathWatch:
@@ -108,7 +110,10 @@ def check_workers_alive(watch: DeathWatch, book: TaskBook, file_reply: FileReply
         what = describe_indices([j for i in held for j in (i if isinstance(i, list) else [i])])
         line = _describe_exit(w) + (f", loading {what}." if held else ".")
         cause = _LIKELY_CAUSE.get(-w.process.exitcode) if w.process.exitcode < 0 else (
-            "A worker exits like this when dataset code calls sys.exit()/os._exit()."
+            "A worker exits like this when dataset code calls sys.exit()/os._exit()"
+            + (", or when the new process cannot unpickle the dataset, collate_fn or "
+               "worker_init_fn (its traceback is on stderr above)."
+               if type(w.process).__name__ in _PICKLED_STARTS else ".")
         )
         if cause:
             line += " " + cause

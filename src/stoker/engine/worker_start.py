@@ -92,11 +92,14 @@ def start_workers(group: WorkerGroup, ctx: BaseContext, specs: list[WorkerSpec],
     torch's iterator does once its workers run, torch's SIGCHLD handler is set in the main
     process (NOTE [ The worker's process is torch's ])."""
     method = ctx.get_start_method()
-    asked = "gc_freeze" in specs[0].fetch.beyond if specs else False
+    beyond = specs[0].fetch.beyond if specs else frozenset()
     failed: BaseException | None = None  # the sampler's, while priming
     try:
-        with pools_quiet_for_fork(method), gc_frozen_for_fork(method, asked):
-            if method == "fork" or len(specs) == 1:
+        with pools_quiet_for_fork(method), gc_frozen_for_fork(method, "gc_freeze" in beyond):
+            # torch starts its workers one after another, each pickling its own arguments
+            # in this thread; pickling once for all of them is beyond torch (NOTE [ Pickle
+            # once ]: __getstate__ runs once, arrays view a shared mapping)
+            if method == "fork" or len(specs) == 1 or "pickle_once" not in beyond:
                 for spec in specs:
                     group.workers.append(start_worker(ctx, spec))
                     if failed is None:

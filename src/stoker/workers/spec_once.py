@@ -1,6 +1,9 @@
 """The worker spec pickled once for every spawn/forkserver worker, large buffers shared.
 
 NOTE [ Pickle once ]
+Beyond torch (``beyond_torch={"pickle_once"}``: a dataset's ``__getstate__`` runs once, not
+once per worker, and its workers' arrays view a shared mapping; by default spawn/forkserver
+workers are started as torch starts them, each pickling its own arguments).
 ``multiprocessing`` pickles a spawned process's arguments once per process: a dataset holding
 a 1 GiB array is pickled, written through a pipe and unpickled once per worker, and every
 worker ends up with a private copy. Instead, ``pickle_once`` pickles the spec (dataset,
