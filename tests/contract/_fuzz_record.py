@@ -56,7 +56,6 @@ from _fuzz_env import (
     signals,
     warning_filters,
 )
-from _fuzz_modes import counting_mode
 from _fuzz_patches import patch
 from _fuzz_plain import canonical_pids, drop_tracebacks, exc_record, mask_pids, plain_batch
 from _fuzz_spec import (
@@ -69,6 +68,8 @@ from _fuzz_spec import (
     WorkerInitSpec,
 )
 from _fuzz_torch_ds import write_tables
+
+from _counting_modes import counting_mode
 
 MAX_STEPS = 200  # next() calls per epoch before the record says "too many"
 

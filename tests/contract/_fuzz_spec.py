@@ -202,7 +202,7 @@ class Op:
     # "write_tables": torch's classes' tensors written in place (``_fuzz_torch_ds``);
     # "patch_torch": torch's code patched by the program, ``value`` names it (``_fuzz_patches``);
     # "torch_mode": the epoch iterates inside a counting torch mode of kind ``value``
-    # (``_fuzz_modes``)
+    # (``tests/_counting_modes.py``)
     attr: str
     value: Any = None
 

@@ -22,7 +22,6 @@ from _fuzz_cases import EXCEPTIONS
 from _fuzz_env import WARN_MODES
 from _fuzz_formats import format_datasets
 from _fuzz_known import masked
-from _fuzz_modes import MODES
 from _fuzz_patches import PATCHES
 from _fuzz_spec import (
     OBS_NAMES,
@@ -45,6 +44,8 @@ from _fuzz_spec import (
 )
 from _fuzz_torch_ds import torch_datasets
 from hypothesis import strategies as st
+
+from _counting_modes import MODES
 
 NP_DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8",
              "bool", "complex64")

@@ -15,14 +15,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections import Counter
 from typing import Any
 
 import numpy as np
 import torch
 import torch.utils.data
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from _counting_modes import counting_mode  # noqa: E402
 
 if os.environ["STOKER_PROBE_LOADER"] == "stoker":
     from stoker import DataLoader
@@ -33,27 +33,7 @@ MAIN_PID = os.getpid()
 KIND, NUM_WORKERS, ORDER, OUT = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 
 
-class Calls(TorchFunctionMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: Counter[str] = Counter()
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.seen[getattr(func, "__qualname__", str(func))] += 1
-        return func(*args, **(kwargs or {}))
-
-
-class Ops(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.seen[str(func)] += 1
-        return func(*args, **(kwargs or {}))
-
-
-calls = Calls()
+calls = counting_mode("function")
 PASS = "calls"  # workers forked in this pass (its value then) write what their mode saw
 
 
@@ -88,7 +68,7 @@ def run(loader: Any) -> list:
 torch.manual_seed(0)
 loader = DataLoader(dataset(), batch_size=8, num_workers=NUM_WORKERS,
                     shuffle=ORDER == "shuffle")
-ops = Ops()
+ops = counting_mode("dispatch")
 with calls:
     batches = run(loader)
 PASS = "ops"

@@ -40,9 +40,10 @@ def _hidden() -> Iterator[None]:
         yield
 
 
-def unseen() -> Any:
-    """``with unseen():`` stoker's own torch calls, hidden from the program's active modes."""
-    return _hidden() if modes_active() else _NONE
+def unseen(when: bool = True) -> Any:
+    """``with unseen():`` stoker's own torch calls, hidden from the program's active modes
+    (``when=False``: not hidden, for calls torch's path makes where stoker makes them)."""
+    return _hidden() if when and modes_active() else _NONE
 
 
 def subclass_unseen() -> Any:

@@ -24,7 +24,6 @@ worker's ``set_epoch`` with every new epoch (``Reset``). Others are left as torc
 
 from __future__ import annotations
 
-import contextlib
 import time
 import weakref
 from typing import Any
@@ -67,9 +66,6 @@ def _dataset_epoch(dataset: Any) -> int | None:
     return epoch_of() if callable(epoch_of) else None
 
 
-
-
-_SEEN = contextlib.nullcontext()
 
 
 class ProcessIterator(Dispatch):
@@ -381,7 +377,7 @@ class ProcessIterator(Dispatch):
         t0 = time.perf_counter()
         # torch's pin thread rebuilds a batch where the program's modes are not: NOTE [ The
         # program's torch modes see torch's calls ]
-        with stage_range(UNPACK, self._ranges), unseen() if self._pin else _SEEN:
+        with stage_range(UNPACK, self._ranges), unseen(self._pin):
             data = self._group.reader.unpack(wid, done.segment_id, done.used, done.payload)
         self._stats.unpacked(t0)
         return data

@@ -1,9 +1,10 @@
-"""A torch mode the program has active while it iterates, for the differential fuzzer.
+"""Torch modes that count what they see: a program's ``TorchFunctionMode`` or
+``TorchDispatchMode`` active while it iterates, for the tests that compare it under torch's
+loader and stoker's (the differential fuzzer's ``torch_mode`` op, ``_modes_probe.py``).
 
-A ``TorchFunctionMode`` or ``TorchDispatchMode`` sees every torch call made on its thread (and
-a worker forked while it is active starts with it): under torch's DataLoader, torch's own calls.
-The fuzzer wraps an epoch's ``iter()`` and each ``next()`` in one that counts what it sees, and
-records the counts (NOTE [ The program's torch modes see torch's calls ]).
+A mode sees every torch call made on its thread (and a worker forked while it is active
+starts with it): under torch's DataLoader, torch's own calls (NOTE [ The program's torch modes
+see torch's calls ]).
 """
 
 from __future__ import annotations
