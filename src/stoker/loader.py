@@ -218,10 +218,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         persistent workers. What it makes is its own, so stoker's resume and epoch autopilot
         do not apply to it."""
         if self.persistent_workers and self.num_workers > 0:
-            if self._iterator is None:
+            from stoker.engine.base_iter import BaseIterator
+
+            it = self._iterator
+            if it is None:
                 self._iterator = self._get_iterator()
+            elif isinstance(it, BaseIterator):  # stoker's, from super()._get_iterator()
+                it.reset(self._pass_plan())  # type: ignore[attr-defined]
             else:
-                self._iterator._reset(self)
+                it._reset(self)
             return self._iterator
         return self._get_iterator()
 

@@ -255,3 +255,54 @@ def test_a_subclass_that_makes_its_own_iterators_gets_them(Loader, TorchLoader, 
         return epochs
 
     _both(Loader, TorchLoader, script)
+
+
+# found beside the one above: a subclass whose _get_iterator returns super()'s iterator kept
+# it with persistent workers, and the next pass called torch's _reset on stoker's iterator
+def test_a_subclass_that_returns_the_loaders_own_persistent_iterator_goes_on(
+    Loader, TorchLoader
+):
+    def script(cls: type) -> list:
+        made = []
+
+        class Counting(cls):  # type: ignore[misc, valid-type]
+            def _get_iterator(self) -> Any:
+                made.append(len(made))
+                return super()._get_iterator()
+
+        loader = Counting(list(range(6)), batch_size=2, num_workers=2, persistent_workers=True,
+                          timeout=60)
+        epochs = [[batch.tolist() for batch in loader] for _ in range(3)]
+        del loader
+        gc.collect()
+        return [epochs, made]
+
+    _both(Loader, TorchLoader, script)
+
+
+# NOTE [ torch's iterator classes ]: frameworks tell torch's iterators by class (Lightning's
+# CombinedLoader pickles without them, and shuts a multiprocessing one's workers down)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_iterator_is_an_instance_of_torchs_iterator_classes(
+    Loader, TorchLoader, num_workers
+):
+    from torch.utils.data import dataloader
+
+    kinds = (dataloader._BaseDataLoaderIter, dataloader._SingleProcessDataLoaderIter,
+             dataloader._MultiProcessingDataLoaderIter)
+
+    def script(cls: type) -> list:
+        loader = cls(list(range(6)), batch_size=2, num_workers=num_workers,
+                     persistent_workers=bool(num_workers), timeout=60 if num_workers else 0)
+        it = iter(loader)
+        first = next(it).tolist()
+        facts = [first, [isinstance(it, kind) for kind in kinds], len(it)]
+        if num_workers:
+            workers = list(it._workers)
+            it._shutdown_workers()  # as Lightning does at the end of a fit
+            facts.append([w.is_alive() for w in workers])
+        del it, loader
+        gc.collect()
+        return facts
+
+    _both(Loader, TorchLoader, script)

@@ -37,6 +37,9 @@ THIRD_PARTY = {
                                            "(NOTE [ Every rank's part ]): advice that fits",
     ("_core/torch_voice.py", "_getframe"): "the first frame outside stoker, where torch's "
                                            "__next__ attributes its warning",
+    ("engine/base_iter.py", "_BaseDataLoaderIter"): "NOTE [ torch's iterator classes ]",
+    ("engine/inline_iter.py", "_SingleProcessDataLoaderIter"): "the same",
+    ("engine/process_iter.py", "_MultiProcessingDataLoaderIter"): "the same",
     ("engine/stats.py", "_C"): "torch.profiler's enabled check (torch._C._autograd)",
     ("engine/stats.py", "_autograd"): "torch.profiler's enabled check",
     ("sampling/global_rngs.py", "_rand"): "numpy's global RandomState",

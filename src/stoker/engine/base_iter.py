@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from torch.utils.data import IterableDataset
+from torch.utils.data import dataloader as torch_dataloader
 
 from stoker._core.arguments import note_iterator_check
 from stoker._core.plan import Plan
@@ -77,7 +78,18 @@ def _epoch_samples(index_sampler: Any) -> int | None:
         return None
 
 
-class BaseIterator:
+# NOTE [ torch's iterator classes ]
+# Programs and frameworks tell torch's iterators by their class: Lightning's CombinedLoader
+# leaves any ``_BaseDataLoaderIter`` out of its pickled state, and at the end of a fit shuts a
+# ``_MultiProcessingDataLoaderIter``'s workers down by its ``_shutdown_workers``. So stoker's
+# iterators are instances of the class torch's would be (``_SingleProcessDataLoaderIter``
+# without workers, ``_MultiProcessingDataLoaderIter`` with them, ``_BaseDataLoaderIter`` for
+# stoker's own executors), and such checks answer as under torch. Nothing of torch's class
+# runs on them: what the runtime and frameworks call (``__next__``, ``__iter__``,
+# ``__len__``, ``__getstate__``, ``__del__``, ``_next_data``, ``_shutdown_workers``) is
+# stoker's; torch's ``__init__`` is never called, so its other private methods, which read
+# torch's private attributes, still fail with AttributeError.
+class BaseIterator(torch_dataloader._BaseDataLoaderIter):
     # Worker iterators call iter(sampler) a second time after the seed draw, as torch does.
     _reiter_after_seed = False
     # The range torch's iterator of this kind opens in every __next__ (NOTE [ The program's

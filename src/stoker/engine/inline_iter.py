@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from torch.utils.data import dataloader as torch_dataloader
+
 from stoker._core.plan import Plan
 from stoker.engine.base_iter import BaseIterator
 from stoker.engine.loader_state import EngineState
@@ -28,7 +30,8 @@ from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
 from stoker.workers.remote_errors import add_note, describe_failure
 
 
-class InlineIterator(BaseIterator):
+class InlineIterator(BaseIterator, torch_dataloader._SingleProcessDataLoaderIter):
+    # NOTE [ torch's iterator classes ]
     _profile_name = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 
     def __init__(

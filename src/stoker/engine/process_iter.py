@@ -29,6 +29,7 @@ import weakref
 from typing import Any
 
 from torch.utils.data import IterableDataset
+from torch.utils.data import dataloader as torch_dataloader
 
 from stoker._core.dataset_hooks import (
     SupportsEpoch,
@@ -68,7 +69,7 @@ def _dataset_epoch(dataset: Any) -> int | None:
 
 
 
-class ProcessIterator(Dispatch):
+class ProcessIterator(Dispatch, torch_dataloader._MultiProcessingDataLoaderIter):
     """Conducts one loader's workers: ``Dispatch`` sends their tasks, ``TaskBook`` says which
     task is where, ``WorkerGroup`` owns the processes and sockets, ``MovePolicy`` moves tasks
     off stragglers, ``DeathWatch`` and ``StallClock`` report dead and stuck workers."""
@@ -407,8 +408,11 @@ class ProcessIterator(Dispatch):
     def _shutdown_workers(self) -> None:  # torch's name, for code that calls it
         self.shutdown()
 
+    def __del__(self) -> None:
+        pass  # not torch's: the finalizer stops the workers, also when __init__ failed
+
     @property
-    def _workers(self) -> list[WorkerProcess]:
+    def _workers(self) -> list[WorkerProcess]:  # type: ignore[override]
         """torch's name: the worker processes (code reads their pids or joins them)."""
         return [WorkerProcess(w) for w in self._group.workers]
 
