@@ -195,7 +195,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
         begin_epoch(self.sampler, self.batch_sampler,
                     autopilot="epoch_autopilot" in self._stoker_beyond)
-        if self.persistent_workers and self.num_workers > 0:
+        # worker_type="thread" keeps nothing between passes: its threads end with each epoch
+        if self.persistent_workers and self.num_workers > 0 and self.worker_type != "thread":
             it = self._iterator
             if it is None or it.stopped or resume is not None:  # type: ignore[attr-defined]
                 if it is not None:

@@ -155,6 +155,22 @@ def test_waiting_fetches_stay_at_one_without_the_promise_and_stats_say_what_it_g
             r"the dataset class lets stoker tune it", reason), reason
 
 
+def test_thread_workers_with_persistent_workers_start_each_pass_anew():
+    # persistent_workers kept the first pass's iterator, which has no workers to keep: the
+    # second pass raised AttributeError ('ThreadIterator' object has no attribute 'stopped')
+    loader = stoker.DataLoader(Waiting(24), batch_size=8, num_workers=2, worker_type="thread",
+                               persistent_workers=True)
+    def indices(batches: list[torch.Tensor]) -> list[int]:
+        return sorted(torch.cat(batches)[:, 0].tolist())
+
+    assert [indices(list(loader)) for _ in range(3)] == [list(range(24))] * 3
+    first = iter(loader)
+    next(first)
+    assert indices([next(first), *iter(loader), next(first)]) == sorted(
+        list(range(8, 24)) + list(range(24))
+    )  # each pass's iterator its own, as without persistent_workers
+
+
 def test_global_rng_dataset_is_never_run_concurrently():
     # worker_type="thread" promises thread-safety, yet a global RNG draw seen while exploring
     # keeps fetches at one (their augmentations would depend on thread timing).
