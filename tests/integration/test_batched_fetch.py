@@ -132,6 +132,26 @@ def test_auto_keeps_workers_when_the_probe_batches_disagree():
     assert not loader.stats().inline
 
 
+class PairOfIndex(torch.utils.data.Dataset):
+    """Its __getitem__ compiles to a batched form that gives another batch: ``[i, i * 2]``
+    of a list of indices is two lists, the second repeated, not one pair per index."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i, i * 2])
+
+
+def test_auto_keeps_workers_when_the_first_probe_batch_disagrees():
+    # The probe of the second batch indexed a candidate the first had dropped (IndexError)
+    kwargs = {"num_workers": 2, "timeout": 60}
+    _, expected = _batches(TorchLoader, PairOfIndex(), epochs=1, **kwargs)
+    loader, got = _batches(stoker.DataLoader, PairOfIndex(), epochs=1, **kwargs)
+    assert [b.tolist() for b in got] == [b.tolist() for b in expected]
+    assert not loader.stats().inline
+
+
 def test_a_rejection_during_an_inline_epoch_sends_the_next_epoch_to_workers():
     # The loader's own probe passes, but this batch sampler yields numpy integers, which the
     # batched form declines: the epoch is fetched sample by sample (the same batches), and the

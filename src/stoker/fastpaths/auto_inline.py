@@ -62,4 +62,6 @@ def gathers_suffice(spec: FetchSpec, worker_init_fn: Any, batch_size: int | None
         except Exception:
             return False  # the workers' plain path will raise it, as torch's would
         probe.check(indices, plain)
+        if probe.kind != "source":
+            return False  # the source form gave another batch: dropped, nothing left to check
     return probe.adopted and not probe.collates_objects
