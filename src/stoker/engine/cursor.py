@@ -223,8 +223,9 @@ class EpochCursor:
         datapipe = self._iter_datapipe
         self._sampler_started = False  # drawn from before a resumed epoch's save point
         with ctx:
-            if resume and self._stateful is not None and resume["sampler_state"] is not None:
-                self._stateful.load_state_dict(resume["sampler_state"])
+            loaded = resume["sampler_state"] if resume and self._stateful is not None else None
+            if loaded is not None:
+                self._stateful.load_state_dict(loaded)
             if datapipe and first:
                 self.datapipe_seed = draw_shared_seed(self._generator, self._seed_group)
             self._sampler_iter = self._iter_sampler()
@@ -234,6 +235,8 @@ class EpochCursor:
                 self.base_seed = resume["base_seed"]
             if first and reiter_after_seed:
                 check_before_reiter()
+                if loaded is not None:  # a sampler whose iter() takes the position at once
+                    self._stateful.load_state_dict(loaded)
                 self._sampler_iter = self._iter_sampler()
             if datapipe and (reiter_after_seed or not first):
                 # torch's worker iterators draw one more at their first reset (their workers
