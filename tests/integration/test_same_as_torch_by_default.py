@@ -306,3 +306,20 @@ def test_the_iterator_is_an_instance_of_torchs_iterator_classes(
         return facts
 
     _both(Loader, TorchLoader, script)
+
+
+# found by a blind sweep: with workers an empty batch asked for by the batch sampler was taken
+# for one whose samples were all skipped (on_error="skip", never set): not yielded, and warned
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_an_empty_batch_from_the_batch_sampler_is_collated(Loader, TorchLoader, num_workers):
+    def script(cls: type) -> list:
+        import warnings
+
+        loader = cls(list(range(10)), batch_sampler=[[], [1], [2, 3], []],
+                     num_workers=num_workers, collate_fn=len, timeout=60 if num_workers else 0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            batches = [list(loader) for _ in range(2)]
+        return [batches, [str(w.message) for w in caught]]
+
+    _both(Loader, TorchLoader, script)

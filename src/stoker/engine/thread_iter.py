@@ -162,7 +162,8 @@ class ThreadIterator(BaseIterator):
             finally:  # no cycle through this frame (the iterator goes with the traceback)
                 del error
         try:
-            return self._fetcher.finish(kept if kept else EMPTY)
+            # EMPTY only when samples were skipped: an empty batch asked for is collated
+            return self._fetcher.finish(EMPTY if skipped and not kept else kept)
         except MixedDeviceError as exc:
             raise exc.with_indices([job.indices[k] for k in range(len(job.indices))
                                     if k not in job.errors]) from None

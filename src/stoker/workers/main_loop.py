@@ -388,7 +388,8 @@ class Worker:
         if error is not None:
             self._fail(job.task_id, job.indices, error)
             return
-        self._finish(job.task_id, job.indices, kept if kept else EMPTY, skipped,
+        # EMPTY only when samples were skipped: an empty batch asked for is collated, as torch
+        self._finish(job.task_id, job.indices, EMPTY if skipped and not kept else kept, skipped,
                      (job.wall_s, job.cpu_s))
 
     # -- the event loop ----------------------------------------------------------------------
