@@ -323,3 +323,72 @@ def test_an_empty_batch_from_the_batch_sampler_is_collated(Loader, TorchLoader, 
         return [batches, [str(w.message) for w in caught]]
 
     _both(Loader, TorchLoader, script)
+
+
+def _rows_datasets() -> dict[str, Any]:
+    return {
+        "tensors": torch.utils.data.TensorDataset(torch.arange(24.).view(12, 2), torch.arange(12)),
+        "concat": torch.utils.data.ConcatDataset(
+            [torch.utils.data.TensorDataset(torch.arange(12.).view(6, 2)),
+             torch.utils.data.TensorDataset(torch.arange(12.).view(6, 2) + 100)]),
+    }
+
+
+# found by a blind sweep: the batches of torch's own dataset classes took inference_mode from
+# the iter() that gathered them ahead (main-process gathers), not from the next() that hands
+# them out, and their version counters were one higher than torch's. One worker: with two,
+# which batch torch's loop takes off its queue inside the inference_mode next() is timing
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("name", ["tensors", "concat"])
+def test_a_gathered_batch_is_made_at_the_next_that_hands_it_out(
+    Loader, TorchLoader, num_workers, name
+):
+    def facts(batch: Any) -> list:
+        x = batch[0]
+        version = None if x.is_inference() else x._version  # not tracked for those
+        try:
+            x.add_(1)
+            inplace = "ok"
+        except RuntimeError as exc:
+            inplace = str(exc).split(".")[0]
+        return [x.is_inference(), version, inplace]
+
+    def script(cls: type) -> list:
+        loader = cls(_rows_datasets()[name], batch_size=4, shuffle=True, num_workers=num_workers,
+                     generator=torch.Generator().manual_seed(0))
+        out = []
+        with torch.inference_mode():
+            it = iter(loader)
+        out.append(facts(next(it)))
+        with torch.inference_mode():
+            out.append(facts(next(it)))
+        out.append([facts(b) for b in it])
+        return out
+
+    _both(Loader, TorchLoader, script)
+
+
+# found by a blind sweep: a profiler's trace listed stoker's own operators (the gathers'
+# index_select, the sampler's numpy view, the transport's copies) where torch's lists its own
+@pytest.mark.parametrize(("name", "num_workers", "after_iter"), [
+    ("tensors", 0, False), ("concat", 0, True), ("tensors", 2, False), ("tensors", 2, True),
+    ("list", 0, False),
+])
+def test_a_profiler_lists_torchs_operators(Loader, TorchLoader, name, num_workers, after_iter):
+    import collections
+
+    from torch.profiler import ProfilerActivity, profile
+
+    def script(cls: type) -> list:
+        dataset = list(range(12)) if name == "list" else _rows_datasets()[name]
+        torch.manual_seed(0)
+        loader = cls(dataset, batch_size=4, shuffle=True, num_workers=num_workers,
+                     timeout=60 if num_workers else 0)
+        it = iter(loader) if after_iter else None
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            batches = [b.tolist() if name == "list" else b[0].tolist()
+                       for b in (it if it is not None else loader)]
+        names = collections.Counter(e.name for e in prof.events())
+        return [batches, sorted(names.items())]
+
+    _both(Loader, TorchLoader, script)

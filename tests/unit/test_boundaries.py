@@ -40,8 +40,8 @@ THIRD_PARTY = {
     ("engine/base_iter.py", "_BaseDataLoaderIter"): "NOTE [ torch's iterator classes ]",
     ("engine/inline_iter.py", "_SingleProcessDataLoaderIter"): "the same",
     ("engine/process_iter.py", "_MultiProcessingDataLoaderIter"): "the same",
-    ("engine/stats.py", "_C"): "torch.profiler's enabled check (torch._C._autograd)",
-    ("engine/stats.py", "_autograd"): "torch.profiler's enabled check",
+    ("_core/torch_modes.py", "_autograd"): "torch.profiler's enabled check "
+                                           "(torch._C._autograd)",
     ("sampling/global_rngs.py", "_rand"): "numpy's global RandomState",
     ("sampling/global_rngs.py", "_bit_generator"): "numpy's global RandomState's generator",
     ("storage/exit_watch.py", "_register_atexit"): "the hook concurrent.futures' pools exit "

@@ -12,7 +12,11 @@ the gathers' and the transport's own tensors) is not among them: a mode would co
 torch never makes, and a factory function could go to the mode's device. So stoker either
 makes torch's calls (the sampler's fast path reads ``tolist()`` while a mode is active, the
 gathers decline) or makes its own under ``unseen()``, which hides them from both kinds of
-mode while one is active and costs two C calls when none is.
+mode while one is active and costs two C calls when none is. A profiler that records sees the
+calling thread's operators whatever a mode sees, so the gathers decline while one records
+(``profiling``): its trace lists torch's operators. What torch makes at ``next()`` in the
+calling thread (the rebuild of a worker's batch) stoker makes there too: the program's
+``inference_mode`` and grad mode at that call are the batch's.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["modes_active", "profiler_range", "subclass_unseen", "unseen"]
+__all__ = ["modes_active", "profiler_range", "profiling", "subclass_unseen", "unseen", "watched"]
 
 _NONE = contextlib.nullcontext()
 
@@ -40,10 +44,43 @@ def _hidden() -> Iterator[None]:
         yield
 
 
+_profiler_enabled = getattr(torch._C._autograd, "_profiler_enabled", None)
+_record_functions = getattr(torch._C._autograd, "_enable_record_function", None)
+
+
+def profiling() -> bool:
+    """Whether a torch profiler records now (a C call: cheap enough for every batch)."""
+    return _profiler_enabled is not None and bool(_profiler_enabled())
+
+
+def watched() -> bool:
+    """A mode or a recording profiler sees this thread's torch calls: where stoker's own
+    calls would differ from torch's, it makes torch's."""
+    return modes_active() or profiling()
+
+
+@contextlib.contextmanager
+def _unrecorded() -> Iterator[None]:
+    """This thread's operators not recorded by the profiler (torch has no getter for the
+    switch; it is on unless a program turned it off, which a profiled program does not)."""
+    assert _record_functions is not None
+    _record_functions(False)
+    try:
+        with _hidden():
+            yield
+    finally:
+        _record_functions(True)
+
+
 def unseen(when: bool = True) -> Any:
     """``with unseen():`` stoker's own torch calls, hidden from the program's active modes
-    (``when=False``: not hidden, for calls torch's path makes where stoker makes them)."""
-    return _hidden() if when and modes_active() else _NONE
+    and from a profiler that records (``when=False``: not hidden, for calls torch's path makes
+    where stoker makes them)."""
+    if not when:
+        return _NONE
+    if _record_functions is not None and profiling():
+        return _unrecorded()
+    return _hidden() if modes_active() else _NONE
 
 
 def subclass_unseen() -> Any:

@@ -14,12 +14,12 @@ from torch.utils.data import dataloader as torch_dataloader
 from stoker._core.arguments import note_iterator_check
 from stoker._core.plan import Plan
 from stoker._core.specs import FetchSpec
-from stoker._core.torch_modes import profiler_range, unseen
+from stoker._core.torch_modes import profiler_range, profiling, unseen
 from stoker._core.torch_voice import warn_at_caller
 from stoker.engine.cursor import Delivery, EpochCursor
 from stoker.engine.loader_state import EngineState
 from stoker.engine.skips import SkipLedger
-from stoker.engine.stats import PIN, WAIT, profiling, stage_range
+from stoker.engine.stats import PIN, WAIT, stage_range
 from stoker.sampling.dataset_rngs import find_dataset_rngs, tell_shared_rngs
 
 

@@ -37,6 +37,10 @@ version counter does not see) would show. So, by default, when the loader qualif
   made by torch's ``_new_shared_fd_cpu`` from a new segment's fd, of exactly the tensor's
   bytes, reused only when nothing holds it (``MainOwnedSegments``; the checks of NOTE
   [ torch's shared memory, reused ]);
+* the tensors handed out are made at the ``next()`` that hands them out, by the calls torch's
+  rebuild of a worker's batch makes there (``handed_out``: ``empty``, ``set_`` on the
+  storage, ``requires_grad``), so the program's ``inference_mode``, grad mode and torch modes
+  at that call, and the tensor's version counter, are those of torch's batch;
 * the workers are started and stopped as before (forks, names, signals, at-fork hooks,
   ``_workers``) and sit idle; one that dies is reported as before, checked every
   ``DEATH_CHECK_EVERY`` batches (the loop that would notice it while waiting never waits).
@@ -58,7 +62,7 @@ import torch
 from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset
 
 from stoker._core.specs import FetchSpec
-from stoker._core.torch_modes import modes_active
+from stoker._core.torch_modes import unseen, watched
 from stoker._core.torch_own import c_function, c_method
 from stoker.collate._alloc import allocating_into
 from stoker.engine.fork_private_memory import PrivateMemory
@@ -86,6 +90,23 @@ class Gathered:
     def __init__(self, task_id: int, batch: Any) -> None:
         self.task_id = task_id
         self.batch = batch
+
+
+def handed_out(batch: Any) -> Any:
+    """``batch``'s tensors made again over their storages, as torch's rebuild of a worker's
+    batch makes them in the calling thread (module NOTE); what holds the storages is stoker's,
+    unseen."""
+    if isinstance(batch, torch.Tensor):
+        with unseen():
+            storage, offset = batch.untyped_storage(), batch.storage_offset()
+            size, stride = batch.size(), batch.stride()
+        t = torch.empty((0,), dtype=batch.dtype, device=storage.device)
+        t = t.set_(storage, offset, size, stride)  # type: ignore[call-overload]
+        t.requires_grad = False
+        return t
+    if isinstance(batch, dict):
+        return {k: handed_out(v) for k, v in batch.items()}
+    return [handed_out(v) for v in batch]  # gather's batches: tensors, lists and dicts
 
 
 def _available_bytes() -> int | None:
@@ -228,8 +249,8 @@ class _Rows:
     def __call__(self, indices: Any, segments: reused_shm.MainOwnedSegments) -> Any:
         if type(indices) is not list or not indices or set(map(type, indices)) != _INTS:
             raise Decline("the batch is not a non-empty list of ints")
-        if modes_active():
-            raise Decline("a torch function or dispatch mode is active")
+        if watched():
+            raise Decline("a torch mode is active or a profiler records: they see torch's calls")
         try:
             idx = _frombuffer(array("q", indices), dtype=torch.int64)
             lo, hi = _aminmax(idx)
@@ -265,7 +286,7 @@ class MainGathers:
         # theirs), however the main process's changes later; and so do the collate map and
         # the functions torch's path calls as they are now (no code of the user's runs in
         # them to change them).
-        if (start_method != "fork" or modes_active() or not torch_calls_stock()
+        if (start_method != "fork" or watched() or not torch_calls_stock()
                 or fetches_for_batch
                 or not default_map(collate_map(spec.collate_fn))
                 or "slab_transport" in spec.beyond

@@ -42,7 +42,7 @@ from stoker._core.torch_modes import unseen
 from stoker.engine.cuda_safety import safe_context
 from stoker.engine.dispatch import Dispatch
 from stoker.engine.loader_state import EngineState
-from stoker.engine.main_gathers import DEATH_CHECK_EVERY, Gathered, MainGathers
+from stoker.engine.main_gathers import DEATH_CHECK_EVERY, Gathered, MainGathers, handed_out
 from stoker.engine.prefetch_depth import depth_for
 from stoker.engine.stats import UNPACK, stage_range
 from stoker.engine.worker_death import DeathWatch
@@ -67,6 +67,11 @@ def _dataset_epoch(dataset: Any) -> int | None:
     return epoch_of() if callable(epoch_of) else None
 
 
+
+
+def _worker_id(by_fd: dict[int, Any], fd: int) -> int | None:
+    w, _ = by_fd.get(fd, (None, False))
+    return None if w is None else w.worker_id
 
 
 class ProcessIterator(Dispatch, torch_dataloader._MultiProcessingDataLoaderIter):
@@ -232,7 +237,11 @@ class ProcessIterator(Dispatch, torch_dataloader._MultiProcessingDataLoaderIter)
         wait_s = min(wait_s, until_due)
         ready = poller.poll(max(0, int(wait_s * 1000 + 0.999)))
         got_reply = False
-        for fd, _ in ready:
+        # torch's loop takes batches off its queue only until the one it waits for comes, and
+        # rebuilds each as it takes it (under the program's modes at that next()): the awaited
+        # worker's message first, and none after the awaited batch is in
+        awaited = self._book.awaited_worker()
+        for fd, _ in sorted(ready, key=lambda r: _worker_id(by_fd, r[0]) != awaited):
             w, is_conn = by_fd.get(fd, (None, False))  # gone if it was let go meanwhile
             if w is not None and is_conn:
                 try:  # one message: the caller polls again for the rest
@@ -240,6 +249,8 @@ class ProcessIterator(Dispatch, torch_dataloader._MultiProcessingDataLoaderIter)
                 except (EOFError, OSError):
                     self._deaths.lost(self._book, w, self._file_reply)
                 got_reply = True
+                if self._book.awaited_ready():
+                    break
         if self._may_move and (got_reply or move_wakeup):
             self._move_queued_tasks()
         if not got_reply:
@@ -353,7 +364,11 @@ class ProcessIterator(Dispatch, torch_dataloader._MultiProcessingDataLoaderIter)
             self._deaths.check(self._book, self._file_reply)  # the wait that would see it
         if self._memory_watch is not None and time.monotonic() > self._watch_from:
             self._memory_watch.sample(self._worker_pids)
-        return self._pinned(reply.batch)
+        batch, reply.batch = reply.batch, None  # its storages held by the handed-out tensors
+        # torch's pin thread rebuilds a batch where the program's modes are not
+        with unseen(self._pin):
+            batch = handed_out(batch)
+        return self._pinned(batch)
 
     def _lost_with_worker(self, wid: int, error: Exception) -> None:
         """A batch that could not be unpickled: if its worker died (under torch's

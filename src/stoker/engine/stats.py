@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from stoker._core.stats import LoaderStats, StatsHook, TunerEvent, WorkerTimes
-from stoker._core.torch_modes import subclass_unseen, unseen
+from stoker._core.torch_modes import profiling, subclass_unseen, unseen
 from stoker.profile.events import EventRecorder
 
 if TYPE_CHECKING:  # NOTE [ Import only what the loader needs ]: loads with the workers
@@ -31,18 +31,10 @@ if TYPE_CHECKING:  # NOTE [ Import only what the loader needs ]: loads with the 
 # -- the loader's stages in a torch.profiler trace ---------------------------------------------
 
 _OFF = contextlib.nullcontext()
-_enabled = getattr(torch._C._autograd, "_profiler_enabled", None)
-
-
-def profiling() -> bool:
-    """Whether a torch profiler records now (a C call: cheap enough for every batch)."""
-    return _enabled is not None and bool(_enabled())
-
-
 def stage_range(name: str, asked: bool) -> Any:
     """``with stage_range("stoker: ...", asked):`` a profiler range when the loader asked for
     stoker's ranges and a profiler records, else nothing."""
-    if not asked or _enabled is None or not _enabled():
+    if not asked or not profiling():
         return _OFF
     return torch.autograd.profiler.record_function(name)
 

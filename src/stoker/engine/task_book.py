@@ -135,6 +135,20 @@ class TaskBook:
             self.indices.pop(position, None)
         return None
 
+    def awaited_worker(self) -> int | None:
+        """The worker whose reply is yielded next (in order), or None."""
+        return self.worker_of.get(self.order[0]) if self.in_order and self.order else None
+
+    def awaited_ready(self) -> bool:
+        """Whether ``next_ready`` has a reply to give now (or may skip to one)."""
+        if not self.in_order:
+            return bool(self.arrivals)
+        if not self.order:
+            return False
+        position = self.order[0]
+        wid = self.worker_of.get(position)
+        return position in self.ready or wid is None or not self.active[wid]
+
     def outstanding(self) -> bool:
         return bool(self.worker_of)
 

@@ -23,7 +23,7 @@ import torch.utils.data.dataset
 from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset, get_worker_info
 from torch.utils.data._utils import collate as _torch_collate
 
-from stoker._core.torch_modes import modes_active
+from stoker._core.torch_modes import watched
 from stoker._core.torch_own import (
     c_function,
     c_method,
@@ -76,6 +76,7 @@ _MAX_DEPTH = 32
 _frombuffer, _aminmax = c_function("frombuffer"), c_function("aminmax")
 _empty, _index_select = c_function("empty"), c_function("index_select")
 _set, _index_copy = c_method("set_"), c_method("index_copy_")
+_cat, _argsort = c_function("cat"), c_function("argsort")
 
 
 class _Idx:
@@ -247,12 +248,19 @@ def _build(node: Any, n: int) -> Any:
     for t, _, _ in parts:
         if t.dtype != first.dtype or t.shape[1:] != row_shape:
             raise Decline("rows of different dtypes or shapes in one batch")
+    if current_allocator() is None and get_worker_info() is None:
+        # Ordinary memory: made out of place, as torch.stack makes it (its version 0)
+        if len(parts) == 1 and parts[0][1] is None:
+            return _index_select(first, 0, parts[0][2].tensor)
+        rows = _cat([_index_select(t, 0, r.tensor) for t, _, r in parts])
+        at = _cat([positions.tensor for _, positions, _ in parts if positions is not None])
+        return _index_select(rows, 0, _argsort(at))
     out = _empty_like_collate(first, (n, *row_shape))
     if len(parts) == 1 and parts[0][1] is None:
         return _index_select(first, 0, parts[0][2].tensor, out=out)
-    for t, positions, rows in parts:
+    for t, positions, rows_at in parts:
         assert positions is not None  # merged parts always say where their rows go
-        _index_copy(out, 0, positions.tensor, _index_select(t, 0, rows.tensor))
+        _index_copy(out, 0, positions.tensor, _index_select(t, 0, rows_at.tensor))
     return out
 
 
@@ -278,8 +286,8 @@ def gather(dataset: Any, indices: Any) -> Any:
     where NOTE [ torch's own datasets ] does not hold for this batch."""
     if type(indices) is not list or not indices or set(map(type, indices)) != {int}:
         raise Decline("the batch is not a non-empty list of ints")
-    if modes_active():
-        raise Decline("a torch function or dispatch mode is active")
+    if watched():
+        raise Decline("a torch mode is active or a profiler records: they see torch's calls")
     if not torch_calls_stock():
         raise Decline("a function torch's path calls was rebound (torch.stack, Tensor methods, "
                       "default_collate's recursion)")

@@ -21,7 +21,7 @@ import torch
 import torch.utils.data.sampler
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
-from stoker._core.torch_modes import modes_active
+from stoker._core.torch_modes import modes_active, watched
 from stoker._core.torch_own import c_method, methods_own, tensor_methods_own, torch_function_own
 
 # What torch's path reads of each class (``len(loader)`` reads ``__len__``; ``num_samples`` is a
@@ -59,9 +59,9 @@ _numpy = c_method("numpy")  # torch's, whatever a program patched (NOTE [ torch'
 
 
 def _ints(perm: torch.Tensor) -> np.ndarray | list[int]:
-    # An active torch mode sees torch's own call, tolist() (NOTE [ The program's torch modes
-    # see torch's calls ]); else a view of the same ints, turned into lists a batch at a time
-    return perm.tolist() if modes_active() else _numpy(perm)
+    # An active torch mode or profiler sees torch's own call, tolist() (NOTE [ The program's
+    # torch modes see torch's calls ]); else a view of the same ints, made lists a batch at a time
+    return perm.tolist() if watched() else _numpy(perm)
 
 
 def _sequential_chunks(sampler: SequentialSampler) -> Iterator[range]:

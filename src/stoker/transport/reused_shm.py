@@ -530,9 +530,9 @@ class MainOwnedSegments:
             storage = self._table.rebuild(seg_id, nbytes, fd)  # maps it again, as torch's
             del made  # rebuild does in the main process; this mapping and its fd go
             self._nbytes[seg_id] = nbytes
-        t = torch.empty((0,), dtype=dtype).set_(storage, 0, shape)  # type: ignore[call-overload]
-        t.requires_grad = False
-        return t
+        # stoker's own tensor: the one handed out is made at next() by torch's rebuild's calls
+        # (``engine.main_gathers.handed_out``), so these are torch's C functions
+        return _set(_empty((0,), dtype=dtype), storage, 0, shape)
 
     def _settle(self) -> None:
         for i in self._table.settle():
