@@ -54,6 +54,22 @@ def test_pin_memory_at_the_defaults_pins_as_torch_does():
     gc.collect()
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_pinned_batch_is_made_outside_the_programs_inference_mode(num_workers):
+    """torch pins in its pin thread, where the caller's inference_mode is not: a batch handed
+    out inside it is an ordinary tensor, as under torch's loader."""
+    ds = torch.utils.data.TensorDataset(torch.arange(16.).view(8, 2))
+    got = []
+    for cls in (torch.utils.data.DataLoader, stoker.DataLoader):
+        loader = cls(ds, batch_size=4, pin_memory=True, num_workers=num_workers)
+        with torch.inference_mode():
+            (x,) = next(iter(loader))
+        got.append((x.is_pinned(), x.is_inference()))
+        del loader, x
+        gc.collect()
+    assert got[1] == got[0]
+
+
 def test_pin_memory_batches_are_pinned_in_place_without_a_copy():
     it = iter(_loader(pin_memory=True, dataset=ImagesAndMasks(),
                       beyond_torch={"slab_transport"}))
