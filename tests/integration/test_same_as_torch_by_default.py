@@ -392,3 +392,30 @@ def test_a_profiler_lists_torchs_operators(Loader, TorchLoader, name, num_worker
         return [batches, sorted(names.items())]
 
     _both(Loader, TorchLoader, script)
+
+
+# found by two blind sweeps: a map-style loader's workers exited once the sampler was spent
+# and their tasks answered, mid-epoch; torch's live until the epoch ends (a worker whose
+# iterable ended exits at once under both)
+@pytest.mark.parametrize("num_workers", [3])
+def test_workers_live_until_the_epoch_ends(Loader, TorchLoader, num_workers):
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    def script(cls: type) -> list:
+        loader = cls(list(range(10)), batch_size=1, num_workers=num_workers, timeout=60)
+        alive = []
+        it = iter(loader)
+        for _ in range(10):
+            next(it)
+            alive.append(len(multiprocessing.active_children()))
+        # after the last batch: none has exited (one told to stop would, well within 1 s;
+        # the wait passes in full where they all live, and can only pass early on a bug)
+        exited = wait([w.sentinel for w in it._workers], timeout=1.0)
+        with pytest.raises(StopIteration):
+            next(it)
+        del it, loader
+        gc.collect()
+        return [alive, len(exited)]
+
+    _both(Loader, TorchLoader, script)

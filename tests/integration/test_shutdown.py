@@ -7,7 +7,6 @@ test here; these tests add the paths that need a separate main process.
 from __future__ import annotations
 
 import gc
-import multiprocessing.connection
 import os
 import signal
 import subprocess
@@ -177,22 +176,18 @@ def test_slab_mappings_are_gone_once_loader_and_batches_are():
     assert _slab_mappings() == 0
 
 
-def test_idle_workers_exit_while_the_last_batches_are_consumed():
+def test_workers_exit_at_the_end_of_the_epoch():
+    # as torch's: alive until the epoch ends (test_same_as_torch_by_default checks they are
+    # alive after the last batch), then stopped by the StopIteration
     loader = stoker.DataLoader(Squares(), batch_size=8, num_workers=2)
     it = iter(loader)
-    processes = [w.process for w in it._group.workers]
     held = [next(it) for _ in range(len(loader))]  # every batch, but no StopIteration yet
-    # The sampler is spent and every task answered: both workers were let go already.
-    waiting = [p.sentinel for p in processes]
-    while waiting:
-        ready = multiprocessing.connection.wait(waiting, timeout=10)
-        assert ready, "workers with nothing left to do did not exit"
-        waiting = [s for s in waiting if s not in ready]
-    for p in processes:  # the sentinel closes a moment before the exit can be reaped
-        p.join(timeout=10)
-    assert [p.exitcode for p in processes] == [0, 0]
+    processes = [psutil.Process(w.pid) for w in it._group.workers]
+    assert all(p.is_running() for p in processes)
     with pytest.raises(StopIteration):
         next(it)
+    gone, alive = psutil.wait_procs(processes, timeout=60)
+    assert not alive, "the workers did not exit at the end of the epoch"
     assert torch.equal(torch.cat([b["i"] for b in held]), torch.arange(64))
 
 

@@ -73,17 +73,14 @@ class Dispatch(BaseIterator):
             self._deaths.lost(self._book, w, self._file_reply)
 
     def _let_idle_workers_go(self) -> None:
-        """Non-persistent workers with nothing left this epoch (the sampler is spent and
-        their tasks are answered, or their iterable ended) exit now, while the last batches
-        are consumed, instead of all together at the end of the epoch."""
+        """A non-persistent worker whose iterable ended exits now, as torch tells it to (its
+        ``_mark_worker_as_unavailable``); the others live until the epoch ends, as torch's do
+        (a program sees its workers in ``multiprocessing.active_children()`` until then)."""
         if self._persistent:
             return
         book = self._book
         for w in self._group.workers:
-            wid = w.worker_id
-            if not w.stop_sent and (
-                not book.active[wid] or (book.sampler_done and book.load[wid] == 0)
-            ) and not (book.active[wid] and self._moves.queued_elsewhere()):
+            if not w.stop_sent and not book.active[w.worker_id]:
                 self._group.stop_early(w)
 
     def _try_put_index(self, wid: int | None = None) -> None:

@@ -70,6 +70,15 @@ class WorkerProcess:
         process = self._process()
         return process is not None and process.is_alive()
 
+    @property
+    def sentinel(self) -> int:
+        """The process's sentinel, as ``multiprocessing.Process.sentinel`` (code waits on it);
+        ValueError once stoker has closed the process object, as a closed one raises."""
+        process = self._process()
+        if process is None:
+            raise ValueError("process object is closed")
+        return int(process.sentinel)
+
     def join(self, timeout: float | None = None) -> None:
         process = self._process()
         if process is not None:
