@@ -35,6 +35,30 @@ if TYPE_CHECKING:
 T_co = TypeVar("T_co", covariant=True)
 
 
+# NOTE [ A subclass's names ]
+# A program that changed its import keeps its own DataLoader subclass, whose attributes may
+# take a name stoker adds (``self.plan = "warmup"``). stoker's own code reaches its methods
+# through the class (``DataLoader.plan(self)``), and ``dist_context`` is computed on each read
+# by a descriptor an instance attribute of the same name overrides, so the subclass's
+# attribute is its own and stoker runs as before.
+class _ReadNow:
+    """An attribute computed on each read, which an instance attribute of the same name
+    overrides (a non-data descriptor: assigning it is not refused, as a property's is)."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else self.fn(obj)
+
+
+def _dist_context() -> DistContext:
+    from stoker.distributed.context import detect
+
+    return detect()
+
+
 def _is_sharded(sampler: Any) -> TypeGuard[ShardedSampler]:
     from stoker.sampling.sharded import ShardedSampler
 
@@ -154,12 +178,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 sampler.num_batches, self.batch_size or 1, self.drop_last
             )
 
-    @property
+    @_ReadNow
     def dist_context(self) -> DistContext:
         """This process's rank and world size, read now (see ``stoker.distributed.detect``)."""
-        from stoker.distributed.context import detect
-
-        return detect()
+        return _dist_context()
 
     def __len__(self) -> int:
         if self._stoker_pad_steps is not None:
@@ -260,7 +282,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def _pass_plan(self) -> Plan:
         """The plan of the pass starting now; the engine's stats learn whether it runs inline."""
-        plan = self.plan()
+        plan = DataLoader.plan(self)  # not self.plan: a subclass may use the name (NOTE above)
         self._engine.fit_workers(plan.num_workers)
         inline = plan.executor == "calling_thread" and self.num_workers > 0
         if inline and not self._engine.inline_told:
@@ -302,7 +324,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             in_order=self.in_order, timeout=self.timeout, worker_init_fn=self.worker_init_fn,
             multiprocessing_context=self.multiprocessing_context,
             worker_concurrency=self.worker_concurrency, stall_warning_s=self.stall_warning_s,
-            dist=self.dist_context if self.num_workers > 0 else None,
+            dist=_dist_context() if self.num_workers > 0 else None,
             seeding=seeding, main_rngs=main_rngs,
             pin_memory=self.pin_memory, pin_memory_device=self.pin_memory_device,
             feed=self._stoker_feed_spec, pad_steps=self._stoker_pad_steps,

@@ -419,3 +419,23 @@ def test_workers_live_until_the_epoch_ends(Loader, TorchLoader, num_workers):
         return [alive, len(exited)]
 
     _both(Loader, TorchLoader, script)
+
+
+# found by a blind sweep: a subclass's own attributes named as stoker's additions broke
+# iteration (self.plan = ... made stoker's self.plan() a str call; dist_context refused)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_subclass_may_use_the_names_stoker_adds(Loader, TorchLoader, num_workers):
+    def script(cls: type) -> list:
+        class Scheduled(cls):  # type: ignore[misc, valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.plan = "warmup"
+                self.dist_context = {"rank": 3}
+                self.stats = [1, 2]
+
+        loader = Scheduled(list(range(6)), batch_size=2, num_workers=num_workers,
+                           timeout=60 if num_workers else 0)
+        epochs = [[b.tolist() for b in loader] for _ in range(2)]
+        return [epochs, loader.plan, loader.dist_context, loader.stats]
+
+    _both(Loader, TorchLoader, script)

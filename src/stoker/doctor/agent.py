@@ -111,7 +111,10 @@ class _Agent:
 
         self.measured = loader
         self.kwargs = plain_kwargs(kwargs_of(loader))
-        self.run.plan = str(loader.plan())
+        from stoker.loader import DataLoader
+
+        # through the class: a subclass may use the name (NOTE [ A subclass's names ])
+        self.run.plan = str(DataLoader.plan(loader)) if isinstance(loader, DataLoader) else ""
         if self.detailed:  # the first run: the one the verdict comes from
             self.draws_global_rng = draws_global_rng(loader.dataset)
         self.run.started = told.attached_at

@@ -79,7 +79,10 @@ def measure(build: Callable[[], DataLoader[Any]], run: Run, bounds: Bounds,
     except Exception as exc:  # a candidate the dataset refuses: reported, not fatal
         run.error = f"{type(exc).__name__}: {exc}"
         return run
-    run.plan = str(loader.plan()) if callable(getattr(loader, "plan", None)) else ""
+    from stoker.loader import DataLoader
+
+    # through the class: a subclass may use the name (NOTE [ A subclass's names ])
+    run.plan = str(DataLoader.plan(loader)) if isinstance(loader, DataLoader) else ""
     if detailed:
         run.events = loader.record_timeline()
     watcher = _MemoryWatcher() if detailed else None
