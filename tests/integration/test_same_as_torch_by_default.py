@@ -439,3 +439,22 @@ def test_a_subclass_may_use_the_names_stoker_adds(Loader, TorchLoader, num_worke
         return [epochs, loader.plan, loader.dist_context, loader.stats]
 
     _both(Loader, TorchLoader, script)
+
+
+# found by a blind sweep: batches gathered in the main process sent no task to their worker,
+# so the main process lacked the QueueFeederThread torch's first put to a worker starts
+def test_gathered_batches_leave_torchs_threads_in_the_main_process(Loader, TorchLoader):
+    import threading
+
+    def script(cls: type) -> list:
+        loader = cls(torch.utils.data.TensorDataset(torch.arange(8)), batch_size=2,
+                     num_workers=2, timeout=60)
+        it = iter(loader)
+        seen = [sorted(t.name for t in threading.enumerate())]
+        for batch in it:
+            seen.append([batch[0].tolist(), sorted(t.name for t in threading.enumerate())])
+        del it, loader
+        gc.collect()
+        return seen
+
+    _both(Loader, TorchLoader, script)

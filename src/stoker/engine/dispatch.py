@@ -115,6 +115,8 @@ class Dispatch(BaseIterator):
         # often, at the same points, as when the workers load these batches
         self._book.load[wid] += 1
         self._book.file(wid, position, Gathered(position, batch))
+        # torch puts the task on wid's queue, which starts its feeder thread
+        self._group.feeders.fed(wid)  # NOTE [ torch's feeder threads in the main process ]
         return True
 
     def _send_task(self, wid: int, position: int, index: Any) -> None:

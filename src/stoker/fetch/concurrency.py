@@ -28,12 +28,22 @@ Every decision is recorded with its reason and shown by ``loader.stats()``.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from stoker._core.dataset_hooks import SupportsThreadSafe, declares
+
+
+def _median(values: Any) -> float:
+    """``statistics.median``, without importing it (and decimal, fractions) into a program
+    that never did: a dataset can see ``sys.modules``."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if not n:
+        raise ValueError("no median for empty data")
+    mid = n // 2
+    return float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 _MAX_CONCURRENCY = 64
 _MEMORY_BUDGET_BYTES = 512 << 20
@@ -160,11 +170,11 @@ class ConcurrencyTuner:
         # Medians, not sums: on a shared or virtual machine a sample now and then loses
         # milliseconds to another tenant (steal time looks like waiting from inside), and one
         # such sample must not turn a CPU-bound dataset into a "waiting" one.
-        per_sample = statistics.median(w for w, _, _ in self._probes)
-        wait = statistics.median(
+        per_sample = _median(w for w, _, _ in self._probes)
+        wait = _median(
             max(0.0, 1.0 - (c + q) / w) if w > 0 else 0.0 for w, c, q in self._probes
         )
-        cpu = statistics.median(c for _, c, _ in self._probes)
+        cpu = _median(c for _, c, _ in self._probes)
         if wait < _WAIT_FRACTION or per_sample < _MIN_SAMPLE_S:
             self._decide(1, f"fetches keep a CPU busy (wait {wait:.0%}, "
                             f"{per_sample * 1e6:.0f} us per sample)", settle=True)
@@ -175,7 +185,7 @@ class ConcurrencyTuner:
         overlap = per_sample / max(cpu, 1e-9)
         if not self._threads:
             self.unused_gain = min(float(_MAX_CONCURRENCY), per_sample / max(
-                statistics.median(c + q for _, c, q in self._probes), 1e-9))
+                _median(c + q for _, c, q in self._probes), 1e-9))
             self._decide(1, f"fetches wait {wait:.0%} of their time ({per_sample * 1e3:.1f} ms "
                             "each), one at a time as in torch: " + opt_in_hint(self.unused_gain),
                          settle=True)

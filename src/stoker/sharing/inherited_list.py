@@ -27,7 +27,6 @@ from __future__ import annotations
 import ctypes
 import struct
 import sys
-import sysconfig
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -153,6 +152,8 @@ def _probe_objects() -> list[Any]:
 @cache
 def layout() -> _Layout | None:
     """This interpreter's object layout, if it is the one the reader knows; else None."""
+    import sysconfig  # here: torch's loader does not import it (a dataset sees sys.modules)
+
     if (
         sys.implementation.name != "cpython"
         or sysconfig.get_config_var("Py_GIL_DISABLED")

@@ -20,7 +20,6 @@ import copyreg
 import functools
 import io
 import os
-import resource
 import threading
 import time
 from multiprocessing.reduction import ForkingPickler
@@ -195,6 +194,8 @@ def too_many_open_files(cause: BaseException) -> RuntimeError:
     ``cause``, with stoker's note (NOTE [ Out of file descriptors ])."""
     err = RuntimeError(_TORCH_OUT_OF_FDS)
     err.__cause__ = cause
+    import resource  # only on this failure path: torch's loader does not import it
+
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     most = "" if limit == resource.RLIM_INFINITY else f" {limit}"
     add_note(err,

@@ -30,9 +30,9 @@ and an ``exec`` resets it.
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -92,7 +92,12 @@ def install_in_worker(by_signal: bool = False) -> StackLog:
     fd = segments.create_log()
     if fd is None:
         return StackLog(None, None, None, False)  # pragma: no cover - non-Linux
-    crash_stacks = faulthandler.is_enabled()
+    # Not imported where the program left it out (a dataset can see sys.modules): it is
+    # imported whenever it was enabled (-X faulthandler, PYTHONFAULTHANDLER, enable())
+    loaded = sys.modules.get("faulthandler")
+    crash_stacks = loaded is not None and loaded.is_enabled()
+    if crash_stacks or by_signal:
+        import faulthandler
     if crash_stacks:
         # enable() would only change the file, and torch's handlers, set first, would run
         # alone on a crash. Disabling restores what faulthandler replaced in the parent, which
@@ -109,6 +114,8 @@ def install_in_worker(by_signal: bool = False) -> StackLog:
 def answer_request(log_fd: int) -> None:
     """Dump every thread's stack to the log: called by the parent watch, whose own frame the
     reader drops (``_others``)."""
+    import faulthandler
+
     faulthandler.dump_traceback(file=log_fd, all_threads=True)
 
 

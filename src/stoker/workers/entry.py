@@ -31,6 +31,11 @@ feeder thread in a worker ]).
 from __future__ import annotations
 
 import _thread
+
+# torch's loader makes queues and an event as it starts its workers (and its spawned workers
+# unpickle them), which loads these: a dataset that looks at sys.modules finds them loaded
+import multiprocessing.queues  # noqa: F401
+import multiprocessing.synchronize  # noqa: F401
 import os
 import select
 import weakref
