@@ -24,29 +24,37 @@ def _run(hook: str, module: ModuleType) -> None:
 
 
 class _Watch(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for the watched name it returns the path finder's spec with the
-    loader's ``exec_module`` wrapped to run the hook after the module's body."""
+    """Finds nothing itself: for a watched name it returns the path finder's spec with the
+    loader's ``exec_module`` wrapped to run the hooks after the module's body. One finder for
+    every watch (a program sees one entry more in ``sys.meta_path``, where torch adds none),
+    which forgets a name once its hooks ran and leaves ``sys.meta_path`` when none is left."""
 
-    def __init__(self, target: str, hook: str) -> None:
-        self.target, self.hook = target, hook
+    def __init__(self) -> None:
+        self.hooks: dict[str, list[str]] = {}
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.target:
+        if fullname not in self.hooks:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
-        hook = self.hook
+        hooks = self.hooks.pop(fullname)
+        if not self.hooks and self in sys.meta_path:
+            sys.meta_path.remove(self)
 
         def exec_and_run(module: ModuleType) -> None:
             exec_module(module)
-            _run(hook, module)
+            for hook in hooks:
+                _run(hook, module)
 
         spec.loader.exec_module = exec_and_run  # type: ignore[method-assign]
         return spec
+
+
+_WATCH = _Watch()
 
 
 def when_imported(target: str, hook: str) -> None:
@@ -54,6 +62,9 @@ def when_imported(target: str, hook: str) -> None:
     imported: now if it is, else when its body has run. Watching twice is harmless."""
     if target in sys.modules:
         _run(hook, sys.modules[target])
-    elif not any(isinstance(f, _Watch) and (f.target, f.hook) == (target, hook)
-                 for f in sys.meta_path):
-        sys.meta_path.insert(0, _Watch(target, hook))
+        return
+    hooks = _WATCH.hooks.setdefault(target, [])
+    if hook not in hooks:
+        hooks.append(hook)
+    if _WATCH not in sys.meta_path:
+        sys.meta_path.insert(0, _WATCH)
