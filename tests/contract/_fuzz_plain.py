@@ -57,7 +57,9 @@ class _Plain:
             self.arrays.append(x)
             layout = {"stride": tuple(x.stride()), "storage_offset": x.storage_offset(),
                       "storage_nbytes": x.untyped_storage().nbytes(), "is_shared": x.is_shared(),
-                      "requires_grad": x.requires_grad, "device": x.device.type}
+                      "requires_grad": x.requires_grad, "device": x.device.type,
+                      # torch's rebuild and collate leave their marks on the version counter
+                      "version": None if x.is_inference() else x._version}
             return {"tensor": str(x.dtype), "shape": tuple(x.shape), "leaf": len(self.arrays) - 1,
                     "values": _values(x.tolist()), "layout": layout}
         if isinstance(x, np.ndarray):
