@@ -72,13 +72,14 @@ def _unrecorded() -> Iterator[None]:
         _record_functions(True)
 
 
-def unseen(when: bool = True) -> Any:
+def unseen(when: bool = True, recorded: bool = False) -> Any:
     """``with unseen():`` stoker's own torch calls, hidden from the program's active modes
     and from a profiler that records (``when=False``: not hidden, for calls torch's path makes
-    where stoker makes them)."""
+    where stoker makes them; ``recorded=True``: hidden from the modes only, for what torch
+    does in its pin thread, which a profiler records and a mode does not see)."""
     if not when:
         return _NONE
-    if _record_functions is not None and profiling():
+    if not recorded and _record_functions is not None and profiling():
         return _unrecorded()
     return _hidden() if modes_active() else _NONE
 

@@ -255,7 +255,7 @@ class BaseIterator(torch_dataloader._BaseDataLoaderIter):
         t0 = time.perf_counter()
         pins = self._pins  # NOTE [ Slabs pinned in place ]: slab tensors are pinned already
         # as torch's pin thread: unseen, and outside the program's inference_mode (a thread's)
-        with stage_range(PIN, self._ranges), unseen(), torch.inference_mode(False):
+        with stage_range(PIN, self._ranges), unseen(recorded=True), torch.inference_mode(False):
             data = pin_batch(data, pins.covers if pins is not None and not pins.refused else None)
         self._stats.pinned(t0)
         return data

@@ -366,7 +366,7 @@ class ProcessIterator(Dispatch, torch_dataloader._MultiProcessingDataLoaderIter)
             self._memory_watch.sample(self._worker_pids)
         batch, reply.batch = reply.batch, None  # its storages held by the handed-out tensors
         # torch's pin thread rebuilds a batch where the program's modes are not
-        with unseen(self._pin):
+        with unseen(self._pin, recorded=True):
             batch = handed_out(batch)
         return self._pinned(batch)
 
@@ -393,7 +393,7 @@ class ProcessIterator(Dispatch, torch_dataloader._MultiProcessingDataLoaderIter)
         t0 = time.perf_counter()
         # torch's pin thread rebuilds a batch where the program's modes are not: NOTE [ The
         # program's torch modes see torch's calls ]
-        with stage_range(UNPACK, self._ranges), unseen(self._pin):
+        with stage_range(UNPACK, self._ranges), unseen(self._pin, recorded=True):
             data = self._group.reader.unpack(wid, done.segment_id, done.used, done.payload)
         self._stats.unpacked(t0)
         return data
