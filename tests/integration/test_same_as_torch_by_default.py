@@ -458,3 +458,24 @@ def test_gathered_batches_leave_torchs_threads_in_the_main_process(Loader, Torch
         return seen
 
     _both(Loader, TorchLoader, script)
+
+
+# found by a blind sweep: torch's _workers are multiprocessing's process objects (name, daemon,
+# ident read by programs that log them); and an iterator without workers has no _workers
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_iterators_workers_answer_as_process_objects(Loader, TorchLoader, num_workers):
+    def script(cls: type) -> list:
+        loader = cls(list(range(10)), batch_size=3, num_workers=num_workers,
+                     timeout=60 if num_workers else 0)
+        it = iter(loader)
+        next(it)
+        if not hasattr(it, "_workers"):
+            return ["no _workers"]
+        def kind(w: Any) -> str:  # Process-N: N counts every process this one made
+            return w.name.rsplit("-", 1)[0]
+
+        facts = [[kind(w), w.daemon, type(w.ident).__name__, w.is_alive()] for w in it._workers]
+        rest = [b.tolist() for b in it]
+        return [facts, rest, [kind(w) for w in it._workers]]
+
+    _both(Loader, TorchLoader, script)

@@ -92,7 +92,6 @@ class InlineIterator(BaseIterator, torch_dataloader._SingleProcessDataLoaderIter
         pass  # no workers to stop
 
     _shutdown_workers = shutdown  # torch's name, for code that calls it on persistent loaders
-    _workers: list[Any] = []  # torch's name for the worker processes: none here
 
     def _fetch(self, position: int, index: Any) -> Any:
         if self._vector.adopted:

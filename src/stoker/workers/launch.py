@@ -91,6 +91,14 @@ class WorkerProcess:
 
     kill = terminate
 
+    def __getattr__(self, name: str) -> Any:
+        # the rest of multiprocessing.Process (name, daemon, ident, authkey, close, ...) as the
+        # process object answers it (once stoker closed it, as a closed one does: its name and
+        # daemon flag, a ValueError for the rest)
+        if name.startswith("__") or name == "_handle":
+            raise AttributeError(name)
+        return getattr(self._handle.process, name)
+
 
 @contextlib.contextmanager
 def gc_frozen_for_fork(start_method: str | None, asked: bool) -> Iterator[None]:
