@@ -3,7 +3,7 @@ in a worker) are torch's, stoker's own aside: found by a blind sweep, stoker loa
 ``statistics`` (and ``decimal``, ``fractions``), ``faulthandler``, ``resource`` and
 ``sysconfig``, and not torch's ``multiprocessing.queues``/``synchronize``. One difference
 is known and documented (docs/same_as_torch.md): stoker's record of the global RNGs loads
-``numpy.random`` in the main process without workers (torch's workers load it to seed it)."""
+``numpy.random`` in the main process (torch's loader only in its workers, to seed it)."""
 
 from __future__ import annotations
 
