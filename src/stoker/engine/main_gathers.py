@@ -100,10 +100,7 @@ def handed_out(batch: Any) -> Any:
         with unseen():
             storage, offset = batch.untyped_storage(), batch.storage_offset()
             size, stride = batch.size(), batch.stride()
-        t = torch.empty((0,), dtype=batch.dtype, device=storage.device)
-        t = t.set_(storage, offset, size, stride)  # type: ignore[call-overload]
-        t.requires_grad = False
-        return t
+        return reused_shm.rebuilt_as_torch(storage, batch.dtype, offset, size, stride)
     if isinstance(batch, dict):
         return {k: handed_out(v) for k, v in batch.items()}
     return [handed_out(v) for v in batch]  # gather's batches: tensors, lists and dicts

@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # NOTE [ Import only what the loader needs ]: loads with the 
 # -- the loader's stages in a torch.profiler trace ---------------------------------------------
 
 _OFF = contextlib.nullcontext()
+
+
 def stage_range(name: str, asked: bool) -> Any:
     """``with stage_range("stoker: ...", asked):`` a profiler range when the loader asked for
     stoker's ranges and a profiler records, else nothing."""

@@ -45,6 +45,7 @@ def _median(values: Any) -> float:
     mid = n // 2
     return float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
+
 _MAX_CONCURRENCY = 64
 _MEMORY_BUDGET_BYTES = 512 << 20
 _WINDOW_S = 0.25

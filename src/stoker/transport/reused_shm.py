@@ -488,15 +488,22 @@ def loading_into(table: MainSegments | None, fds: list[int] | None) -> None:
 # giving the tensor torch's rebuild gives. Every other tensor goes through torch's reduction.
 
 
+def rebuilt_as_torch(storage: torch.UntypedStorage, dtype: torch.dtype, offset: Any,
+                     size: Any, stride: Any) -> torch.Tensor:
+    """The tensor torch's rebuild of a shared tensor makes over ``storage``, by the calls on
+    tensors it makes (a mode sees the same calls; the version counter is its ``set_``'s)."""
+    t = torch.empty((0,), dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
+    t.requires_grad = False  # as torch's rebuild sets it
+    return t
+
+
 def _rebuild_reused(seg_id: int, nbytes: int, index: int, dtype: torch.dtype,
                     size: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
     table = getattr(_loading, "table", None)
     if table is None:
         raise RuntimeError("stoker: a reused segment arrived outside a worker's reply")
     storage = table.rebuild(seg_id, nbytes, _loading.fds[index] if index >= 0 else None)
-    t = torch.empty((0,), dtype=dtype, device=storage.device).set_(storage, 0, size, stride)
-    t.requires_grad = False  # as torch's rebuild sets it (a mode sees the same calls)
-    return t
+    return rebuilt_as_torch(storage, dtype, 0, size, stride)
 
 
 class MainOwnedSegments:

@@ -70,15 +70,6 @@ class WorkerProcess:
         process = self._process()
         return process is not None and process.is_alive()
 
-    @property
-    def sentinel(self) -> int:
-        """The process's sentinel, as ``multiprocessing.Process.sentinel`` (code waits on it);
-        ValueError once stoker has closed the process object, as a closed one raises."""
-        process = self._process()
-        if process is None:
-            raise ValueError("process object is closed")
-        return int(process.sentinel)
-
     def join(self, timeout: float | None = None) -> None:
         process = self._process()
         if process is not None:
@@ -92,7 +83,7 @@ class WorkerProcess:
     kill = terminate
 
     def __getattr__(self, name: str) -> Any:
-        # the rest of multiprocessing.Process (name, daemon, ident, authkey, close, ...) as the
+        # the rest of multiprocessing.Process (name, daemon, ident, sentinel, close, ...) as the
         # process object answers it (once stoker closed it, as a closed one does: its name and
         # daemon flag, a ValueError for the rest)
         if name.startswith("__") or name == "_handle":
