@@ -68,3 +68,36 @@ def test_something_else_is_refused() -> None:
         worker_rngs.decode("not base64!")
     with pytest.raises(ValueError, match="not one stoker.DataLoader.state_dict"):
         worker_rngs.decode("aGVsbG8=")
+
+
+@pytest.mark.parametrize("path", ["raw", "public"])
+def test_an_absent_numpy_part_leaves_numpy_alone_until_filled(
+        path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state taken before the program loaded numpy.random (NOTE [ numpy's RNG loads when
+    the program loads it ]): restoring it leaves numpy's RNG as it is; filled with the state
+    numpy loaded with, it restores that one."""
+    if path == "public":
+        monkeypatch.setattr(global_rngs, "_RANDOM_OFFSET", None)
+    random.seed(6)
+    torch.manual_seed(7)
+    with monkeypatch.context() as unloaded:
+        unloaded.setattr(global_rngs, "_numpy_loaded", lambda: False)
+        absent = global_rngs.take()
+    assert worker_rngs.numpy_absent(absent)
+    expected_random, expected_torch = random.random(), torch.rand(3).tolist()
+    np.random.seed(8)
+    at_load = np.random.get_state(legacy=True)
+    expected_numpy = np.random.rand(3).tolist()
+
+    np.random.seed(8)
+    worker_rngs.restore(worker_rngs.decode(worker_rngs.encode(absent)))
+    assert (random.random(), torch.rand(3).tolist()) == (expected_random, expected_torch)
+    assert np.random.rand(3).tolist() == expected_numpy  # numpy's own state, untouched
+
+    filled = worker_rngs.encode(absent, at_load)
+    assert not worker_rngs.numpy_absent(filled)
+    np.random.seed(9)
+    worker_rngs.restore(worker_rngs.decode(filled))
+    assert random.random() == expected_random
+    assert np.random.rand(3).tolist() == expected_numpy
+    assert worker_rngs.encode(worker_rngs.encode(absent), at_load) == filled  # encoded, too

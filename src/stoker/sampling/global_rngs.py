@@ -19,6 +19,16 @@ bytes copied out and back must reproduce the public state and the same draws. If
 not check out (another Python or numpy, a subclass), that RNG uses the public API as before.
 torch's state is 5 KiB behind ``get_rng_state``/``set_rng_state`` (~5 us): used as is.
 
+NOTE [ numpy's RNG loads when the program loads it ]
+torch's DataLoader never loads ``numpy.random`` in the main process (its workers do, to seed
+it), and a program that never draws from numpy finds it not loaded after a pass. So a snapshot
+here does not load it either: taken before the program loaded it, numpy's part is *absent*
+(``None``), and the import is watched (``_core/import_watch.py``): the state numpy's RNG has
+the moment its module body has run (seeded from the OS, nothing drawn yet) is kept. An absent
+part stands for that state: restoring it puts that state back (nothing while numpy is still
+not loaded), and ``encoded`` states carry it, so an order a sampler drew from numpy after the
+epoch started is drawn again on resume as it was.
+
 A worker's replies carry these states in their *wire* form (``take``; the forms are described
 in ``sampling.worker_rngs``), taken here, beside the copies, so that a batch's path through a
 worker does not pass through the forms' module as well (issue 35's ``batch_path.py``).
@@ -30,14 +40,17 @@ import ctypes
 import functools
 import random
 import struct
+import sys
 from typing import Any
 
 import numpy as np
 import torch
 
 from stoker._core.fast_paths_env import env_allows
+from stoker._core.import_watch import when_imported
 from stoker._core.torch_modes import unseen
 from stoker._core.torch_own import c_method
+from stoker.sampling import worker_rngs
 from stoker.sampling.worker_rngs import CANON, MT_WORDS, RAW, canonical_public
 
 _MT_WORDS = MT_WORDS
@@ -177,9 +190,11 @@ def numpy_gauss_offset() -> int | None:
 
 def calibrate() -> None:
     """Find both offsets now (~6 ms): the process about to fork workers does it once, so that
-    each worker inherits them instead of finding them again at its first batch."""
+    each worker inherits them instead of finding them again at its first batch; numpy's only
+    where ``numpy.random`` is loaded (NOTE [ numpy's RNG loads when the program loads it ])."""
     random_offset()
-    numpy_gauss_offset()
+    if "numpy.random" in sys.modules:
+        numpy_gauss_offset()
 
 
 # -- snapshots ---------------------------------------------------------------------------------
@@ -222,7 +237,48 @@ def _numpy_global() -> Any:
     return np.random.mtrand._rand
 
 
+_NUMPY_AT_LOAD: Any = None  # ``get_state(legacy=True)`` when numpy.random loaded, if watched
+
+
+def keep_numpy_state_at_load(module: Any) -> None:
+    """The import watch's hook (NOTE [ numpy's RNG loads when the program loads it ]): never
+    raises, as the program's import would."""
+    global _NUMPY_AT_LOAD
+    try:
+        _NUMPY_AT_LOAD = module.get_state(legacy=True)
+    except Exception:  # another numpy: absent parts stay absent
+        _NUMPY_AT_LOAD = None
+
+
+def numpy_at_load() -> Any:
+    """numpy's state when the program loaded ``numpy.random``, once an absent part watched it;
+    else None."""
+    return _NUMPY_AT_LOAD
+
+
+def _numpy_loaded() -> bool:
+    """Whether ``numpy.random`` is loaded; else the import is watched (``np.random`` would
+    load it: numpy loads its submodules at first use)."""
+    if "numpy.random" in sys.modules:
+        return True
+    when_imported("numpy.random", "stoker.sampling.global_rngs:keep_numpy_state_at_load")
+    return False
+
+
+def load_numpy() -> None:
+    """Load ``numpy.random`` (an absent part's watch keeps the state it loads with)."""
+    import numpy.random  # noqa: F401
+
+
+def watch_absent_numpy(state: Any) -> bool:
+    """Whether ``state``'s numpy part is absent, numpy.random still not loaded: its import
+    is then watched, the state it loads with to fill the part."""
+    return worker_rngs.numpy_absent(state) and not _numpy_loaded()
+
+
 def _numpy_state(raw: bool = True) -> Any:
+    if not _numpy_loaded():
+        return None  # absent
     rs = _numpy_global()
     offset = _numpy_gauss_offset() if raw else None
     if (
@@ -235,6 +291,10 @@ def _numpy_state(raw: bool = True) -> Any:
 
 
 def _set_numpy_state(state: Any) -> None:
+    if state is None:  # absent: numpy's RNG as it was loaded, if it is by now
+        if _NUMPY_AT_LOAD is not None and "numpy.random" in sys.modules:
+            np.random.set_state(_NUMPY_AT_LOAD)
+        return
     rs = _numpy_global()
     if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], bytes):
         offset = _numpy_gauss_offset()
@@ -259,10 +319,10 @@ def take() -> tuple:
     py, nps, ts = snapshot()
     with unseen():  # NOTE [ The program's torch modes see torch's calls ]
         torch_bytes = _numpy(ts).tobytes()
-    if isinstance(py[0], bytes) and isinstance(nps[0], bytes):
-        return (RAW, py[0], py[1], nps[0], nps[1], torch_bytes)
-    return (CANON, canonical_public(random.getstate(), np.random.get_state(legacy=True),
-                                    torch_bytes))
+    if isinstance(py[0], bytes) and (nps is None or isinstance(nps[0], bytes)):
+        return (RAW, py[0], py[1], *(nps or (None, None)), torch_bytes)
+    return (CANON, canonical_public(random.getstate(), None if nps is None
+                                    else np.random.get_state(legacy=True), torch_bytes))
 
 
 class Changes:
@@ -306,9 +366,17 @@ def changed_since(state: tuple[Any, Any, torch.Tensor]) -> bool:
     py, nps, ts = state
     return (
         not _same(_random_state(), py)
-        or not _same(_numpy_state(), nps)
+        or not _numpy_same(nps)
         or not torch.equal(torch.get_rng_state(), ts)
     )
+
+
+def _numpy_same(nps: Any) -> bool:
+    now = _numpy_state()
+    if nps is None and now is not None:  # loaded since: drew, unless still as it was loaded
+        return _NUMPY_AT_LOAD is not None and _same(
+            tuple(np.random.get_state(legacy=True)), tuple(_NUMPY_AT_LOAD))
+    return _same(now, nps)
 
 
 def raw_paths() -> dict[str, bool]:

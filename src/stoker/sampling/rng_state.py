@@ -96,6 +96,7 @@ class RngSnapshot:
         # Save-point states of a resume not put back yet (``hold_save_point``).
         self._pending: tuple[str | None, str | None] | None = None
         self.held = False
+        self._numpy_pending = False  # ``_main`` has numpy's part absent, to fill once loaded
 
     def capture(self) -> None:
         raw = {k: g.get_state() for k, g in self._named.items()}
@@ -106,12 +107,22 @@ class RngSnapshot:
         self._raw, self._encoded = raw, None
         if self._main_rngs:
             self._main = global_rngs.take()
+            self._numpy_pending = worker_rngs.numpy_absent(self._main)
 
     def encoded(self) -> dict[str, str]:
         if self._encoded is None:
             self._encoded = {k: _encode(v) for k, v in self._raw.items()}
             if self._main_rngs:
                 self._encoded[_MAIN] = worker_rngs.encode(self._main)
+        if self._numpy_pending:
+            # numpy.random not loaded when the epoch started (NOTE [ numpy's RNG loads when
+            # the program loads it ]): the epoch started from the state it loads with, loaded
+            # now if the program has not yet (a state asked for is stoker's, not torch's)
+            global_rngs.load_numpy()
+        if self._numpy_pending and global_rngs.numpy_at_load() is not None:
+            self._main = self._encoded[_MAIN] = worker_rngs.encode(
+                self._main, global_rngs.numpy_at_load())
+            self._numpy_pending = False
         return self._encoded
 
     def encoded_with_save_point(self) -> dict[str, str]:
@@ -166,6 +177,7 @@ class RngSnapshot:
             # starts from the global RNGs as they are.
             self._main = main or global_rngs.take()
             self._encoded[_MAIN] = worker_rngs.encode(self._main)
+            self._numpy_pending = global_rngs.watch_absent_numpy(self._main)
         for key, generator in self._named.items():
             if key in self._raw:
                 generator.set_state(self._raw[key])

@@ -24,7 +24,6 @@ import ctypes
 import functools
 import mmap
 import os
-import secrets
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,7 +59,7 @@ def create(segment_id: int, nbytes: int) -> tuple[int, SegmentRef]:
     else:  # pragma: no cover - non-Linux fallback
         import _posixshmem
 
-        name = f"/stoker-{os.getpid()}-{segment_id}-{secrets.token_hex(4)}"
+        name = f"/stoker-{os.getpid()}-{segment_id}-{os.urandom(4).hex()}"
         fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
     try:
         os.ftruncate(fd, nbytes)

@@ -42,9 +42,6 @@ import weakref
 from multiprocessing.connection import Connection
 from typing import Any
 
-# Every worker seeds numpy's global RNG (torch's contract): loaded once here, in the main process
-# before it forks, not in each worker (NOTE [ Import only what the loader needs ]).
-import numpy.random  # noqa: F401
 import torch.multiprocessing
 from torch.utils.data._utils.signal_handling import _set_worker_signal_handlers
 
@@ -59,9 +56,11 @@ from stoker.workers.main_loop import Worker
 from stoker.workers.remote_errors import RemoteError, capture
 from stoker.workers.thread_caps import cap_worker_threads
 
-# Likewise the raw RNG copies' offsets (NOTE [ Raw RNG snapshots ]) and what every worker's
+# The raw RNG copies' offsets (NOTE [ Raw RNG snapshots ]) and what every worker's
 # apply_in_worker imports: found and loaded once here, in the main process before it forks, not
-# by every worker at each start (~6 ms of calibration, and the modules' imports).
+# by every worker at each start (~6 ms of calibration, and the modules' imports). Not
+# numpy.random: each worker loads it as it seeds it, as torch's do (NOTE [ numpy's RNG loads
+# when the program loads it ]).
 global_rngs.calibrate()
 import stoker.sharing.inherited_list  # noqa: E402,F401
 import stoker.sharing.stand_in  # noqa: E402,F401
