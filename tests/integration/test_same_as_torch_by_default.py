@@ -479,3 +479,59 @@ def test_the_iterators_workers_answer_as_process_objects(Loader, TorchLoader, nu
         return [facts, rest, [kind(w) for w in it._workers]]
 
     _both(Loader, TorchLoader, script)
+
+
+class _Warns:
+    """Warns from ``__getitem__`` (or ``__getitems__``, or a stream's generator) with
+    stacklevel 1 to 3, and returns where each warning was attributed: torch's fetcher's file
+    and line (NOTE [ torch's fetchers call the dataset ]), the dataset's own for level 1."""
+
+    def _where(self) -> list[str]:
+        import os
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for level in (1, 2, 3):
+                warnings.warn(f"level {level}", UserWarning, stacklevel=level)
+        return [f"{os.path.basename(w.filename)}:{w.lineno}" for w in caught]
+
+
+class WarnsMap(_Warns, torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> list[str]:
+        return self._where()
+
+
+class WarnsGetitems(WarnsMap):
+    def __getitems__(self, indices: list[int]) -> list[list[str]]:
+        return [self._where() for _ in indices]
+
+
+class WarnsStream(_Warns, torch.utils.data.IterableDataset):
+    def __iter__(self):
+        for _ in range(4):
+            yield self._where()
+
+
+def _no_collate(batch: Any) -> Any:
+    return batch
+
+
+# found by a blind sweep: a warning raised with stacklevel=2 in __getitem__ named stoker's
+# fetcher where torch's names its fetch.py line (its text on stderr, its module= filters)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", ["map", "getitems", "stream", "unbatched"])
+def test_a_warning_from_the_dataset_is_attributed_to_torchs_fetcher(
+        Loader, TorchLoader, num_workers, kind):
+    def script(cls: type) -> list:
+        dataset = {"map": WarnsMap, "getitems": WarnsGetitems, "stream": WarnsStream,
+                   "unbatched": WarnsMap}[kind]()
+        batch_size = None if kind == "unbatched" else 2
+        loader = cls(dataset, batch_size=batch_size, num_workers=num_workers,
+                     collate_fn=_no_collate, timeout=60 if num_workers else 0)
+        return [batch for batch in loader]
+
+    _both(Loader, TorchLoader, script)

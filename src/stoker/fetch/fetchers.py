@@ -22,6 +22,17 @@ fetch starts and when read, and read only in the thread that fetched, where the 
 written (the worker's reply, the main process's notes), so an identity it names is the
 exception it was made for. A ``__getitems__`` dataset or a ``collate_fn`` is handed the whole
 batch: no single index is known there.
+
+NOTE [ torch's fetchers call the dataset ]
+torch's fetcher objects (``torch.utils.data._utils.fetch``) make the calls into the dataset:
+``__getitem__`` from their list comprehension, ``__getitems__``, ``iter()`` and ``next()`` on an
+iterable, collating nothing (``_as_fetched``; stoker collates after). So what a dataset sees
+of its callers is torch's: a warning with ``stacklevel=2`` or ``3`` is attributed to torch's
+``fetch.py`` line (its text, its ``module=`` filters, its once-per-location registry), and
+``hasattr(dataset, "__getitems__")`` is asked at every batch, as torch asks it. Above those two
+frames the callers are stoker's (``stacklevel=4`` names a stoker file where torch names
+``dataloader.py``). The sample index a note names, and ``stoker.sample_rng()``'s, are read from
+the iterator the fetcher is handed.
 """
 
 from __future__ import annotations
@@ -33,6 +44,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
 
 from stoker._core.dataset_hooks import SupportsPrepareBatch, provided
 from stoker._core.specs import FetchSpec
@@ -107,9 +120,26 @@ def _stop_iteration_error(exc: StopIteration) -> RuntimeError:
     return err
 
 
+def _as_fetched(data: Any) -> Any:
+    """The collate torch's fetchers are given (NOTE [ torch's fetchers call the dataset ])."""
+    return data
+
+
+def _published(ctx: Any, iterator: Any) -> Any:
+    """``iterator``'s indices, each published to ``stoker.sample_rng()`` as it is handed out
+    (a generator is suspended while the dataset runs: no frame of it sits above the call)."""
+    for i in iterator:
+        ctx.index = i
+        yield i
+    ctx.index = None
+
+
 class MapFetcher:
     def __init__(self, spec: FetchSpec, skip_errors: bool = False) -> None:
         self._dataset = spec.dataset
+        # NOTE [ torch's fetchers call the dataset ]
+        self._torch_fetch = _MapDatasetFetcher(
+            spec.dataset, spec.auto_collation, _as_fetched, spec.drop_last).fetch
         self._collate = spec.collate_fn
         self._auto = spec.auto_collation
         self._skip = skip_errors
@@ -132,6 +162,14 @@ class MapFetcher:
             return self._getitems([index])[0]
         return self._dataset[index]
 
+    def each(self, indices: Any) -> list[Any]:
+        """One sample per index ``indices`` hands out, loaded by torch's fetcher (NOTE [ torch's
+        fetchers call the dataset ]); ``splittable`` fetchers only."""
+        try:
+            return self._torch_fetch(indices)  # type: ignore[no-any-return]
+        except StopIteration as exc:
+            raise _stop_iteration_error(exc) from exc
+
     def get_one_checked(self, index: Any) -> Any:
         try:
             return self.get_one(index)
@@ -144,26 +182,23 @@ class MapFetcher:
         return self._auto and self._getitems is None
 
     def samples(self, index: list[Any]) -> list[Any]:
+        fetch = self._torch_fetch  # NOTE [ torch's fetchers call the dataset ]
         if self._getitems is not None:
             self._mark(tuple(index))
-            return self._getitems(index)
-        dataset, iterator = self._dataset, iter(index)
+            return fetch(index)
+        iterator = iter(index)
         try:  # NOTE [ The sample that raised ]
             if self.sample_context is None:
-                return [dataset[i] for i in iterator]
-            ctx, out = self._publish(), []
+                return fetch(iterator)  # type: ignore[no-any-return]
+            ctx = self._publish()
             if self.fast_paths and CURSOR_WORKS and type(index) is list:
                 # NOTE [ The sample index from the batch's iterator ] in sampling.sample_rng
                 ctx.cursor, ctx.index = (index, iterator), CURSOR
                 try:
-                    return [dataset[i] for i in iterator]
+                    return fetch(iterator)  # type: ignore[no-any-return]
                 finally:
                     ctx.cursor = ctx.index = None
-            for i in iterator:
-                ctx.index = i  # inline, not a call: this loop runs once per sample
-                out.append(dataset[i])
-            ctx.index = None
-            return out
+            return fetch(_published(ctx, iterator))  # type: ignore[no-any-return]
         except BaseException as exc:
             _note_position(exc, index, iterator)
             raise
@@ -216,7 +251,7 @@ class MapFetcher:
         try:
             if not self._auto:
                 self._mark(index)
-                return self._dataset[index]
+                return self._torch_fetch(index)
             self.prepare_batch(index)
             try:
                 return self.samples(index)
@@ -293,14 +328,12 @@ class IterableFetcher:
 
     def __init__(self, spec: FetchSpec) -> None:
         SAMPLE_CONTEXT.index = STREAM
-        try:
-            self._iter = iter(spec.dataset)
+        try:  # NOTE [ torch's fetchers call the dataset ]: iter() and next() are its
+            self._torch = _IterableDatasetFetcher(
+                spec.dataset, spec.auto_collation, _as_fetched, spec.drop_last)
         finally:
             SAMPLE_CONTEXT.index = None
         self._collate = spec.collate_fn
-        self._auto = spec.auto_collation
-        self._drop_last = spec.drop_last
-        self._ended = False
         self.skipped: list[Skipped] = []
 
     splittable = False
@@ -320,38 +353,27 @@ class IterableFetcher:
         """``iter(dataset)``'s own ``state_dict()`` (None without one) and whether it ended:
         it raised StopIteration filling the last (short) batch, so the epoch ends at the next
         step without asking it again (torchdata's fetcher "ended")."""
-        state = getattr(self._iter, "state_dict", None)
-        return (state() if callable(state) else None), self._ended
+        state = getattr(self._torch.dataset_iter, "state_dict", None)
+        return (state() if callable(state) else None), self._torch.ended
 
     def load_iterator_state(self, saved: Any, ended: bool) -> None:
         """torchdata's order: the dataset's state was loaded and ``iter(dataset)`` made; now the
         iterator's own state, so the stream continues where it was instead of being re-read."""
-        load = getattr(self._iter, "load_state_dict", None)
+        load = getattr(self._torch.dataset_iter, "load_state_dict", None)
         if saved is not None and callable(load):
             load(saved)
-            self._ended = ended
+            self._torch.ended = ended
 
     upcoming: list[tuple[Any, Any]] = []  # an iterable's samples are not named by index
 
     def gather(self, index: Any) -> Any:
-        if self._ended:
-            raise StopIteration
+        """torch's fetcher's samples: an ended stream, or a batch that ends it short under
+        ``drop_last``, raises ``StopIteration`` as torch's does."""
         SAMPLE_CONTEXT.index = STREAM  # NOTE [ A stream's samples have no index ]
         try:
-            if not self._auto:
-                return next(self._iter)
-            data = []
-            for _ in index:
-                try:
-                    data.append(next(self._iter))
-                except StopIteration:
-                    self._ended = True
-                    break
+            return self._torch.fetch(index)
         finally:
             SAMPLE_CONTEXT.index = None
-        if not data or (self._drop_last and len(data) < len(index)):
-            raise StopIteration
-        return data
 
 
 def vectorisable(spec: FetchSpec) -> bool:

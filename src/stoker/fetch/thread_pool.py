@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,19 +155,41 @@ def explore(
     the first error is raised, its index noted (NOTE [ The sample that raised ]).
     """
     forget_failed_index()
+    at = [0]  # the position of the sample being loaded
+    samples = _measured(job, fetcher, tuner, set_context, at)
+    if not skip_errors:
+        try:  # torch's fetcher makes the calls (NOTE [ torch's fetchers call the dataset ])
+            fetched = fetcher.each(samples)
+        except Exception as exc:
+            note_failed_index(exc, job.indices[at[0]])
+            raise
+        job.results[:len(fetched)] = fetched
+        return len(fetched)
+    for index in samples:  # each alone: a sample that raises is left out, the rest go on
+        k = at[0]
+        try:
+            job.results[k] = fetcher.get_one_checked(index)
+        except Exception as exc:
+            if not skippable(exc):
+                note_failed_index(exc, index)
+                raise
+            job.errors[k] = exc
+    return at[0] + 1 if job.remaining else len(job.indices)
+
+
+def _measured(job: Job, fetcher: MapFetcher, tuner: ConcurrencyTuner,
+              set_context: Callable[[Any], None], at: list[int]) -> Iterator[Any]:
+    """The job's indices, one at a time; between handing one out and being asked for the
+    next, its sample was loaded: measured for the tuner while it explores. Ends early once
+    the tuner raised the concurrency (``at[0]``: the last sample's position)."""
     for k, index in enumerate(job.indices):
+        at[0] = k
         exploring = tuner.exploring
         probe = global_rngs.snapshot(fetcher.fast_paths) if tuner.probing else None
         set_context(index)
         clock = SampleClock() if exploring else None
         t0, c0 = time.perf_counter(), time.thread_time()
-        try:
-            job.results[k] = fetcher.get_one_checked(index)
-        except Exception as exc:
-            if not skip_errors or not skippable(exc):
-                note_failed_index(exc, index)
-                raise
-            job.errors[k] = exc
+        yield index
         job.wall_s += time.perf_counter() - t0
         job.cpu_s += time.thread_time() - c0
         job.remaining -= 1
@@ -176,5 +198,4 @@ def explore(
             touched = probe is not None and global_rngs.changed_since(probe)
             tuner.observe_sample(wall, cpu, touched, queued)
             if tuner.concurrency > 1:
-                return k + 1
-    return len(job.indices)
+                return
