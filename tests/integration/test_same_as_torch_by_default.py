@@ -520,18 +520,30 @@ def _no_collate(batch: Any) -> Any:
     return batch
 
 
-# found by a blind sweep: a warning raised with stacklevel=2 in __getitem__ named stoker's
-# fetcher where torch's names its fetch.py line (its text on stderr, its module= filters)
+def _warning_collate(batch: Any) -> Any:
+    import os
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for level in (1, 2):
+            warnings.warn(f"level {level}", UserWarning, stacklevel=level)
+    return [batch, [f"{os.path.basename(w.filename)}:{w.lineno}" for w in caught]]
+
+
+# found by blind sweeps: a warning raised with stacklevel=2 in __getitem__ or collate_fn named
+# stoker's fetcher where torch's names its fetch.py line (its text on stderr, module= filters)
 @pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize("kind", ["map", "getitems", "stream", "unbatched"])
+@pytest.mark.parametrize("kind", ["map", "getitems", "stream", "unbatched", "collate"])
 def test_a_warning_from_the_dataset_is_attributed_to_torchs_fetcher(
         Loader, TorchLoader, num_workers, kind):
     def script(cls: type) -> list:
         dataset = {"map": WarnsMap, "getitems": WarnsGetitems, "stream": WarnsStream,
-                   "unbatched": WarnsMap}[kind]()
+                   "unbatched": WarnsMap, "collate": WarnsMap}[kind]()
         batch_size = None if kind == "unbatched" else 2
+        collate_fn = _warning_collate if kind == "collate" else _no_collate
         loader = cls(dataset, batch_size=batch_size, num_workers=num_workers,
-                     collate_fn=_no_collate, timeout=60 if num_workers else 0)
+                     collate_fn=collate_fn, timeout=60 if num_workers else 0)
         return [batch for batch in loader]
 
     _both(Loader, TorchLoader, script)

@@ -26,9 +26,11 @@ batch: no single index is known there.
 NOTE [ torch's fetchers call the dataset ]
 torch's fetcher objects (``torch.utils.data._utils.fetch``) make the calls into the dataset:
 ``__getitem__`` from their list comprehension, ``__getitems__``, ``iter()`` and ``next()`` on an
-iterable, collating nothing (``_as_fetched``; stoker collates after). So what a dataset sees
-of its callers is torch's: a warning with ``stacklevel=2`` or ``3`` is attributed to torch's
-``fetch.py`` line (its text, its ``module=`` filters, its once-per-location registry), and
+iterable, collating nothing (``_as_fetched``); and ``collate_fn``, from a second fetcher
+whose dataset hands back the samples it is given (``torch_collate``). So what a dataset or a
+collate function sees of its callers is torch's: a warning with ``stacklevel=2`` (or ``3``
+from ``__getitem__``, under torch's list comprehension) is attributed to torch's ``fetch.py``
+line (its text, its ``module=`` filters, its once-per-location registry), and
 ``hasattr(dataset, "__getitems__")`` is asked at every batch, as torch asks it. Above those two
 frames the callers are stoker's (``stacklevel=4`` names a stoker file where torch names
 ``dataloader.py``). The sample index a note names, and ``stoker.sample_rng()``'s, are read from
@@ -125,6 +127,21 @@ def _as_fetched(data: Any) -> Any:
     return data
 
 
+class _Given:
+    """The "dataset" of the torch fetcher that collates: hands back the samples given."""
+
+    __slots__ = ()
+
+    def __getitem__(self, data: Any) -> Any:
+        return data
+
+
+def torch_collate(collate_fn: Any) -> Callable[[Any], Any]:
+    """``collate_fn`` as torch's fetcher calls it, from its ``fetch`` (NOTE [ torch's fetchers
+    call the dataset ])."""
+    return _MapDatasetFetcher(_Given(), False, collate_fn, False).fetch  # type: ignore[no-any-return]
+
+
 def _published(ctx: Any, iterator: Any) -> Any:
     """``iterator``'s indices, each published to ``stoker.sample_rng()`` as it is handed out
     (a generator is suspended while the dataset runs: no frame of it sits above the call)."""
@@ -140,7 +157,7 @@ class MapFetcher:
         # NOTE [ torch's fetchers call the dataset ]
         self._torch_fetch = _MapDatasetFetcher(
             spec.dataset, spec.auto_collation, _as_fetched, spec.drop_last).fetch
-        self._collate = spec.collate_fn
+        self._collate = torch_collate(spec.collate_fn)
         self._auto = spec.auto_collation
         self._skip = skip_errors
         self.fast_paths = spec.fast_paths  # NOTE [ One switch for the fast paths ]
@@ -333,7 +350,7 @@ class IterableFetcher:
                 spec.dataset, spec.auto_collation, _as_fetched, spec.drop_last)
         finally:
             SAMPLE_CONTEXT.index = None
-        self._collate = spec.collate_fn
+        self._collate = torch_collate(spec.collate_fn)
         self.skipped: list[Skipped] = []
 
     splittable = False
