@@ -481,23 +481,33 @@ def test_the_iterators_workers_answer_as_process_objects(Loader, TorchLoader, nu
     _both(Loader, TorchLoader, script)
 
 
+def _warned_at(deepest: int) -> list[str]:
+    """Where a warning from the caller, with each stacklevel up to ``deepest`` (1: the
+    caller's own line), is attributed: file, line and the module ``module=`` filters match."""
+    import os
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for level in range(1, deepest + 1):
+            warnings.warn(f"level {level}", UserWarning, stacklevel=level + 1)
+    return [f"{os.path.basename(w.filename)}:{w.lineno}" for w in caught]
+
+
 class _Warns:
-    """Warns from ``__getitem__`` (or ``__getitems__``, or a stream's generator) with
-    stacklevel 1 to 3, and returns where each warning was attributed: torch's fetcher's file
-    and line (NOTE [ torch's fetchers call the dataset ]), the dataset's own for level 1."""
+    """Warns from ``__getitem__`` (or ``__getitems__``, or a stream's generator) and returns
+    where each warning was attributed (NOTE [ torch's fetchers call the dataset ]): up to
+    torch's line that calls its fetcher (``_next_data``'s, or ``_worker_loop``'s)."""
+
+    deepest = 3  # __getitems__ or a stream: fetch, then torch's line that calls it
 
     def _where(self) -> list[str]:
-        import os
-        import warnings
-
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for level in (1, 2, 3):
-                warnings.warn(f"level {level}", UserWarning, stacklevel=level)
-        return [f"{os.path.basename(w.filename)}:{w.lineno}" for w in caught]
+        return _warned_at(self.deepest + 1)
 
 
 class WarnsMap(_Warns, torch.utils.data.Dataset):
+    deepest = 4  # and torch's list comprehension
+
     def __len__(self) -> int:
         return 4
 
@@ -521,18 +531,12 @@ def _no_collate(batch: Any) -> Any:
 
 
 def _warning_collate(batch: Any) -> Any:
-    import os
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for level in (1, 2):
-            warnings.warn(f"level {level}", UserWarning, stacklevel=level)
-    return [batch, [f"{os.path.basename(w.filename)}:{w.lineno}" for w in caught]]
+    return [batch, _warned_at(3)]
 
 
 # found by blind sweeps: a warning raised with stacklevel=2 in __getitem__ or collate_fn named
-# stoker's fetcher where torch's names its fetch.py line (its text on stderr, module= filters)
+# stoker's fetcher where torch's names its fetch.py line (its text on stderr, module= filters);
+# one level more, torch's line that calls the fetcher
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("kind", ["map", "getitems", "stream", "unbatched", "collate"])
 def test_a_warning_from_the_dataset_is_attributed_to_torchs_fetcher(
@@ -541,9 +545,85 @@ def test_a_warning_from_the_dataset_is_attributed_to_torchs_fetcher(
         dataset = {"map": WarnsMap, "getitems": WarnsGetitems, "stream": WarnsStream,
                    "unbatched": WarnsMap, "collate": WarnsMap}[kind]()
         batch_size = None if kind == "unbatched" else 2
+        if kind == "unbatched":
+            dataset.deepest = 3  # no list comprehension
         collate_fn = _warning_collate if kind == "collate" else _no_collate
         loader = cls(dataset, batch_size=batch_size, num_workers=num_workers,
                      collate_fn=collate_fn, timeout=60 if num_workers else 0)
         return [batch for batch in loader]
+
+    _both(Loader, TorchLoader, script)
+
+
+class WarnsInSampler(torch.utils.data.Sampler):
+    def __init__(self) -> None:
+        self.seen: list[list[str]] = []
+
+    def __iter__(self):
+        for i in range(4):
+            self.seen.append(_warned_at(3))  # the sampler, torch's BatchSampler, _next_index
+            yield i
+
+    def __len__(self) -> int:
+        return 4
+
+
+class InitWarnings(torch.utils.data.Dataset):
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> list[str]:
+        return self.seen
+
+
+def _init_warns(worker_id: int) -> None:
+    torch.utils.data.get_worker_info().dataset.seen = _warned_at(2)
+
+
+# found by a blind sweep: next() on the sampler and worker_init_fn are called from torch's own
+# lines (_next_index's, _worker_loop's): a warning one level up is attributed there
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_warnings_from_the_sampler_and_worker_init_fn_are_attributed_as_torchs(
+        Loader, TorchLoader, num_workers):
+    def script(cls: type) -> list:
+        sampler = WarnsInSampler()
+        loader = cls(InitWarnings(), batch_size=2, sampler=sampler, num_workers=num_workers,
+                     collate_fn=_no_collate, timeout=60 if num_workers else 0,
+                     worker_init_fn=_init_warns if num_workers else None)
+        return [[batch for batch in loader], sampler.seen]
+
+    _both(Loader, TorchLoader, script)
+
+
+class HoldsALock(torch.utils.data.Dataset):
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+# found by a blind sweep: torch warns as it re-raises a worker start's pickle error
+def test_a_worker_that_cannot_be_pickled_gets_torchs_warning(Loader, TorchLoader):
+    def script(cls: type) -> list:
+        import os
+        import warnings
+
+        loader = cls(HoldsALock(), batch_size=2, num_workers=1, timeout=60,
+                     multiprocessing_context="spawn")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(TypeError) as raised:
+                iter(loader)
+        return [str(raised.value), [(w.category.__name__, str(w.message),
+                                     os.path.basename(w.filename), w.lineno) for w in caught]]
 
     _both(Loader, TorchLoader, script)

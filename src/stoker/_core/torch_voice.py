@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import linecache
 import logging
 import os
 import sys
@@ -55,6 +56,7 @@ import types
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 ADVICE_LEVEL = logging.DEBUG  # NOTE [ Advice is quiet ]
 
@@ -63,60 +65,89 @@ _STOKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.s
 
 @dataclass(frozen=True)
 class TorchSite:
-    """Where in torch's ``torch/utils/data/dataloader.py`` a warning is attributed: the call
-    to ``call`` (a method name) inside ``owner.function``."""
+    """Where in torch's ``module`` (``torch/utils/data/dataloader.py`` unless named) a warning
+    is attributed: the call to ``call`` (a method or function name) inside ``owner.function``
+    (``function`` alone where ``owner`` is "": a module-level function)."""
 
     owner: str
     function: str
     call: str
+    module: str = "torch.utils.data.dataloader"
 
 
 # The frame torch's ``warnings.warn(..., stacklevel=2)`` lands in, for each of its sites.
 WORKER_COUNT_AT_ITER = TorchSite("DataLoader", "_get_iterator", "check_worker_number_rationality")
 PIN_SINGLE_PROCESS = TorchSite("_SingleProcessDataLoaderIter", "__init__", "__init__")
 PIN_WORKERS = TorchSite("_MultiProcessingDataLoaderIter", "__init__", "__init__")
+PICKLE_ERROR_AT_START = TorchSite("DataLoader", "_get_iterator", "_MultiProcessingDataLoaderIter")
+# torch's calls into the program's code (NOTE [ torch's fetchers call the dataset ])
+FETCH_IN_MAIN = TorchSite("_SingleProcessDataLoaderIter", "_next_data", "fetch")
+NEXT_INDEX = TorchSite("_BaseDataLoaderIter", "_next_index", "next")
+_WORKER = "torch.utils.data._utils.worker"
+FETCH_IN_WORKER = TorchSite("", "_worker_loop", "fetch", _WORKER)
+INIT_IN_WORKER = TorchSite("", "_worker_loop", "init_fn", _WORKER)
 
 
-def _torch_module() -> types.ModuleType:
-    from torch.utils.data import dataloader
+def _torch_module(site: TorchSite | None = None) -> types.ModuleType:
+    import importlib
 
-    return dataloader
+    return importlib.import_module(site.module if site is not None else _DATALOADER)
+
+
+_DATALOADER = "torch.utils.data.dataloader"
+
+
+def _function(site: TorchSite) -> types.FunctionType:
+    module = _torch_module(site)
+    owner = getattr(module, site.owner) if site.owner else module
+    return getattr(owner, site.function)  # type: ignore[no-any-return]
+
+
+def _calls_at(site: TorchSite, fn: ast.AST) -> int | None:
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call):
+            name = (node.func.attr if isinstance(node.func, ast.Attribute)
+                    else node.func.id if isinstance(node.func, ast.Name) else None)
+            if name == site.call:
+                return int(node.lineno)
+    return None
 
 
 @functools.cache
+def call_line(site: TorchSite) -> int | None:
+    """The line of ``site``'s call in torch's source; None when this torch has no such call
+    there (another release) or no source."""
+    try:
+        with open(_filename(site), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError, AttributeError):
+        return None
+    body = tree.body
+    if site.owner:
+        owners = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == site.owner]
+        body = owners[0].body if owners else []
+    for fn in body:
+        if isinstance(fn, ast.FunctionDef) and fn.name == site.function:
+            return _calls_at(site, fn)
+    return None
+
+
 def torch_line(site: TorchSite) -> int:
     """The line of ``site``'s call in torch's source; the function's first line when this
     torch has no such call there (another release: attributed near, never failing)."""
-    module = _torch_module()
-    function = getattr(getattr(module, site.owner), site.function)
-    fallback = int(function.__code__.co_firstlineno)
-    try:
-        with open(function.__code__.co_filename, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError, ValueError):
-        return fallback
-    for owner in ast.walk(tree):
-        if not (isinstance(owner, ast.ClassDef) and owner.name == site.owner):
-            continue
-        for fn in owner.body:
-            if isinstance(fn, ast.FunctionDef) and fn.name == site.function:
-                for node in ast.walk(fn):
-                    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                            and node.func.attr == site.call):
-                        return int(node.lineno)
-    return fallback
+    found = call_line(site)
+    return found if found is not None else int(_function(site).__code__.co_firstlineno)
 
 
 def _filename(site: TorchSite) -> str:
-    module = _torch_module()
-    return str(getattr(getattr(module, site.owner), site.function).__code__.co_filename)
+    return str(_function(site).__code__.co_filename)
 
 
 def warn_as_torch(message: str, site: TorchSite, category: type[Warning] = UserWarning) -> None:
     """Issue ``message`` as torch's ``warnings.warn(message, stacklevel=2)`` in the function
     ``site`` calls would: at ``site``'s line of torch's file, for torch's module, in torch's
     module's registry (made there if missing, as ``warnings.warn`` makes it)."""
-    module_globals = vars(_torch_module())
+    module_globals = vars(_torch_module(site))
     registry = module_globals.setdefault("__warningregistry__", {})
     warnings.warn_explicit(
         message, category, _filename(site), torch_line(site),
@@ -131,7 +162,32 @@ def _trampoline(site: TorchSite) -> types.FunctionType:
     compiled = compile("def _at(fn):\n    fn()\n", _filename(site), "exec")
     code = next(c for c in compiled.co_consts if isinstance(c, types.CodeType))
     code = code.replace(co_firstlineno=torch_line(site) - 1, co_name=site.function)
-    return types.FunctionType(code, vars(_torch_module()), site.function)
+    return types.FunctionType(code, vars(_torch_module(site)), site.function)
+
+
+@functools.cache
+def at_torch_call(site: TorchSite, params: str, result: str = "") -> Callable[..., Any] | None:
+    """A function of ``params`` whose body is torch's own line at ``site``, copied from
+    torch's source (its columns too, so a traceback's carets fall where they do under torch),
+    returning ``result`` (a name the line binds) if given: a frame of it is the frame torch's
+    call runs in (file, line, function name, torch's module globals), to ``warnings`` and to
+    tracebacks (NOTE [ torch's fetchers call the dataset ]). None where this torch has no
+    such line: the caller then calls plainly."""
+    line = call_line(site)
+    if line is None or line < 2:
+        return None
+    path = _filename(site)
+    text = linecache.getline(path, line).rstrip("\n")
+    indent = text[:len(text) - len(text.lstrip())]
+    source = "\n" * (line - 2) + f"def {site.function}({params}):\n{text}\n"
+    if result:
+        source += f"{indent}return {result}\n"
+    try:
+        compiled = compile(source, path, "exec")
+    except SyntaxError:
+        return None
+    code = next(c for c in compiled.co_consts if isinstance(c, types.CodeType))
+    return types.FunctionType(code, vars(_torch_module(site)), site.function)
 
 
 def call_as_torch(site: TorchSite, fn: Callable[[], object]) -> None:

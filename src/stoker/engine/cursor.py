@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stoker._core.plan import Plan
+from stoker._core.torch_voice import NEXT_INDEX, at_torch_call
 from stoker.sampling.datapipes import draw_shared_seed, is_iter_datapipe, seed_group
 from stoker.sampling.fast_batches import fast_iter
 from stoker.sampling.rng_state import RngSnapshot
@@ -170,6 +171,10 @@ class EpochProgress:
 # -- the cursor --------------------------------------------------------------------------------
 
 
+def _next_of_sampler(cursor: Any) -> Any:
+    return next(cursor._sampler_iter)
+
+
 class EpochCursor:
     """One iterator's position in its epochs (NOTE [ Resume state ]).
 
@@ -179,6 +184,11 @@ class EpochCursor:
     """
 
     def __init__(self, plan: Plan) -> None:
+        # next() on the sampler from torch's own line (NOTE [ torch's fetchers call the
+        # dataset ] in fetch.fetchers): reads this cursor's ``_sampler_iter``, as torch's
+        # ``_next_index`` reads its iterator's
+        self._next_index: Callable[[Any], Any] = (
+            at_torch_call(NEXT_INDEX, "self") or _next_of_sampler)
         self._dataset = plan.dataset
         self._kind = plan.kind
         self._index_sampler = plan.index_sampler
@@ -326,7 +336,7 @@ class EpochCursor:
         """The next (position, indices) to fetch, skipping positions delivered before a resume."""
         self.progress.sampler_started = True
         while True:
-            index = next(self._sampler_iter)  # StopIteration ends the epoch
+            index = self._next_index(self)  # StopIteration ends the epoch
             position = self._position
             self._position += 1
             if position not in self._skip:

@@ -30,6 +30,7 @@ from torch.utils.data._utils.signal_handling import _set_SIGCHLD_handler
 
 from stoker._core.plan import Plan
 from stoker._core.specs import WorkerSpec
+from stoker._core.torch_voice import PICKLE_ERROR_AT_START, warn_as_torch
 from stoker.engine.loader_state import EngineState
 from stoker.engine.worker_group import WorkerGroup
 from stoker.fastpaths.batched_getitem import compile_batched
@@ -39,6 +40,15 @@ from stoker.workers import diagnostics, pickle_culprit
 from stoker.workers.launch import gc_frozen_for_fork, launch, make_worker, start_worker
 from stoker.workers.spec_once import PickledSpec
 from stoker.workers.thread_caps import pools_quiet_for_fork
+
+# torch's text, given where torch's worker start fails to pickle (its start catches the same)
+_PICKLE_ERROR_AT_START = (
+    "Got pickle error when attempting to start a worker Process. "
+    "This might be because the worker Process arguments are not picklable. "
+    "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX platforms "
+    "to 'forkserver', which requires the worker Process arguments to be picklable. "
+    "You can also try multiprocessing.set_start_method('fork')."
+)
 
 
 def worker_specs(
@@ -110,6 +120,7 @@ def start_workers(group: WorkerGroup, ctx: BaseContext, specs: list[WorkerSpec],
             else:
                 _spawn_side_by_side(group, ctx, specs)
     except pickle_culprit.PICKLE_ERRORS as exc:
+        warn_as_torch(_PICKLE_ERROR_AT_START, PICKLE_ERROR_AT_START)  # torch's, as it re-raises
         if method != "fork" and specs:  # NOTE [ What spawn cannot send ]
             pickle_culprit.explain(exc, specs[0], method)
         raise

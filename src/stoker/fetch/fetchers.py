@@ -31,15 +31,19 @@ whose dataset hands back the samples it is given (``torch_collate``). So what a 
 collate function sees of its callers is torch's: a warning with ``stacklevel=2`` (or ``3``
 from ``__getitem__``, under torch's list comprehension) is attributed to torch's ``fetch.py``
 line (its text, its ``module=`` filters, its once-per-location registry), and
-``hasattr(dataset, "__getitems__")`` is asked at every batch, as torch asks it. Above those two
-frames the callers are stoker's (``stacklevel=4`` names a stoker file where torch names
-``dataloader.py``). The sample index a note names, and ``stoker.sample_rng()``'s, are read from
+``hasattr(dataset, "__getitems__")`` is asked at every batch, as torch asks it. The fetcher's
+``fetch`` is called from a copy of torch's own line that calls it (``torch_voice.at_torch_call``:
+``_worker_loop``'s in a worker, ``_next_data``'s in the main process): one level more is
+torch's too. So are ``next()`` on the sampler (``_next_index``'s line, ``engine.cursor``) and
+``worker_init_fn`` (``_worker_loop``'s, ``workers.lifecycle``). Above those frames the callers
+are stoker's. The sample index a note names, and ``stoker.sample_rng()``'s, are read from
 the iterator the fetcher is handed.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import operator
 import threading
 import traceback
@@ -47,10 +51,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from torch.utils.data import get_worker_info
 from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
 
 from stoker._core.dataset_hooks import SupportsPrepareBatch, provided
 from stoker._core.specs import FetchSpec
+from stoker._core.torch_voice import FETCH_IN_MAIN, FETCH_IN_WORKER, at_torch_call
 from stoker.sampling.sample_rng import CURSOR, CURSOR_WORKS, SAMPLE_CONTEXT, STREAM
 
 
@@ -127,6 +133,29 @@ def _as_fetched(data: Any) -> Any:
     return data
 
 
+class _Fetching:
+    """What torch's ``_next_data`` line reads its fetcher from (``self._dataset_fetcher``)."""
+
+    __slots__ = ("_dataset_fetcher",)
+
+    def __init__(self, fetcher: Any) -> None:
+        self._dataset_fetcher = fetcher
+
+
+def _as_torch_calls(fetcher: Any) -> Callable[[Any], Any]:
+    """``fetcher.fetch`` called from torch's line that calls it: ``_worker_loop``'s in a
+    worker, ``_next_data``'s in the main process (NOTE [ torch's fetchers call the dataset ])."""
+    if get_worker_info() is not None:
+        at = at_torch_call(FETCH_IN_WORKER, "fetcher, index", "data")
+        if at is not None:
+            return functools.partial(at, fetcher)
+    else:
+        at = at_torch_call(FETCH_IN_MAIN, "self, index", "data")
+        if at is not None:
+            return functools.partial(at, _Fetching(fetcher))
+    return fetcher.fetch  # type: ignore[no-any-return]
+
+
 class _Given:
     """The "dataset" of the torch fetcher that collates: hands back the samples given."""
 
@@ -139,7 +168,7 @@ class _Given:
 def torch_collate(collate_fn: Any) -> Callable[[Any], Any]:
     """``collate_fn`` as torch's fetcher calls it, from its ``fetch`` (NOTE [ torch's fetchers
     call the dataset ])."""
-    return _MapDatasetFetcher(_Given(), False, collate_fn, False).fetch  # type: ignore[no-any-return]
+    return _as_torch_calls(_MapDatasetFetcher(_Given(), False, collate_fn, False))
 
 
 def _published(ctx: Any, iterator: Any) -> Any:
@@ -155,8 +184,8 @@ class MapFetcher:
     def __init__(self, spec: FetchSpec, skip_errors: bool = False) -> None:
         self._dataset = spec.dataset
         # NOTE [ torch's fetchers call the dataset ]
-        self._torch_fetch = _MapDatasetFetcher(
-            spec.dataset, spec.auto_collation, _as_fetched, spec.drop_last).fetch
+        self._torch_fetch = _as_torch_calls(_MapDatasetFetcher(
+            spec.dataset, spec.auto_collation, _as_fetched, spec.drop_last))
         self._collate = torch_collate(spec.collate_fn)
         self._auto = spec.auto_collation
         self._skip = skip_errors
@@ -350,6 +379,7 @@ class IterableFetcher:
                 spec.dataset, spec.auto_collation, _as_fetched, spec.drop_last)
         finally:
             SAMPLE_CONTEXT.index = None
+        self._torch_fetch = _as_torch_calls(self._torch)
         self._collate = torch_collate(spec.collate_fn)
         self.skipped: list[Skipped] = []
 
@@ -388,7 +418,7 @@ class IterableFetcher:
         ``drop_last``, raises ``StopIteration`` as torch's does."""
         SAMPLE_CONTEXT.index = STREAM  # NOTE [ A stream's samples have no index ]
         try:
-            return self._torch.fetch(index)
+            return self._torch_fetch(index)
         finally:
             SAMPLE_CONTEXT.index = None
 
