@@ -627,3 +627,18 @@ def test_a_worker_that_cannot_be_pickled_gets_torchs_warning(Loader, TorchLoader
                                      os.path.basename(w.filename), w.lineno) for w in caught]]
 
     _both(Loader, TorchLoader, script)
+
+
+# found by a blind sweep: torch's iterators refuse pickling with two arguments, naming its class
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_pickling_an_iterator_raises_torchs_error(Loader, TorchLoader, num_workers):
+    def script(cls: type) -> list:
+        import pickle
+
+        it = iter(cls(list(range(4)), batch_size=2, num_workers=num_workers,
+                      timeout=60 if num_workers else 0))
+        with pytest.raises(NotImplementedError) as raised:
+            pickle.dumps(it)
+        return [raised.value.args, [b.tolist() for b in it]]
+
+    _both(Loader, TorchLoader, script)

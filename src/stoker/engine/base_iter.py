@@ -136,7 +136,9 @@ class BaseIterator(torch_dataloader._BaseDataLoaderIter):
         return len(self._index_sampler)
 
     def __getstate__(self) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
+        # torch's words, as torch raises them (two arguments), naming torch's class
+        torchs = next(c for c in type(self).__mro__ if c.__module__ == torch_dataloader.__name__)
+        raise NotImplementedError("{} cannot be pickled", torchs.__name__)
 
     @property
     def pins(self) -> Any:
