@@ -24,8 +24,8 @@ sites and what stoker does for each (the audit in docs/same_as_torch.md):
   torch's ``stacklevel=2`` lands in the code that called ``next()`` (the user's loop), so
   ``warn_at_caller`` attributes it to the first frame outside stoker.
 
-torch's lines are read from torch's own source (an ``ast`` walk of the function that makes
-the call, once, when first needed), never written down here: another torch release moves
+torch's lines are read from torch's own code (the bytecode of the function that makes the
+call, once, when first needed), never written down here: another torch release moves
 them. stoker's own advice (generators every worker copies, copy-on-read growth, stalls) is
 not torch's and goes to ``logging`` and ``loader.stats().advice`` instead, never through
 ``warnings`` (NOTE [ Same as torch unless asked ]). Warnings stay warnings only on failure
@@ -46,7 +46,7 @@ messages of stoker's own opt-in APIs (``on_error="skip"``, ``device=``).
 
 from __future__ import annotations
 
-import ast
+import dis
 import functools
 import linecache
 import logging
@@ -86,6 +86,11 @@ NEXT_INDEX = TorchSite("_BaseDataLoaderIter", "_next_index", "next")
 _WORKER = "torch.utils.data._utils.worker"
 FETCH_IN_WORKER = TorchSite("", "_worker_loop", "fetch", _WORKER)
 INIT_IN_WORKER = TorchSite("", "_worker_loop", "init_fn", _WORKER)
+# ``at_torch_call``'s arguments for each call site, the same everywhere (one cached function)
+FETCH_IN_MAIN_CALL = (FETCH_IN_MAIN, "self, index", "data")
+NEXT_INDEX_CALL = (NEXT_INDEX, "self", "")
+FETCH_IN_WORKER_CALL = (FETCH_IN_WORKER, "fetcher, index", "data")
+INIT_IN_WORKER_CALL = (INIT_IN_WORKER, "init_fn, worker_id", "")
 
 
 def _torch_module(site: TorchSite | None = None) -> types.ModuleType:
@@ -103,32 +108,29 @@ def _function(site: TorchSite) -> types.FunctionType:
     return getattr(owner, site.function)  # type: ignore[no-any-return]
 
 
-def _calls_at(site: TorchSite, fn: ast.AST) -> int | None:
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Call):
-            name = (node.func.attr if isinstance(node.func, ast.Attribute)
-                    else node.func.id if isinstance(node.func, ast.Name) else None)
-            if name == site.call:
-                return int(node.lineno)
-    return None
-
-
 @functools.cache
 def call_line(site: TorchSite) -> int | None:
-    """The line of ``site``'s call in torch's source; None when this torch has no such call
-    there (another release) or no source."""
+    """The line of ``site``'s call in torch's function: the first instruction that loads the
+    name ``call`` on a line of torch's source that calls it (``call(``); None when this torch
+    has no such call there (another release) or no source. Read from the function's
+    bytecode one instruction at a time, not by parsing its file: a worker that looks its
+    sites up allocates next to nothing, so the garbage collector runs in it when it would
+    under torch."""
     try:
-        with open(_filename(site), encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError, ValueError, AttributeError):
+        code = _function(site).__code__
+    except AttributeError:
         return None
-    body = tree.body
-    if site.owner:
-        owners = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == site.owner]
-        body = owners[0].body if owners else []
-    for fn in body:
-        if isinstance(fn, ast.FunctionDef) and fn.name == site.function:
-            return _calls_at(site, fn)
+    path, line = code.co_filename, None
+    for instruction in dis.get_instructions(code):
+        positions = getattr(instruction, "positions", None)  # 3.11+; before, starts_line
+        if positions is not None and positions.lineno is not None:
+            line = positions.lineno
+        elif type(instruction.starts_line) is int:
+            line = instruction.starts_line
+        if instruction.argval != site.call or not instruction.opname.startswith("LOAD_"):
+            continue
+        if line is not None and f"{site.call}(" in linecache.getline(path, line):
+            return int(line)
     return None
 
 

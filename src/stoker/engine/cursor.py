@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stoker._core.plan import Plan
-from stoker._core.torch_voice import NEXT_INDEX, at_torch_call
+from stoker._core.torch_voice import NEXT_INDEX_CALL, at_torch_call
 from stoker.sampling.datapipes import draw_shared_seed, is_iter_datapipe, seed_group
 from stoker.sampling.fast_batches import fast_iter
 from stoker.sampling.rng_state import RngSnapshot
@@ -188,7 +188,7 @@ class EpochCursor:
         # dataset ] in fetch.fetchers): reads this cursor's ``_sampler_iter``, as torch's
         # ``_next_index`` reads its iterator's
         self._next_index: Callable[[Any], Any] = (
-            at_torch_call(NEXT_INDEX, "self") or _next_of_sampler)
+            at_torch_call(*NEXT_INDEX_CALL) or _next_of_sampler)
         self._dataset = plan.dataset
         self._kind = plan.kind
         self._index_sampler = plan.index_sampler

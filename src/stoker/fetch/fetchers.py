@@ -56,7 +56,7 @@ from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFe
 
 from stoker._core.dataset_hooks import SupportsPrepareBatch, provided
 from stoker._core.specs import FetchSpec
-from stoker._core.torch_voice import FETCH_IN_MAIN, FETCH_IN_WORKER, at_torch_call
+from stoker._core.torch_voice import FETCH_IN_MAIN_CALL, FETCH_IN_WORKER_CALL, at_torch_call
 from stoker.sampling.sample_rng import CURSOR, CURSOR_WORKS, SAMPLE_CONTEXT, STREAM
 
 
@@ -146,11 +146,11 @@ def _as_torch_calls(fetcher: Any) -> Callable[[Any], Any]:
     """``fetcher.fetch`` called from torch's line that calls it: ``_worker_loop``'s in a
     worker, ``_next_data``'s in the main process (NOTE [ torch's fetchers call the dataset ])."""
     if get_worker_info() is not None:
-        at = at_torch_call(FETCH_IN_WORKER, "fetcher, index", "data")
+        at = at_torch_call(*FETCH_IN_WORKER_CALL)
         if at is not None:
             return functools.partial(at, fetcher)
     else:
-        at = at_torch_call(FETCH_IN_MAIN, "self, index", "data")
+        at = at_torch_call(*FETCH_IN_MAIN_CALL)
         if at is not None:
             return functools.partial(at, _Fetching(fetcher))
     return fetcher.fetch  # type: ignore[no-any-return]

@@ -46,6 +46,7 @@ import torch.multiprocessing
 from torch.utils.data._utils.signal_handling import _set_worker_signal_handlers
 
 from stoker._core.specs import WorkerSpec
+from stoker._core.torch_voice import FETCH_IN_WORKER_CALL, INIT_IN_WORKER_CALL, at_torch_call
 from stoker.fastpaths.torch_collate_patch import collate_into_slabs_in_this_worker
 from stoker.sampling import global_rngs
 from stoker.sharing.auto_share import apply_in_worker
@@ -62,6 +63,10 @@ from stoker.workers.thread_caps import cap_worker_threads
 # numpy.random: each worker loads it as it seeds it, as torch's do (NOTE [ numpy's RNG loads
 # when the program loads it ]).
 global_rngs.calibrate()
+# and the copies of torch's lines a worker calls the dataset from (NOTE [ torch's fetchers
+# call the dataset ] in fetch.fetchers)
+at_torch_call(*FETCH_IN_WORKER_CALL)
+at_torch_call(*INIT_IN_WORKER_CALL)
 import stoker.sharing.inherited_list  # noqa: E402,F401
 import stoker.sharing.stand_in  # noqa: E402,F401
 

@@ -14,7 +14,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from stoker._core.specs import WorkerSpec
-from stoker._core.torch_voice import INIT_IN_WORKER, at_torch_call
+from stoker._core.torch_voice import INIT_IN_WORKER_CALL, at_torch_call
 from stoker.fastpaths.index_tensor import VectorProbe
 from stoker.fastpaths.torch_datasets import batched_for
 from stoker.fetch.concurrency import ConcurrencyTuner, declared_thread_safe
@@ -91,7 +91,7 @@ def _run_worker_init_fn(st: WorkerState) -> None:
     assert st.spec.worker_init_fn is not None
     before = global_seeds() if st.seed_per_batch else None
     # from torch's own line (NOTE [ torch's fetchers call the dataset ] in fetch.fetchers)
-    at_torch = at_torch_call(INIT_IN_WORKER, "init_fn, worker_id")
+    at_torch = at_torch_call(*INIT_IN_WORKER_CALL)
     if at_torch is not None:
         at_torch(st.spec.worker_init_fn, st.spec.worker_id)
     else:
