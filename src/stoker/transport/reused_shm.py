@@ -492,9 +492,10 @@ def rebuilt_as_torch(storage: torch.UntypedStorage, dtype: torch.dtype, offset: 
                      size: Any, stride: Any) -> torch.Tensor:
     """The tensor torch's rebuild of a shared tensor makes over ``storage``, by the calls on
     tensors it makes (a mode sees the same calls; the version counter is its ``set_``'s)."""
-    # torch's main process receives a worker's storage through multiprocessing's
-    # resource_sharer, whose handshake loads hmac: a program finds it loaded, as under torch
-    import hmac  # noqa: F401
+    if "hmac" not in sys.modules:
+        # torch's main process receives a worker's storage through multiprocessing's
+        # resource_sharer, whose handshake loads hmac: a program finds it loaded, as under torch
+        import hmac  # noqa: F401
     t = torch.empty((0,), dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
     t.requires_grad = False  # as torch's rebuild sets it
     return t
