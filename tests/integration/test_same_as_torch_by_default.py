@@ -642,3 +642,38 @@ def test_pickling_an_iterator_raises_torchs_error(Loader, TorchLoader, num_worke
         return [raised.value.args, [b.tolist() for b in it]]
 
     _both(Loader, TorchLoader, script)
+
+
+class Delegating(torch.utils.data.Dataset):
+    """A wrapper that forwards unknown names to what it wraps, and records each name it is
+    asked for through ``__getattr__``."""
+
+    def __init__(self) -> None:
+        self.inner = list(range(6))
+        self.asked: list[str] = []
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> list[str]:
+        return sorted(set(self.asked))
+
+    def __getattr__(self, name: str) -> Any:
+        self.__dict__.setdefault("asked", []).append(name)
+        return getattr(self.__dict__["inner"], name)
+
+
+# found by a sweep: stoker asked a delegating dataset's __getattr__ for its own hook names
+# (stoker_prepare_batch, stoker_thread_safe...), which torch never asks for. One difference
+# is left: where the class has its own __getattr__, stoker asks __getitems__ once more as it
+# builds a fetcher (torch asks only at every batch), so the names are compared, not counted.
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_delegating_dataset_is_asked_for_torchs_names_only(Loader, TorchLoader, num_workers):
+    def script(cls: type) -> list:
+        dataset = Delegating()
+        loader = cls(dataset, batch_size=2, num_workers=num_workers, collate_fn=_no_collate,
+                     timeout=60 if num_workers else 0)
+        batches = [batch for batch in loader]
+        return [batches, sorted(set(dataset.asked))]
+
+    _both(Loader, TorchLoader, script)

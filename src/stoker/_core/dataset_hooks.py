@@ -17,6 +17,7 @@ and an exception they raise is dropped: the batch's own reads raise and report i
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
@@ -141,14 +142,26 @@ def hook_name(protocol: type) -> str:
     return _NAMES[protocol]
 
 
+def held(obj: object, name: str) -> Any:
+    """``obj``'s attribute ``name`` as ``getattr`` gives it, or None, found without asking the
+    program's ``__getattr__`` (its instance dict, its class and slots only): torch's loader
+    never asks a dataset for stoker's names, and a delegating ``__getattr__`` that logs or
+    counts must not see them."""
+    try:
+        inspect.getattr_static(obj, name)
+    except AttributeError:
+        return None
+    return getattr(obj, name, None)
+
+
 def flag(dataset: object, protocol: type) -> object:
     """The value of a flag hook on ``dataset`` as it is (``None`` when it has none)."""
-    return getattr(dataset, _NAMES[protocol], None)
+    return held(dataset, _NAMES[protocol])
 
 
 def declares(dataset: object, protocol: type) -> bool:
     """Whether ``dataset`` makes a flag hook's promise: the attribute ``is True``."""
-    return getattr(dataset, _NAMES[protocol], None) is True
+    return held(dataset, _NAMES[protocol]) is True
 
 
 def provided(
@@ -156,5 +169,5 @@ def provided(
 ) -> Callable[_P, _R] | None:
     """``dataset``'s own (bound) method for a hook, named by the protocol's function
     (``provided(ds, SupportsPrepareBatch.stoker_prepare_batch)``), or ``None`` without one."""
-    found: Callable[_P, _R] | None = getattr(dataset, method.__name__, None)
+    found: Callable[_P, _R] | None = held(dataset, method.__name__)
     return found

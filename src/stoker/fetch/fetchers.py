@@ -54,7 +54,7 @@ from typing import Any
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
 
-from stoker._core.dataset_hooks import SupportsPrepareBatch, provided
+from stoker._core.dataset_hooks import SupportsPrepareBatch, held, provided
 from stoker._core.specs import FetchSpec
 from stoker._core.torch_voice import FETCH_IN_MAIN_CALL, FETCH_IN_WORKER_CALL, at_torch_call
 from stoker.sampling.sample_rng import CURSOR, CURSOR_WORKS, SAMPLE_CONTEXT, STREAM
@@ -180,6 +180,21 @@ def _published(ctx: Any, iterator: Any) -> Any:
     ctx.index = None
 
 
+def _own_getattr(cls: type) -> bool:
+    return any("__getattr__" in vars(c) for c in cls.__mro__ if c is not object)
+
+
+def getitems_of(dataset: Any) -> Callable[[Any], Any] | None:
+    """The dataset's ``__getitems__`` where truthy (torch's test), found without the program's
+    ``__getattr__`` unless its class has one (which may provide it): the lookups a dataset
+    sees are torch's per-batch one (NOTE [ torch's fetchers call the dataset ]), plus this
+    one only where a ``__getattr__`` could answer."""
+    found = held(dataset, "__getitems__")
+    if found is None and _own_getattr(type(dataset)):
+        found = getattr(dataset, "__getitems__", None)
+    return found if found else None
+
+
 class MapFetcher:
     def __init__(self, spec: FetchSpec, skip_errors: bool = False) -> None:
         self._dataset = spec.dataset
@@ -190,8 +205,7 @@ class MapFetcher:
         self._auto = spec.auto_collation
         self._skip = skip_errors
         self.fast_paths = spec.fast_paths  # NOTE [ One switch for the fast paths ]
-        getitems = getattr(spec.dataset, "__getitems__", None)
-        self._getitems: Callable[[Any], Any] | None = getitems if getitems else None
+        self._getitems: Callable[[Any], Any] | None = getitems_of(spec.dataset)
         # A dataset may ask to see a batch's indices before its samples are read, e.g. to
         # fetch what they need from storage at once (stoker.formats.TarShards).
         self._prepare = provided(spec.dataset, SupportsPrepareBatch.stoker_prepare_batch)
@@ -435,7 +449,8 @@ def vectorisable(spec: FetchSpec) -> bool:
         collate_fn, "func", None) is collate
     return (
         spec.fast_paths and spec.kind == "map" and spec.auto_collation and default
-        and not spec.skip_errors and not getattr(dataset, "__getitems__", None)
+        and not spec.skip_errors and not _own_getattr(type(dataset))
+        and getitems_of(dataset) is None
     )
 
 
