@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import importlib
 import linecache
 import logging
 import os
@@ -93,13 +94,8 @@ FETCH_IN_WORKER_CALL = (FETCH_IN_WORKER, "fetcher, index", "data")
 INIT_IN_WORKER_CALL = (INIT_IN_WORKER, "init_fn, worker_id", "")
 
 
-def _torch_module(site: TorchSite | None = None) -> types.ModuleType:
-    import importlib
-
-    return importlib.import_module(site.module if site is not None else _DATALOADER)
-
-
-_DATALOADER = "torch.utils.data.dataloader"
+def _torch_module(site: TorchSite) -> types.ModuleType:
+    return importlib.import_module(site.module)
 
 
 def _function(site: TorchSite) -> types.FunctionType:

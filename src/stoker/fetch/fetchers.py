@@ -180,17 +180,20 @@ def _published(ctx: Any, iterator: Any) -> Any:
     ctx.index = None
 
 
-def _own_getattr(cls: type) -> bool:
-    return any("__getattr__" in vars(c) for c in cls.__mro__ if c is not object)
+def _custom_lookup(cls: type) -> bool:
+    """Whether ``cls`` answers attribute lookups itself (its own ``__getattr__`` or
+    ``__getattribute__``): it may provide names a static lookup does not find."""
+    return any("__getattr__" in vars(c) or "__getattribute__" in vars(c)
+               for c in cls.__mro__ if c is not object)
 
 
 def getitems_of(dataset: Any) -> Callable[[Any], Any] | None:
     """The dataset's ``__getitems__`` where truthy (torch's test), found without the program's
-    ``__getattr__`` unless its class has one (which may provide it): the lookups a dataset
-    sees are torch's per-batch one (NOTE [ torch's fetchers call the dataset ]), plus this
-    one only where a ``__getattr__`` could answer."""
+    ``__getattr__`` unless its class answers lookups itself (it may provide it): the lookups a
+    dataset sees are torch's per-batch one (NOTE [ torch's fetchers call the dataset ]), plus
+    this one only where the class could answer."""
     found = held(dataset, "__getitems__")
-    if found is None and _own_getattr(type(dataset)):
+    if found is None and _custom_lookup(type(dataset)):
         found = getattr(dataset, "__getitems__", None)
     return found if found else None
 
@@ -449,8 +452,8 @@ def vectorisable(spec: FetchSpec) -> bool:
         collate_fn, "func", None) is collate
     return (
         spec.fast_paths and spec.kind == "map" and spec.auto_collation and default
-        and not spec.skip_errors and not _own_getattr(type(dataset))
-        and getitems_of(dataset) is None
+        and not spec.skip_errors and not _custom_lookup(type(dataset))
+        and not held(dataset, "__getitems__")
     )
 
 

@@ -107,7 +107,7 @@ class RngSnapshot:
         self._raw, self._encoded = raw, None
         if self._main_rngs:
             self._main = global_rngs.take()
-            self._numpy_pending = worker_rngs.numpy_absent(self._main)
+            self._numpy_pending = global_rngs.watch_absent_numpy(self._main)
 
     def encoded(self) -> dict[str, str]:
         if self._encoded is None:
@@ -119,10 +119,10 @@ class RngSnapshot:
             # the program loads it ]): the epoch started from the state it loads with, loaded
             # now if the program has not yet (a state asked for is stoker's, not torch's)
             global_rngs.load_numpy()
-        if self._numpy_pending and global_rngs.numpy_at_load() is not None:
-            self._main = self._encoded[_MAIN] = worker_rngs.encode(
-                self._main, global_rngs.numpy_at_load())
-            self._numpy_pending = False
+            at_load = global_rngs.numpy_at_load()
+            if at_load is not None:
+                self._main = self._encoded[_MAIN] = worker_rngs.encode(self._main, at_load)
+                self._numpy_pending = False
         return self._encoded
 
     def encoded_with_save_point(self) -> dict[str, str]:
