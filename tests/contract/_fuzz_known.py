@@ -23,12 +23,14 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "an exception raised in a worker (__getitem__, __iter__, collate_fn, including "
         "default_collate's own TypeError) comes back as the original object: torch raises "
         "type(e)('Caught <T> in DataLoader worker process <k>.\\nOriginal Traceback ...') "
-        "(RuntimeError when the type cannot be built from one string; message= when it has a "
-        "message attribute), so the type can differ (RuntimeError vs the user's type), the "
+        "(RuntimeError when the type cannot be built from one string, and then stoker raises "
+        "torch's too, the original as its __cause__; message= when it has a "
+        "message attribute); where the type is the same, the "
         "attributes differ (torch's come from the constructor's defaults: code=0 vs 42), the "
         "message has neither torch's header nor its traceback, __cause__ is a "
         "RemoteTraceback with __suppress_context__ True. Masked: such exceptions are "
-        "recorded as what both keep: the original type's name, its message, the worker id."
+        "recorded as what both keep: the type raised, the original type's name, its "
+        "message, the worker id."
     ),
     "worker_init_error_repeats": (
         "after worker_init_fn raised in worker k, that worker's next batch: torch raises "

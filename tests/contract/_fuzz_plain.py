@@ -163,17 +163,20 @@ def _worker_exception(exc: BaseException, lines: list[str]) -> dict[str, Any] | 
     """While ``worker_exceptions`` is a known difference: what torch's rebuilt exception and
     stoker's original one still have in common (the original type's name, its message, the
     worker id), for an exception raised in a worker; None for any other exception."""
+    # The type raised is compared whole: it decides which except clause catches the error
+    # (NOTE [ A worker's exception has torch's type ]).
+    raised = f"{type(exc).__module__}.{type(exc).__qualname__}"
     header = _TORCH_WORKER_HEADER.match(lines[0]) if lines else None
     if header is not None:  # torch: the original's "module.Type: message" is the last line
         message = lines[-1].split(": ", 1)[1] if ": " in lines[-1] else ""
         return {"in_worker": int(header.group(2)), "original_type": header.group(1),
-                "original_message": message}
+                "original_message": message, "type": raised}
     if type(exc.__cause__).__name__ == "RemoteTraceback":  # stoker: the original
         notes = " ".join(getattr(exc, "__notes__", []))
         worker = _STOKER_WORKER_NOTE.search(notes)
         return {"in_worker": int(worker.group(1)) if worker else None,
                 "original_type": type(exc).__name__,
-                "original_message": lines[-1] if lines else ""}
+                "original_message": lines[-1] if lines else "", "type": raised}
     return None
 
 

@@ -677,3 +677,53 @@ def test_a_delegating_dataset_is_asked_for_torchs_names_only(Loader, TorchLoader
         return [batches, sorted(set(dataset.asked))]
 
     _both(Loader, TorchLoader, script)
+
+
+class CodeAndDetailError(Exception):
+    """A constructor with two arguments: torch cannot rebuild it from its message."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(code, detail)
+
+
+class SkipsBadRecords(torch.utils.data.Dataset):
+    """Records 2, 4 and 6 fail with errors torch turns into RuntimeError in a worker."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        if i == 2:
+            import json
+
+            json.loads("{bad record")
+        if i == 4:
+            b"\xff".decode("utf-8")
+        if i == 6:
+            raise CodeAndDetailError(6, "corrupt")
+        return i
+
+
+# The sharpest edge of a worker's exception: the except clause that catches it. A script that
+# skips bad records with `except RuntimeError` goes on under torch, and so must it under stoker
+# (NOTE [ A worker's exception has torch's type ]); `except ValueError` catches none of them.
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_worker_error_is_caught_by_the_except_clause_that_catches_torchs(
+        Loader, TorchLoader, num_workers):
+    def script(cls: type) -> list:
+        it = iter(cls(SkipsBadRecords(), batch_size=None, num_workers=num_workers,
+                      timeout=60 if num_workers else 0))
+        seen: list[Any] = []
+        for _ in range(8):
+            try:
+                seen.append(int(next(it)))
+            except ValueError as exc:
+                seen.append(("ValueError", type(exc).__name__))
+            except RuntimeError as exc:
+                seen.append(("RuntimeError", type(exc).__name__, str(exc).splitlines()[0],
+                             exc.args == (str(exc),)))
+            except Exception as exc:  # noqa: BLE001 -- the two-argument one without workers
+                seen.append(("Exception", type(exc).__name__, exc.args))
+        return seen
+
+    _both(Loader, TorchLoader, script)

@@ -180,12 +180,12 @@ def _notes(exc: BaseException) -> list[str]:
     return list(getattr(exc, "__notes__", []))
 
 
-def _names_worker_and_indices(exc: BaseException) -> None:
+def _names_worker_and_indices(exc: BaseException, traceback_is: str = "is chained above") -> None:
     where = _notes(exc)[-1]
     assert re.fullmatch(
         r"stoker: raised in DataLoader worker [01] \(pid \d+\) while loading sample index "
-        r"13 \(its batch: sample indices \[12, 13\]\); the worker's traceback is chained "
-        r"above\.",
+        r"13 \(its batch: sample indices \[12, 13\]\); the worker's traceback "
+        + re.escape(traceback_is) + r"\.",
         where,
     ), where
 
@@ -231,17 +231,36 @@ def test_lambda_made_again_by_the_constructor_works(Loader, stoker_only):
     assert "attribute 'retry' (function) could not be pickled" in _notes(exc)[0]
 
 
-def test_two_argument_constructor_with_a_lock_keeps_type_and_arguments(Loader, stoker_only):
-    """torch gives RuntimeError here (``cls(message)`` wants two arguments); stoker gives the
-    type, calling its constructor with the two arguments that travelled."""
+def test_two_argument_constructor_is_a_runtime_error_as_in_torch(Loader):
+    """torch-compatible: ``cls(message)`` wants two arguments, so torch raises RuntimeError,
+    and ``except RuntimeError`` around the loop must catch it under stoker too."""
     exc = _raised(Loader, "two_arg_lock", num_workers=2)
+    assert type(exc) is RuntimeError
+    text = str(exc)
+    assert re.match(r"Caught TwoArgLockedError in DataLoader worker process [01]\.\n"
+                    r"Original Traceback \(most recent call last\):\n", text), text
+    assert text.endswith(
+        "TwoArgLockedError: ('E_CORRUPT', 'sample 13')\n"), text
+    assert exc.args == (text,)
+
+
+def test_two_argument_constructor_keeps_type_and_arguments_as_the_cause(Loader, stoker_only):
+    """stoker chains the original beneath torch's RuntimeError, its constructor called with
+    the two arguments that travelled."""
+    outer = _raised(Loader, "two_arg_lock", num_workers=2)
+    exc = outer.__cause__
     assert type(exc) is TwoArgLockedError
+    assert _notes(outer) == [
+        "stoker: the TwoArgLockedError itself, with its arguments and attributes, is chained "
+        "above (this exception's __cause__); torch raises RuntimeError where a "
+        "TwoArgLockedError cannot be made from one message, and so does stoker."
+    ]
     assert exc.args == ("E_CORRUPT", f"sample {FAIL_INDEX}")
     assert (exc.code, exc.detail) == ("E_CORRUPT", f"sample {FAIL_INDEX}")
     assert isinstance(exc.lock, type(threading.Lock()))
     note = "the TwoArgLockedError was rebuilt here by calling TwoArgLockedError(*args)"
     assert note in _notes(exc)[0]
-    _names_worker_and_indices(exc)
+    _names_worker_and_indices(exc, "is in the message below")
 
 
 def test_key_error_of_an_unpicklable_key_is_a_key_error(Loader):
@@ -312,13 +331,17 @@ def test_exception_that_cannot_be_rebuilt_is_a_runtime_error_as_in_torch(Loader)
 
 
 def test_exception_that_cannot_be_rebuilt_names_worker_and_indices(Loader, stoker_only):
-    text = str(_raised(Loader, "strict_new", num_workers=2))
-    first_line = text.splitlines()[0]
+    """torch's message, and stoker's account of the worker and the samples in a note."""
+    exc = _raised(Loader, "strict_new", num_workers=2)
+    first_line = str(exc).splitlines()[0]
+    assert re.fullmatch(r"Caught StrictNewError in DataLoader worker process [01]\.",
+                        first_line), first_line
+    (note,) = _notes(exc)
     assert re.fullmatch(
-        r"Caught StrictNewError in DataLoader worker [01] \(pid \d+\) while loading sample "
+        r"stoker: raised in DataLoader worker [01] \(pid \d+\) while loading sample "
         r"index 13 \(its batch: sample indices \[12, 13\]\)\.",
-        first_line,
-    ), first_line
+        note,
+    ), note
 
 
 class _LocalErrorDS(FailingDS):
@@ -364,12 +387,28 @@ def test_builtin_attributes_as_without_workers(Loader, stoker_only, tmp_path, ki
     missing = str(tmp_path / "missing.bin")
     inline = _raised(Loader, kind, num_workers=0, path=missing)
     exc = _raised(Loader, kind, num_workers=2, path=missing)
+    traceback_is = "is chained above"
+    if kind in NOT_FROM_ONE_MESSAGE:  # torch's RuntimeError, the original as its cause
+        assert type(exc) is RuntimeError
+        exc, traceback_is = exc.__cause__, "is in the message below"
     assert type(exc) is type(inline)
     assert str(exc) == str(inline)
     assert exc.args == inline.args
     names = BUILTIN_ATTRIBUTES[kind]
     assert [getattr(exc, n) for n in names] == [getattr(inline, n) for n in names]
-    _names_worker_and_indices(exc)
+    _names_worker_and_indices(exc, traceback_is)
+
+
+NOT_FROM_ONE_MESSAGE = {"utf8"}  # UnicodeDecodeError wants five arguments
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_FROM_ONE_MESSAGE))
+def test_builtin_that_needs_more_arguments_is_a_runtime_error_as_in_torch(Loader, kind):
+    """torch-compatible: ``UnicodeDecodeError(message)`` cannot be made, so torch raises
+    RuntimeError, and ``except ValueError`` (UnicodeDecodeError's base) does not catch it."""
+    exc = _raised(Loader, kind, num_workers=2)
+    assert type(exc) is RuntimeError
+    assert str(exc).startswith("Caught UnicodeDecodeError in DataLoader worker process ")
 
 
 def test_os_error_attributes_from_open(Loader, stoker_only, tmp_path):

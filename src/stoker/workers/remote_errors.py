@@ -14,9 +14,23 @@ under stoker. The values that do not pickle are left out (an argument is replace
 ``repr``), the main process calls the constructor with the arguments that travelled (torch calls
 it with the message) so attributes ``__init__`` makes are made again, and a note names what was
 left out. An exception that cannot be rebuilt from its state (a ``__new__`` that wants other
-arguments) is rebuilt as torch does it: ``cls(message)``, else ``RuntimeError(message)``. Only
+arguments) is rebuilt as torch does it (NOTE [ A worker's exception has torch's type ]). Only
 when the class itself cannot be pickled (defined inside a function) does the error become
 ``WorkerError``: torch's worker fails to send it at all and the loader waits for ever.
+
+NOTE [ A worker's exception has torch's type ]
+torch re-raises what its ``ExceptionWrapper.reraise`` builds from the class and a message:
+``cls(message)``, ``cls(message=...)`` for a class with a ``message`` attribute, and
+``RuntimeError`` where the class cannot be built from one string (``json.JSONDecodeError``,
+``UnicodeDecodeError``, a constructor with two arguments). The type decides which ``except``
+clause catches it, so a program that catches ``RuntimeError`` and goes on must go on under
+stoker too. The main process therefore runs torch's own ``reraise`` on the class and torch's
+message (so the constructor runs once there, as under torch). Where that yields the class
+itself, the original exception is raised, whole; where it yields another type, that exception
+is raised (torch's message, type and arguments) with the original, whole, as its ``__cause__``.
+stoker's own errors (``MixedDeviceError``) are raised whole: each subclasses the type torch
+raises in its place. The worker's traceback is cut to the frames from torch's worker loop down,
+as torch formats it.
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._utils import ExceptionWrapper
 from torch.utils.data import get_worker_info
 
 from stoker._core.walk import iter_attributes
@@ -52,8 +67,9 @@ class RemoteError:
     pickled_type: bytes | None  # its class; None when that did not pickle either
     pickled_state: bytes | None  # without ``pickled``: (args, slots, __dict__) less what did not
     type_name: str
-    tb_text: str
-    where: str
+    tb_text: str  # formatted from torch's worker loop down, as torch's worker formats it
+    where: str  # stoker's: worker, pid, what it was loading
+    torch_where: str  # torch's: "in DataLoader worker process <id>"
     left_out: tuple[str, ...] = ()  # what did not pickle, as the note names it
     construct: bool = False  # every argument travelled: the main process may call __init__
 
@@ -233,8 +249,8 @@ def capture(exc: BaseException, worker_id: int, doing: str) -> RemoteError:
     where = f"in DataLoader worker {worker_id} (pid {os.getpid()}) while {doing}"
     if any(marker in str(exc) for marker in _CUDA_IN_WORKER):
         add_note(exc, CUDA_HINT + _cuda_tensors_held())
-    tb_text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    fields = (type(exc).__qualname__, tb_text, where)
+    tb_text = "".join(traceback.format_exception(type(exc), exc, _from_torch(exc.__traceback__)))
+    fields = (type(exc).__qualname__, tb_text, where, f"in DataLoader worker process {worker_id}")
     pickled_type = _round_trip(type(exc))
     if pickled_type is None:
         return RemoteError(None, None, None, *fields)
@@ -261,24 +277,32 @@ def _loads(data: bytes | None) -> Any:
         return None
 
 
-class _KeyErrorMessage(str):
-    """A message ``KeyError`` shows as is: its ``str`` is the ``repr`` of its argument."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return str(self)
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
-def _as_torch_does(cls: type[BaseException], err: RemoteError) -> BaseException:
-    """torch's rebuild (``ExceptionWrapper.reraise``): ``cls(message)``, else RuntimeError."""
-    message = f"Caught {cls.__name__} {err.where}.\nOriginal {err.tb_text}"
-    if cls is KeyError:
-        message = _KeyErrorMessage(message)
+def _from_torch(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` from its first frame in torch's code (the worker loop's line that called the
+    dataset) down: the frames torch's worker formats; all of ``tb`` where it has none."""
+    entry = tb
+    while entry is not None:
+        if entry.tb_frame.f_code.co_filename.startswith(_TORCH_DIR):
+            return entry
+        entry = entry.tb_next
+    return tb
+
+
+def _as_torch_raises(cls: type[BaseException], err: RemoteError) -> BaseException:
+    """What torch's own ``ExceptionWrapper.reraise`` raises for ``cls`` raised in the worker
+    (NOTE [ A worker's exception has torch's type ])."""
+    wrapper = ExceptionWrapper.__new__(ExceptionWrapper)
+    wrapper.exc_type, wrapper.exc_msg, wrapper.where = cls, err.tb_text, err.torch_where
     try:
-        return cls(message)
-    except Exception:
-        return RuntimeError(message)
+        wrapper.reraise()
+    except BaseException as raised:  # noqa: BLE001 -- whatever torch raises is the answer
+        made = raised
+    else:  # reraise always raises
+        made = RuntimeError(f"Caught {cls.__name__} {err.torch_where}.\nOriginal {err.tb_text}")
+    return made.with_traceback(None)
 
 
 def _left_out_note(exc: BaseException, err: RemoteError, constructed: bool) -> str:
@@ -335,8 +359,20 @@ def rebuild(err: RemoteError) -> BaseException:
                 f"importable module). The worker's traceback:\n{err.tb_text}"
             )
         exc = _from_parts(cls, err)
-        if exc is None:  # its message names the worker and holds the traceback already
-            return _as_torch_does(cls, err)
-    add_note(exc, f"stoker: raised {err.where}; the worker's traceback is chained above.")
-    exc.__cause__ = RemoteTraceback(err.tb_text)
-    return exc
+    torch_exc = _as_torch_raises(type(exc) if exc is not None else cls, err)
+    if exc is None:  # its message holds the worker's traceback already
+        add_note(torch_exc, f"stoker: raised {err.where}.")
+        return torch_exc
+    # stoker's own errors (MixedDeviceError...) stand for torch's error and subclass its type.
+    if type(torch_exc) is type(exc) or type(exc).__module__.startswith("stoker."):
+        add_note(exc, f"stoker: raised {err.where}; the worker's traceback is chained above.")
+        exc.__cause__ = RemoteTraceback(err.tb_text)
+        return exc
+    # NOTE [ A worker's exception has torch's type ]
+    add_note(exc, f"stoker: raised {err.where}; the worker's traceback is in the message below.")
+    torch_exc.__cause__ = exc
+    add_note(torch_exc, (
+        f"stoker: the {type(exc).__name__} itself, with its arguments and attributes, is "
+        f"chained above (this exception's __cause__); torch raises {type(torch_exc).__name__} "
+        f"where a {type(exc).__name__} cannot be made from one message, and so does stoker."))
+    return torch_exc
