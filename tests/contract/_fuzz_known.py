@@ -32,12 +32,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "recorded as what both keep: the type raised, the original type's name, its "
         "message, the worker id."
     ),
-    "worker_init_error_repeats": (
-        "after worker_init_fn raised in worker k, that worker's next batch: torch raises "
-        "UnboundLocalError (its worker loop has no fetcher), stoker raises the "
-        "worker_init_fn error again. Masked: worker_init_fn does not raise when the case "
-        "has workers."
-    ),
     "exception_notes": (
         "an exception from the user's code gets __notes__ ('stoker: raised in the main "
         "process (num_workers=0) while loading sample index 1.'), printed under its "

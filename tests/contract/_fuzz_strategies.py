@@ -114,8 +114,7 @@ class Plan:
 
     @property
     def worker_init_faults(self) -> bool:
-        return self.errors_allowed and not (
-            self.workers_ever and masked("worker_init_error_repeats"))
+        return self.errors_allowed
 
     @property
     def mixed(self) -> bool:

@@ -241,11 +241,6 @@ def _map(tree: object = _INT, n: int = 4, fault: Fault | None = None) -> Dataset
 
 MINIMAL_CASES: dict[str, Case] = {
     "worker_exceptions": Case(_map(fault=Fault(1, "coded")), _WORKERS, _ONE_EPOCH),
-    "worker_init_error_repeats": Case(
-        _map(n=6),
-        _WORKERS + (("worker_init_fn", WorkerInitSpec(fault_worker=0)),),
-        (EpochSpec(continue_on_error=True),),
-    ),
     "exception_notes": Case(_map(fault=Fault(1, "value")), (("batch_size", 2),), _ONE_EPOCH),
     "timeout_without_workers": Case(_map(), (("timeout", 5.0),), _ONE_EPOCH),
     "stop_iteration_in_map_style": Case(_map(fault=Fault(3, "stop")), (("batch_size", 2),),
@@ -257,6 +252,13 @@ MINIMAL_CASES: dict[str, Case] = {
 
 # Differences the fuzzer found and that are fixed: each one's minimal case, run in full.
 FIXED_CASES: dict[str, Case] = {
+    # after worker_init_fn raised, that worker's later batches raised its error again, where
+    # torch's raise UnboundLocalError (NOTE [ After worker_init_fn raised ])
+    "worker_init_error_repeats": Case(
+        _map(n=6),
+        _WORKERS + (("worker_init_fn", WorkerInitSpec(fault_worker=0)),),
+        (EpochSpec(continue_on_error=True),),
+    ),
     # stoker's workers turned faulthandler on where the parent had it off (issue 44's one
     # trace, removed: NOTE [ faulthandler as the parent left it ])
     "worker_faulthandler": Case(_map(Obs(("rt", "sig")), n=2), _WORKERS, _ONE_EPOCH),

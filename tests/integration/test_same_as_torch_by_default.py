@@ -727,3 +727,32 @@ def test_a_worker_error_is_caught_by_the_except_clause_that_catches_torchs(
         return seen
 
     _both(Loader, TorchLoader, script)
+
+
+def cannot_open_db(worker_id: int) -> None:
+    raise OSError("cannot open the database")
+
+
+# found by a sweep: after worker_init_fn raised, stoker's worker raised that error again for
+# every batch, where torch's raises UnboundLocalError (it has no fetcher), and a persistent
+# worker of torch's loads again at the next epoch (NOTE [ After worker_init_fn raised ]).
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_worker_whose_init_fn_raised_goes_on_as_torchs(Loader, TorchLoader, persistent):
+    def script(cls: type) -> list:
+        loader = cls(list(range(6)), batch_size=2, num_workers=1, timeout=60,
+                     persistent_workers=persistent, worker_init_fn=cannot_open_db)
+        epochs = []
+        for _ in range(2):
+            seen: list[Any] = []
+            it = iter(loader)
+            while True:
+                try:
+                    seen.append(next(it).tolist())
+                except StopIteration:
+                    break
+                except Exception as exc:  # noqa: BLE001 -- the type is what is compared
+                    seen.append(type(exc).__name__)
+            epochs.append(seen)
+        return epochs
+
+    _both(Loader, TorchLoader, script)

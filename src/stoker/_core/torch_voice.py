@@ -92,6 +92,9 @@ FETCH_IN_MAIN_CALL = (FETCH_IN_MAIN, "self, index", "data")
 NEXT_INDEX_CALL = (NEXT_INDEX, "self", "")
 FETCH_IN_WORKER_CALL = (FETCH_IN_WORKER, "fetcher, index", "data")
 INIT_IN_WORKER_CALL = (INIT_IN_WORKER, "init_fn, worker_id", "")
+# torch's fetch line in a worker whose worker_init_fn raised: ``fetcher`` was never bound, and
+# the line raises torch's UnboundLocalError (NOTE [ After worker_init_fn raised ])
+FETCH_WITHOUT_FETCHER_CALL = (FETCH_IN_WORKER, "index", "data", "fetcher")
 
 
 def _torch_module(site: TorchSite) -> types.ModuleType:
@@ -164,13 +167,16 @@ def _trampoline(site: TorchSite) -> types.FunctionType:
 
 
 @functools.cache
-def at_torch_call(site: TorchSite, params: str, result: str = "") -> Callable[..., Any] | None:
+def at_torch_call(site: TorchSite, params: str, result: str = "",
+                  unbound: str = "") -> Callable[..., Any] | None:
     """A function of ``params`` whose body is torch's own line at ``site``, copied from
     torch's source (its columns too, so a traceback's carets fall where they do under torch),
     returning ``result`` (a name the line binds) if given: a frame of it is the frame torch's
     call runs in (file, line, function name, torch's module globals), to ``warnings`` and to
-    tracebacks (NOTE [ torch's fetchers call the dataset ]). None where this torch has no
-    such line: the caller then calls plainly."""
+    tracebacks (NOTE [ torch's fetchers call the dataset ]). ``unbound`` names a local the
+    line reads that is never bound (its read raises UnboundLocalError, as in torch's function
+    where the name was not assigned). None where this torch has no such line: the caller then
+    calls plainly."""
     line = call_line(site)
     if line is None or line < 2:
         return None
@@ -180,6 +186,8 @@ def at_torch_call(site: TorchSite, params: str, result: str = "") -> Callable[..
     source = "\n" * (line - 2) + f"def {site.function}({params}):\n{text}\n"
     if result:
         source += f"{indent}return {result}\n"
+    if unbound:  # after the return: a local of the function, never assigned
+        source += f"{indent}{unbound} = None\n"
     try:
         compiled = compile(source, path, "exec")
     except SyntaxError:

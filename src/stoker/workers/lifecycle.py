@@ -14,7 +14,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from stoker._core.specs import WorkerSpec
-from stoker._core.torch_voice import INIT_IN_WORKER_CALL, at_torch_call
+from stoker._core.torch_voice import (
+    FETCH_WITHOUT_FETCHER_CALL,
+    INIT_IN_WORKER_CALL,
+    at_torch_call,
+)
 from stoker.fastpaths.index_tensor import VectorProbe
 from stoker.fastpaths.torch_datasets import batched_for
 from stoker.fetch.concurrency import ConcurrencyTuner, declared_thread_safe
@@ -101,6 +105,28 @@ def _run_worker_init_fn(st: WorkerState) -> None:
         st.dataset_rngs = []
 
 
+# NOTE [ After worker_init_fn raised ]
+# torch's worker keeps what worker_init_fn (or iter(dataset), or making the fetcher) raised and
+# hands it back as the result of its next task, once. It has no fetcher then: every later task
+# of that worker raises UnboundLocalError at its fetch line ("cannot access local variable
+# 'fetcher'..."), until a persistent worker's next epoch makes a fetcher (worker_init_fn is
+# not run again) and loads as usual. A worker that got no task in the epoch keeps the error for
+# its first task of the next. The same here: ``init_error`` goes with one task, a later one
+# runs a copy of torch's line with ``fetcher`` unbound, and ``reset`` makes a fetcher. (Where
+# torch's worker cannot make that fetcher, iter(dataset) raising at a new epoch, it dies;
+# stoker's hands the error to the next task.)
+
+
+def fetch_without_fetcher(indices: Any) -> None:
+    """Raise what torch's worker raises for a task when it has no fetcher (NOTE [ After
+    worker_init_fn raised ])."""
+    at_torch = at_torch_call(*FETCH_WITHOUT_FETCHER_CALL)
+    if at_torch is not None:
+        at_torch(indices)
+    raise UnboundLocalError(
+        "cannot access local variable 'fetcher' where it is not associated with a value")
+
+
 def new_fetcher(st: WorkerState) -> None:
     """This epoch's fetcher (``iter(dataset)`` for an iterable); the first brings the tuner
     and the vectorised-fetch probe, which last the worker's life."""
@@ -128,15 +154,15 @@ def reset(st: WorkerState, message: msg.Reset) -> None:
     st.exhausted = False
     st.stream_batches = 0
     _answer_reset(st, message.epoch)
-    if st.init_error is None:
-        try:
-            if message.datapipe_seed is not None:
-                seed_shufflers(st.spec.fetch.dataset, message.datapipe_seed)
-            # NOTE [ A dataset's epoch on persistent workers ] in engine.process_iter
-            if message.dataset_epoch is not None:
-                st.spec.fetch.dataset.set_epoch(message.dataset_epoch)
-            new_fetcher(st)
-        except Exception as exc:
+    try:  # even after worker_init_fn raised (NOTE [ After worker_init_fn raised ])
+        if message.datapipe_seed is not None:
+            seed_shufflers(st.spec.fetch.dataset, message.datapipe_seed)
+        # NOTE [ A dataset's epoch on persistent workers ] in engine.process_iter
+        if message.dataset_epoch is not None:
+            st.spec.fetch.dataset.set_epoch(message.dataset_epoch)
+        new_fetcher(st)
+    except Exception as exc:
+        if st.init_error is None:  # an error not yet handed back goes first
             st.init_error = capture(exc, st.spec.worker_id, "starting an epoch (iter(dataset))")
 
 

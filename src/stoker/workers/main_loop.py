@@ -201,9 +201,16 @@ class Worker:
         st = self.state
         if st.exhausted:
             return  # like torch: tasks after the end of an iterable are ignored
-        if st.init_error is not None:
-            msg.send(st.conn, msg.Failed(st.epoch, task_id, st.init_error))
+        if st.init_error is not None:  # NOTE [ After worker_init_fn raised ] in lifecycle
+            err, st.init_error = st.init_error, None
+            msg.send(st.conn, msg.Failed(st.epoch, task_id, err))
             feeder_stand_in.after_put()
+            return
+        if st.fetcher is None:  # torch's UnboundLocalError, from its line
+            try:
+                lifecycle.fetch_without_fetcher(indices)
+            except Exception as exc:
+                st.builder.failed(st.epoch, task_id, indices, exc)
             return
         tuner, vector = st.tuner, st.vector
         assert tuner is not None and vector is not None
