@@ -84,6 +84,10 @@ def _two_arg_locked(i: int, path: str) -> None:
     raise TwoArgLockedError("E_CORRUPT", f"sample {i}")
 
 
+def _lock_in_args(i: int, path: str) -> None:
+    raise ValueError("cannot decode", threading.Lock())
+
+
 def _key_of_lock(i: int, path: str) -> None:
     raise KeyError(threading.Lock())
 
@@ -127,6 +131,7 @@ RAISERS: dict[str, Callable[[int, str], None]] = {
     "lambda": _callback,
     "two_arg_lock": _two_arg_locked,
     "key_of_lock": _key_of_lock,
+    "lock_in_args": _lock_in_args,
     "cause": _locked_from_key,
     "context": _locked_during_key,
     "open": _open_missing,
@@ -279,6 +284,15 @@ def test_key_error_of_an_unpicklable_key_names_the_key(Loader, stoker_only):
     )
     assert "rebuilt here from what travelled." in _notes(exc)[0]  # no constructor called
     _names_worker_and_indices(exc)
+
+
+def test_an_argument_that_does_not_pickle_reads_as_in_the_worker(Loader):
+    """torch-compatible: the message's last line (torch's) and stoker's ``str`` show the lock
+    as the worker showed it, not as a quoted string (found by a sweep)."""
+    exc = _raised(Loader, "lock_in_args", num_workers=2)
+    last = str(exc).rstrip("\n").splitlines()[-1].removeprefix("ValueError: ")
+    assert re.fullmatch(r"\('cannot decode', <unlocked _thread\.lock object at 0x[0-9a-f]+>\)",
+                        last), last
 
 
 @pytest.mark.parametrize(

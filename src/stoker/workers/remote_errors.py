@@ -152,6 +152,16 @@ def _kind(value: Any) -> str:
     )
 
 
+class _ShownAs(str):
+    """An argument that did not pickle, standing in as its ``repr``: shown as that text, not
+    as a quoted string, so the exception's message reads as it did in the worker."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 def _safe_repr(value: Any) -> str:
     try:
         return repr(value)
@@ -180,7 +190,7 @@ def _picklable_state(exc: BaseException) -> tuple[bytes | None, tuple[str, ...],
     kept_args = []
     for i, arg in enumerate(args):
         if _round_trip(arg) is None:
-            kept_args.append(_safe_repr(arg))
+            kept_args.append(_ShownAs(_safe_repr(arg)))
             left_out.append(f"argument {i} ({_kind(arg)}, replaced by its repr)")
         else:
             kept_args.append(arg)
