@@ -150,7 +150,7 @@ def _unwritable(flag: str, path: str) -> str:
                 f"{folder}) or name a file in an existing directory; nothing was measured.")
     existed = os.path.exists(path)
     try:  # the real test (permissions, read-only mounts, root): open it as the end will
-        with open(path, "a"):
+        with open(path, "a", encoding="utf-8"):
             pass
     except OSError as exc:
         return (f"{where}: cannot write there ({exc.strerror or exc}). Name a file you can "

@@ -142,7 +142,7 @@ class _Agent:
                "measured": self.measured is not None,
                "draws_global_rng": self.draws_global_rng}
         tmp = self.out_path + ".tmp"
-        with open(tmp, "w") as f:
+        with open(tmp, "w", encoding="utf-8") as f:
             json.dump(doc, f)
         os.replace(tmp, self.out_path)
 

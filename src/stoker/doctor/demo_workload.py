@@ -56,7 +56,7 @@ def make_jpeg_files(root: str | os.PathLike[str], count: int, seed: int = 0) -> 
     names = [f"img_{i:06d}.jpg" for i in range(count)]
     if manifest.exists():
         try:
-            if json.loads(manifest.read_text()) == wanted and all(
+            if json.loads(manifest.read_text(encoding="utf-8")) == wanted and all(
                 (root_path / name).exists() for name in names
             ):
                 return [str(root_path / name) for name in names]
@@ -67,7 +67,7 @@ def make_jpeg_files(root: str | os.PathLike[str], count: int, seed: int = 0) -> 
     rng = np.random.default_rng(seed)
     for name in names:
         _synthetic_image(rng).save(root_path / name, format="JPEG", quality=90)
-    manifest.write_text(json.dumps(wanted))
+    manifest.write_text(json.dumps(wanted), encoding="utf-8")
     return [str(root_path / name) for name in names]
 
 

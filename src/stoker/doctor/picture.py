@@ -67,7 +67,7 @@ def write_report(path: str, run: Run, sweep: Sweep | None, text: str = "",
     _time_panels(timeline.subplots(3, 1, height_ratios=[3, 1.4, 1.4]), run)
     settings = Figure(figsize=(12, 2.6), layout="constrained")
     _sweep(settings.subplots(1, 1), sweep, no_sweep)
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:
         f.write(_page(verdict, _svg(timeline), _svg(settings), text))
 
 

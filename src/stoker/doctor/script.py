@@ -90,7 +90,7 @@ class ScriptRunner:
         # NOTE [ The doctor attaches from above ] in agent.py: the script's startup file
         self.startup = os.path.join(workdir, "startup")
         os.makedirs(self.startup, exist_ok=True)
-        with open(os.path.join(self.startup, "sitecustomize.py"), "w") as f:
+        with open(os.path.join(self.startup, "sitecustomize.py"), "w", encoding="utf-8") as f:
             f.write(SITECUSTOMIZE)
 
     def __call__(self, label: str, overrides: dict[str, Any], detailed: bool = False) -> Run:
@@ -127,7 +127,7 @@ class ScriptRunner:
         if not os.path.exists(out):
             return Run(label, overrides, error=f"the script exited with code {code} before "
                        f"its first stoker DataLoader was built; its output: {self.log_path}")
-        with open(out) as f:
+        with open(out, encoding="utf-8") as f:
             doc = json.load(f)
         run = run_from_dict(doc["run"])
         self.kwargs = self.kwargs or doc["kwargs"]
@@ -160,6 +160,6 @@ def run_script(command: list[str], args: argparse.Namespace) -> int:
         session = ScriptSession(runner, " ".join(command), args, ProgressLine())
         status = session.run()
         if status and runner.log_path and os.path.exists(runner.log_path):
-            with open(runner.log_path, errors="replace") as f:
+            with open(runner.log_path, encoding="utf-8", errors="replace") as f:
                 sys.stderr.write(f.read()[-4000:])
         return status

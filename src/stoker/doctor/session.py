@@ -150,7 +150,7 @@ class Outcome:
 def write_outputs(args: argparse.Namespace, out: Outcome) -> int:
     status = 0
     if args.json:
-        with open(args.json, "w") as f:
+        with open(args.json, "w", encoding="utf-8") as f:
             json.dump(summary_dict(out), f, indent=1)
     if args.trace:
         from stoker.doctor.trace import write_trace

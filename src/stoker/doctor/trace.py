@@ -39,7 +39,7 @@ def trace_events(run: Run) -> list[dict[str, Any]]:
 def write_trace(path: str, run: Run) -> None:
     doc = {"traceEvents": trace_events(run), "displayTimeUnit": "ms",
            "otherData": {"tool": "stoker doctor", "run": run.label}}
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f)
 
 

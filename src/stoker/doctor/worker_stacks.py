@@ -96,7 +96,7 @@ def _children(pid: int) -> set[int]:
         return found
     for tid in tasks:
         try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
+            with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
                 found.update(int(x) for x in f.read().split())
         except OSError:
             continue
@@ -105,7 +105,7 @@ def _children(pid: int) -> set[int]:
 
 def _catches_dump_signal(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
             for line in f:
                 if line.startswith("SigCgt:"):
                     return bool(int(line.split()[1], 16) >> (int(_SIGNAL) - 1) & 1)

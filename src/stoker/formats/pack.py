@@ -186,7 +186,7 @@ def _settle_plan(out_dir: str, plan: dict[str, Any], options: PackOptions) -> di
     """The plan to follow: the one on disk when it packs the same thing (resume), else ours."""
     path = os.path.join(out_dir, PLAN_NAME)
     if os.path.exists(path):
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             old = json.load(f)
         derived = ("samples_per_shard", "shards")  # from a size probe, unless given
         if options.samples_per_shard is None and all(

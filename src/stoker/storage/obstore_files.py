@@ -68,7 +68,7 @@ def runtime_threads_running() -> bool:
         return "obstore" in sys.modules
     for task in tasks:
         try:
-            with open(f"/proc/self/task/{task}/comm") as f:
+            with open(f"/proc/self/task/{task}/comm", encoding="utf-8", errors="replace") as f:
                 if f.read().startswith(_RUNTIME_THREAD):
                     return True
         except OSError:  # the thread ended meanwhile

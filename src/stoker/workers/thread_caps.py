@@ -61,7 +61,7 @@ _SETTERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 def _loaded_pool_libraries() -> list[tuple[str, tuple[str, ...]]]:
     """(path, setter names) of every thread-pool library mapped into this process (Linux)."""
     try:
-        with open("/proc/self/maps") as f:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
             paths = {parts[5].strip() for parts in map(str.split, f) if len(parts) == 6}
     except OSError:
         return []
