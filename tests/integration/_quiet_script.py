@@ -4,7 +4,10 @@ Run as::
 
     STOKER_PROBE_LOADER=torch|stoker python _quiet_script.py unconfigured|info
 
-``info`` calls ``logging.basicConfig(level=logging.INFO)`` first, as many training scripts do.
+``info`` calls ``logging.basicConfig(level=logging.INFO)`` first, as many training scripts do;
+``encoding`` (run with ``PYTHONWARNDEFAULTENCODING=1``) makes ``EncodingWarning`` an error after
+torch's import, as a script hunting locale bugs does: a text file opened without ``encoding=``
+while the loader loads would fail the run.
 Each dataset is one a user has: a numpy generator made in ``__init__`` (every worker copies
 it), torch's ``TensorDataset`` (batched as gathers), a batched ``__getitem__`` stoker reads from
 its source, a plain list of paths, an IterableDataset.
@@ -64,6 +67,10 @@ class Stream(tud.IterableDataset):
 def main(mode: str) -> None:
     if mode == "info":
         logging.basicConfig(level=logging.INFO)
+    if mode == "encoding":
+        import warnings
+
+        warnings.simplefilter("error", EncodingWarning)  # noqa: F821 -- Python 3.10+
     if os.environ["STOKER_PROBE_LOADER"] == "stoker":
         import stoker
 

@@ -259,8 +259,8 @@ def test_copy_on_read_advice_does_not_stop_a_run_under_error(
     assert loader.stats().advice == (told[0],)
 
 
-def _prints(loader: str, mode: str) -> tuple[str, str]:
-    proc = run_probe(loader, "_quiet_script.py", mode)
+def _prints(loader: str, mode: str, **env: str) -> tuple[str, str]:
+    proc = run_probe(loader, "_quiet_script.py", mode, **env)
     return proc.stdout, proc.stderr
 
 
@@ -274,3 +274,13 @@ def test_a_script_that_succeeds_prints_what_it_prints_under_torch(loader_name, m
     expected = _prints("torch", mode)
     assert expected[0].count("\n") == 6 and expected[1] == "", expected
     assert _prints(loader_name, mode) == expected
+
+
+def test_a_script_that_warns_on_default_encodings_runs_as_under_torch(loader_name):
+    """``PYTHONWARNDEFAULTENCODING=1`` with ``EncodingWarning`` an error after the imports:
+    torch's loader opens no text file, and stoker's must not either (found by a sweep: a
+    worker start read ``/proc/self/maps`` without ``encoding=``)."""
+    env = {"PYTHONWARNDEFAULTENCODING": "1"}
+    expected = _prints("torch", "encoding", **env)
+    assert expected[0].count("\n") == 6, expected
+    assert _prints(loader_name, "encoding", **env) == expected
