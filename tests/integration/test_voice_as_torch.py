@@ -284,3 +284,15 @@ def test_a_script_that_warns_on_default_encodings_runs_as_under_torch(loader_nam
     expected = _prints("torch", "encoding", **env)
     assert expected[0].count("\n") == 6, expected
     assert _prints(loader_name, "encoding", **env) == expected
+
+
+@pytest.mark.parametrize("mode", ["persistent", "iterator"])
+def test_a_loader_alive_at_exit_leaves_what_torchs_leaves(loader_name, mode):
+    """Workers still up at interpreter exit end as torch's do, by SIGTERM: what the dataset
+    printed into a block-buffered stdout is not written after the script's last line (found
+    by a sweep: stoker's workers flushed it; NOTE [ Workers at interpreter exit ])."""
+    env = {"PYTHONUNBUFFERED": ""}
+    expected = run_probe("torch", "_alive_at_exit_script.py", mode, **env)
+    assert expected.stdout.splitlines()[-1] == "training done", expected.stdout
+    got = run_probe(loader_name, "_alive_at_exit_script.py", mode, **env)
+    assert (got.stdout, got.stderr) == (expected.stdout, expected.stderr)

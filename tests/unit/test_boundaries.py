@@ -44,8 +44,9 @@ THIRD_PARTY = {
                                            "(torch._C._autograd)",
     ("sampling/global_rngs.py", "_rand"): "numpy's global RandomState",
     ("sampling/global_rngs.py", "_bit_generator"): "numpy's global RandomState's generator",
-    ("storage/exit_watch.py", "_register_atexit"): "the hook concurrent.futures' pools exit "
-                                                   "by: NOTE [ A download gives up at exit ]",
+    ("_core/process_exit.py", "_register_atexit"): "the hook that runs before atexit's: NOTE "
+                                                   "[ A download gives up at exit ], NOTE "
+                                                   "[ Workers at interpreter exit ]",
     ("storage/remote.py", "_strip_protocol"): "fsspec's path normalisation",
     ("transport/slab_reader.py", "_utils"): "torch's sparse-tensor validation after rebuild",
     ("transport/slab_reader.py", "_sparse_tensors_to_validate"): "as torch's unpickler does",

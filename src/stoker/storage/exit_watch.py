@@ -6,7 +6,8 @@ exit hooks, which wait for the work in hand): a worker stopped mid-epoch waited 
 download its threads had in flight, 1.32-1.36 s for a 64 MB shard at its share of a 100 MB/s
 link (``benchmarks/remote_first_batch.py``, a stream over a bare shard list); a main process
 exits the same way, after its download threads. A hook registered
-after concurrent.futures' own, so run before it, marks the process as exiting; a download
+after concurrent.futures' own, so run before it, marks the process as exiting
+(``stoker._core.process_exit``); a download
 checks the mark at each chunk it writes (the ``callback`` fsspec's ``get_file`` takes, and
 stoker's obstore client honours) and raises ``DownloadAborted``: not retried, and cleaned up as
 any failed download is (its partial file removed, its lock released). Nothing else changes:
@@ -15,12 +16,10 @@ a process that is not exiting downloads as before.
 
 from __future__ import annotations
 
-import concurrent.futures.thread  # noqa: F401  (its exit hook first: ours must run before it)
 import functools
-import threading
 from typing import Any
 
-_EXITING = threading.Event()
+from stoker._core.process_exit import exiting
 
 
 class DownloadAborted(Exception):
@@ -29,7 +28,7 @@ class DownloadAborted(Exception):
 
 def check() -> None:
     """Raise ``DownloadAborted`` once the process has begun to exit."""
-    if _EXITING.is_set():
+    if exiting():
         raise DownloadAborted("the process is exiting: its downloads in flight stop")
 
 
@@ -48,9 +47,3 @@ def _callback_class() -> type:
             check()
 
     return _Check
-
-
-try:
-    threading._register_atexit(_EXITING.set)  # type: ignore[attr-defined]
-except RuntimeError:  # first imported while the process exits: it is exiting
-    _EXITING.set()

@@ -13,6 +13,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from typing import Any, cast
 
+from stoker._core.process_exit import exiting
 from stoker._core.specs import WorkerSpec
 from stoker.transport.reused_shm import MainSegments
 from stoker.workers import protocol as msg
@@ -165,12 +166,30 @@ def start_worker(ctx: BaseContext, spec: WorkerSpec, once: Any = None) -> Worker
     return launch(make_worker(ctx, spec, once))
 
 
+# NOTE [ Workers at interpreter exit ]
+# torch's iterator does nothing once the interpreter has begun to exit (``python_exit_status``):
+# its workers, daemonic, are ended by multiprocessing's exit hook with SIGTERM, and torch's
+# handler in the worker (``_set_worker_signal_handlers``) calls ``_exit(0)`` on a SIGTERM from
+# its parent. So a worker of a loader still alive at exit (persistent workers held by a global,
+# an iterator kept) runs no more Python: what its dataset printed into a block-buffered stdout
+# (a log file, a pipe) is never written, and no finalizer of the worker runs. Asked to STOP
+# instead, stoker's worker would return normally and flush that output after the program's
+# last line. At exit, stoker's workers are therefore ended as torch's are: SIGTERM from the
+# main process, where the same handler runs.
+
+
 def stop_workers(workers: list[WorkerHandle], drain: Any = None) -> None:
-    """Ask every worker to stop, wait briefly, then terminate and kill what is left.
+    """Ask every worker to stop, wait briefly, then terminate and kill what is left; at
+    interpreter exit, terminate them at once (NOTE [ Workers at interpreter exit ]).
 
     ``drain(handle, message)`` receives anything a worker sends while we wait, so that a worker
     blocked writing a reply is never waited on forever.
     """
+    if exiting():
+        for w in workers:
+            w.stop_sent = True  # an expected exit, not a death
+            if w.process.exitcode is None:
+                w.process.terminate()
     for w in workers:
         w.ask_to_stop()
     deadline = time.monotonic() + _JOIN_TIMEOUT_S
