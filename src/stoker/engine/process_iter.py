@@ -91,7 +91,11 @@ class ProcessIterator(Dispatch, torch_dataloader._MultiProcessingDataLoaderIter)
     def __init__(
         self, plan: Plan, engine: EngineState, resume: dict[str, Any] | None = None
     ) -> None:
-        super().__init__(plan, engine, resume)  # draws the base seed first, as torch's does
+        try:
+            super().__init__(plan, engine, resume)  # draws the base seed first, as torch's does
+        except BaseException:
+            self._half_built = True  # NOTE [ torch's half-built iterator ]
+            raise
         # An int with workers (torch's constructor sets 2; _check_before_reiter refuses < 1).
         self._prefetch: int = plan.prefetch_factor  # type: ignore[assignment]
         self._in_order = plan.in_order
@@ -423,8 +427,19 @@ class ProcessIterator(Dispatch, torch_dataloader._MultiProcessingDataLoaderIter)
     def _shutdown_workers(self) -> None:  # torch's name, for code that calls it
         self.shutdown()
 
+    # NOTE [ torch's half-built iterator ]
+    # torch's _MultiProcessingDataLoaderIter sets ``_shutdown`` only after its base class's
+    # __init__ (the sampler's iter(), the base seed, the pin_memory warning): when that raises,
+    # the half-built iterator's __del__ fails reading ``_shutdown``, and the interpreter prints
+    # "Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ ...>" with its
+    # AttributeError when the object goes (a program that caught the error goes on, and that
+    # is what its stderr shows). The same object of torch's class is made and dropped here, so
+    # the interpreter prints torch's own report, from torch's frames, at the same moment.
+
     def __del__(self) -> None:
-        pass  # not torch's: the finalizer stops the workers, also when __init__ failed
+        # not torch's: the finalizer stops the workers, also when __init__ failed
+        if self.__dict__.get("_half_built"):
+            object.__new__(torch_dataloader._MultiProcessingDataLoaderIter)
 
     @property
     def _workers(self) -> list[WorkerProcess]:  # type: ignore[override]
