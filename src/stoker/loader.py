@@ -119,6 +119,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             shard_even=shard_even, on_error=on_error, skip_budget=skip_budget,
             worker_type=worker_type, worker_concurrency=worker_concurrency,
         )
+        # NOTE [ What the loader lets go of first ]
+        # A deleted loader drops its attributes in the order they were made. stoker's engine
+        # state (and an inline iterator) also hold the dataset; made after torch's attributes,
+        # they kept it past the others, so a program's objects with a __del__ went in another
+        # order than torch's (dataset, worker_init_fn, sampler, collate_fn). Made first here,
+        # they are dropped first, and each object goes at its own attribute, as under torch.
+        self._engine: EngineState = None  # type: ignore[assignment]
+        self._stoker_inline_iter: weakref.ref[Any] | None = None  # an iterable's, num_workers=0
         self.beyond_torch = beyond_torch  # NOTE [ Same as torch unless asked ]
         self.snapshot_every_n_steps = snapshot_every_n_steps
         # NOTE [ Batches on the device ]
@@ -168,7 +176,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._engine = EngineState(  # NOTE [ Engine state ]
             dataset, num_workers, collect_stats, self._stoker_fast_paths
         )
-        self._stoker_inline_iter: weakref.ref[Any] | None = None  # an iterable's, num_workers=0
         from stoker._core.stats import loader_built  # loaded by EngineState's import already
 
         loader_built(self)  # hooks from above: `stoker doctor`'s agent in the script it runs

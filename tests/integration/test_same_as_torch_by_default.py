@@ -756,3 +756,60 @@ def test_a_worker_whose_init_fn_raised_goes_on_as_torchs(Loader, TorchLoader, pe
         return epochs
 
     _both(Loader, TorchLoader, script)
+
+
+class Finalised:
+    """Records, in the script's list, when the loader let go of it."""
+
+    def __init__(self, tag: str, gone: list[str]) -> None:
+        self.tag, self.gone = tag, gone
+
+    def __del__(self) -> None:
+        self.gone.append(self.tag)
+
+
+class FinalisedDataset(Finalised, torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class FinalisedCollate(Finalised):
+    def __call__(self, batch: list[int]) -> torch.Tensor:
+        return torch.tensor(batch)
+
+
+class FinalisedInit(Finalised):
+    def __call__(self, worker_id: int) -> None:
+        pass
+
+
+class FinalisedSampler(Finalised, torch.utils.data.Sampler):
+    def __iter__(self):  # noqa: ANN204
+        return iter(range(4))
+
+    def __len__(self) -> int:
+        return 4
+
+
+# found by a sweep: stoker's engine state held the dataset past the loader's own attribute, so
+# the program's objects went in another order (NOTE [ What the loader lets go of first ])
+@pytest.mark.parametrize("iterated", [False, True])
+def test_a_deleted_loader_lets_go_of_the_programs_objects_in_torchs_order(
+        Loader, TorchLoader, iterated):
+    def script(cls: type) -> list:
+        gone: list[str] = []
+        loader = cls(FinalisedDataset("dataset", gone), batch_size=2,
+                     collate_fn=FinalisedCollate("collate_fn", gone),
+                     sampler=FinalisedSampler("sampler", gone),
+                     worker_init_fn=FinalisedInit("worker_init_fn", gone))
+        if iterated:
+            for _batch in loader:
+                pass
+            del _batch
+        del loader
+        return gone
+
+    _both(Loader, TorchLoader, script)
