@@ -277,12 +277,18 @@ def test_a_crash_report_has_the_stack_where_faulthandler_was_on(faulthandler_on)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
     if faulthandler_on:
         env["PYTHONFAULTHANDLER"] = "1"
-    out = subprocess.run([sys.executable, "-c", _CRASH_SCRIPT], env=env, capture_output=True,
-                         text=True, timeout=300, cwd=Path(__file__).parent, check=True).stdout
+    done = subprocess.run([sys.executable, "-c", _CRASH_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).parent, check=True)
+    out = done.stdout
     assert re.match(r"DataLoader worker \(pid \d+\) is killed by signal: Segmentation fault",
                     out)
+    # on stderr too, as torch's worker writes it there (a program that catches the error
+    # sees it), found by a sweep
+    on_stderr = "Fatal Python error: Segmentation fault" in done.stderr
+    assert on_stderr == faulthandler_on, done.stderr
     if faulthandler_on:
         assert "The worker's faulthandler output:" in out and "in __getitem__" in out
+        assert "in __getitem__" in done.stderr
     else:
         assert "The worker's faulthandler output:" not in out
         assert ("For the worker's Python stack in this report, run with faulthandler on "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -54,8 +56,24 @@ def _crash_stacks(group: WorkerGroup, w: Any) -> str:
     if w.worker_id not in group.crash_stacks:  # NOTE [ faulthandler as the parent left it ]
         return ("\nFor the worker's Python stack in this report, run with faulthandler on "
                 "(`python -X faulthandler`, or PYTHONFAULTHANDLER=1).")
-    text = segments.read_log(fd).strip()
+    raw = segments.read_log(fd)
+    _write_as_the_worker_would(raw)
+    text = raw.strip()
     return f"\nThe worker's faulthandler output:\n{text}\n" if text else ""
+
+
+def _write_as_the_worker_would(dump: str) -> None:
+    """A crashed worker's faulthandler dump, on stderr, where torch's worker writes it (its
+    faulthandler is the parent's, on stderr): stoker's went to the log the report quotes, and a
+    program that catches the error would otherwise see nothing on stderr (NOTE [ faulthandler
+    as the parent left it ] in ``workers.diagnostics``)."""
+    if not dump:
+        return
+    try:
+        sys.stderr.flush()
+        os.write(2, dump.encode("utf-8", "replace"))
+    except (OSError, ValueError, AttributeError):  # no stderr (pythonw, closed): the report has it
+        pass
 
 
 def _shm_note(exitcode: int) -> str:
