@@ -85,7 +85,8 @@ def install_in_worker(by_signal: bool = False) -> StackLog:
     ``faulthandler.is_enabled()`` there is a thing a dataset can read, as is the set of
     signals ``/proc/self/status`` lists as caught. So a worker turns faulthandler's crash
     dump on only where it is already on, and then only changes the file it writes to: the
-    log, which the main process's error quotes. Where it is off, a crashed worker's error
+    log, which the main process's error quotes and writes on stderr, where torch's worker
+    writes it (``engine.worker_death``). Where it is off, a crashed worker's error
     says how to get its Python stack instead. Stacks on request need no handler (NOTE
     [ Stacks on request ]).
     """
