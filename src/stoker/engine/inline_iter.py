@@ -7,6 +7,7 @@ from typing import Any
 
 from torch.utils.data import dataloader as torch_dataloader
 
+from stoker._core.notes import add_note
 from stoker._core.plan import Plan
 from stoker.engine.base_iter import BaseIterator
 from stoker.engine.loader_state import EngineState
@@ -27,7 +28,7 @@ from stoker.sampling.datapipes import distributed_settings, is_datapipe, seed_sh
 from stoker.sampling.dataset_rngs import reseed, restore_states, save_states
 from stoker.sampling.sample_rng import clear_sample_context
 from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
-from stoker.workers.remote_errors import add_note, describe_failure
+from stoker.workers.remote_errors import describe_failure
 
 
 class InlineIterator(BaseIterator, torch_dataloader._SingleProcessDataLoaderIter):

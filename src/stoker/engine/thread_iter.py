@@ -14,6 +14,7 @@ from collections import deque
 from typing import Any
 
 from stoker._core.forked_copies import finalize_here
+from stoker._core.notes import add_note
 from stoker._core.plan import Plan
 from stoker._core.stats import TunerEvent
 from stoker.engine.base_iter import BaseIterator
@@ -25,7 +26,7 @@ from stoker.fetch.thread_pool import JOB_READY, SAMPLE_DONE, Job, SamplePipeline
 from stoker.sampling.dataset_rngs import reseed, restore_states, save_states
 from stoker.sampling.sample_rng import clear_sample_context, set_sample_context
 from stoker.sampling.seeds import GlobalRngGuard, batch_seed, seed_global_rngs
-from stoker.workers.remote_errors import add_note, describe_failure
+from stoker.workers.remote_errors import describe_failure
 
 
 class ThreadIterator(BaseIterator):

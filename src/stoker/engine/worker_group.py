@@ -34,6 +34,7 @@ import select
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from stoker._core.notes import add_note
 from stoker.errors import LoaderTimeoutError, StallWarning
 from stoker.transport import segments
 from stoker.transport.slab_bank import SlabBank
@@ -42,7 +43,7 @@ from stoker.workers import protocol as msg
 from stoker.workers.diagnostics import request_stacks
 from stoker.workers.feeder_stand_in import MainFeeders
 from stoker.workers.launch import WorkerHandle, stop_workers
-from stoker.workers.remote_errors import add_note, describe_indices
+from stoker.workers.remote_errors import describe_indices
 
 if TYPE_CHECKING:
     from stoker.engine.task_book import TaskBook

@@ -46,6 +46,7 @@ import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data import get_worker_info
 
+from stoker._core.notes import add_note
 from stoker._core.walk import iter_attributes
 from stoker.errors import RemoteTraceback, WorkerError
 from stoker.fetch.fetchers import UNKNOWN, failed_index
@@ -271,13 +272,6 @@ def capture(exc: BaseException, worker_id: int, doing: str) -> RemoteError:
     return RemoteError(None, pickled_type, state, *fields, left_out, construct)
 
 
-def add_note(exc: BaseException, note: str) -> None:
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-    else:  # Python 3.10: same attribute, shown by 3.11+ tracebacks and by traceback2-aware tools
-        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
-
-
 def _loads(data: bytes | None) -> Any:
     if data is None:
         return None
@@ -309,10 +303,8 @@ def _as_torch_raises(cls: type[BaseException], err: RemoteError) -> BaseExceptio
     try:
         wrapper.reraise()
     except BaseException as raised:  # noqa: BLE001 -- whatever torch raises is the answer
-        made = raised
-    else:  # reraise always raises
-        made = RuntimeError(f"Caught {cls.__name__} {err.torch_where}.\nOriginal {err.tb_text}")
-    return made.with_traceback(None)
+        return raised.with_traceback(None)
+    raise AssertionError("torch's ExceptionWrapper.reraise returned without raising")
 
 
 def _left_out_note(exc: BaseException, err: RemoteError, constructed: bool) -> str:
