@@ -45,7 +45,7 @@ def _mode(call: ast.Call, position: int) -> object:
     return "r"
 
 
-def _unnamed_text_opens(path: Path) -> list[str]:
+def _unnamed_text_opens(path: Path, root: Path = ROOT) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if not isinstance(node, ast.Call):
@@ -66,7 +66,7 @@ def _unnamed_text_opens(path: Path) -> list[str]:
             continue
         elif name == "write_text" and len(node.args) > 1:
             continue
-        rel = path.relative_to(ROOT)
+        rel = path.relative_to(root)
         found.append(f"{rel}:{node.lineno}: {ast.unparse(node)[:100]}")
     return found
 
@@ -93,10 +93,5 @@ def test_the_check_finds_an_unnamed_open(tmp_path):
         "Image.open(p)\n",
         encoding="utf-8",
     )
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
-    try:
-        lines = [line.split(": ", 1)[0] for line in _unnamed_text_opens(source)]
-    finally:
-        ROOT = saved
+    lines = [line.split(": ", 1)[0] for line in _unnamed_text_opens(source, tmp_path)]
     assert sorted(lines) == ["sample.py:1", "sample.py:2", "sample.py:5"]
