@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from stoker._core.process_exit import exiting
+from stoker._core.process_exit import main_thread_ended
 
 
 class DownloadAborted(Exception):
@@ -28,7 +28,7 @@ class DownloadAborted(Exception):
 
 def check() -> None:
     """Raise ``DownloadAborted`` once the process has begun to exit."""
-    if exiting():
+    if main_thread_ended():
         raise DownloadAborted("the process is exiting: its downloads in flight stop")
 
 

@@ -13,7 +13,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from typing import Any, cast
 
-from stoker._core.process_exit import exiting
+from stoker._core.process_exit import at_exit
 from stoker._core.specs import WorkerSpec
 from stoker.transport.reused_shm import MainSegments
 from stoker.workers import protocol as msg
@@ -174,8 +174,9 @@ def start_worker(ctx: BaseContext, spec: WorkerSpec, once: Any = None) -> Worker
 # an iterator kept) runs no more Python: what its dataset printed into a block-buffered stdout
 # (a log file, a pipe) is never written, and no finalizer of the worker runs. Asked to STOP
 # instead, stoker's worker would return normally and flush that output after the program's
-# last line. At exit, stoker's workers are therefore ended as torch's are: SIGTERM from the
-# main process, where the same handler runs.
+# last line. At exit (``atexit`` hooks running: a loop still going in a non-daemon thread
+# after the main thread ended is not there yet), stoker's workers are therefore ended as
+# torch's are: SIGTERM from the main process, where the same handler runs.
 
 
 def stop_workers(workers: list[WorkerHandle], drain: Any = None) -> None:
@@ -185,7 +186,7 @@ def stop_workers(workers: list[WorkerHandle], drain: Any = None) -> None:
     ``drain(handle, message)`` receives anything a worker sends while we wait, so that a worker
     blocked writing a reply is never waited on forever.
     """
-    if exiting():
+    if at_exit():
         for w in workers:
             w.stop_sent = True  # an expected exit, not a death
             if w.process.exitcode is None:
