@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -96,7 +97,17 @@ class CallingThreadClock:
     Every ``stride``-th call is read, the stride set from the calls' past rate so that reads
     come about every ``SAMPLE_EVERY_S``. Chosen by count, not by "the first call after a
     pause": a pause is often the thread's own preemption, and the call right after it starts
-    a fresh time slice, so sampling those would see too little queueing."""
+    a fresh time slice, so sampling those would see too little queueing.
+
+    NOTE [ The sampled queue has a floor ]
+    A sampled call of ~0.1 ms rarely holds one of the thread's preemptions (one every few ms
+    under load, each a wait of several ms), so on a short run (a 0.3 s epoch: ~15 samples) the
+    sampled queue swings from none to most of the time: an in-memory dataset under a CPU hog
+    was called input-bound, not contended, one run in three. The thread's whole queue over the
+    run is known exactly (its schedstat at the first call and at the last sampled one), and at
+    most the time spent outside ``next()`` in that span can have been queued there; the rest
+    was queued inside. ``scaled`` raises the sampled queue to that floor. Where the loop body
+    takes most of the time (a training step) the floor is 0 and sampling alone decides."""
 
     def __init__(self) -> None:
         self.sampled_s = 0.0
@@ -110,14 +121,20 @@ class CallingThreadClock:
         self.tid = 0
         self.total_at_start: tuple[float, float] | None = None
         self.process_queued_at_start: float | None = None
+        # NOTE [ The sampled queue has a floor ]: the span's start (wall, queued) and, at the
+        # last sampled call, its end (wall, queued, time in next() so far).
+        self._span_start: tuple[float, float] | None = None
+        self._span_end: tuple[float, float, float] | None = None
+        self._wait_s = 0.0  # time in next() so far, this clock's own count
 
     def enter(self, now: float) -> None:
         if not self.tid:  # the first call: where the thread-mode figures start
-            import threading
-
             self.tid = threading.get_native_id()
+            at = time.perf_counter()  # before the read: a queue at its return is in the span
             self.total_at_start = read_schedstat()
             self.process_queued_at_start = process_queued_s()
+            if self.total_at_start is not None:
+                self._span_start = (at, self.total_at_start[1])
         self._start = None
         self._calls += 1
         if self.measured and self._calls >= self._stride:
@@ -129,6 +146,7 @@ class CallingThreadClock:
                 self._start = (at, time.thread_time(), got[1])
 
     def leave(self, entered_at: float, now: float) -> None:
+        self._wait_s += now - entered_at
         start, self._start = self._start, None
         if start is None:
             return
@@ -143,6 +161,8 @@ class CallingThreadClock:
         self.sampled_s += ended - start[0]
         self.sampled_cpu_s += max(0.0, cpu - start[1])
         self.sampled_queued_s += max(0.0, got[1] - start[2])
+        if threading.get_native_id() == self.tid:  # a call from another thread ends no span
+            self._span_end = (ended, got[1], self._wait_s)
         if self._last_sample_at:
             period = (now - self._last_sample_at) / self._calls
             self._stride = max(1, min(10_000, round(SAMPLE_EVERY_S / max(period, 1e-7))))
@@ -154,7 +174,18 @@ class CallingThreadClock:
         if self.sampled_s <= 0:
             return 0.0, 0.0
         k = wait_s / self.sampled_s
-        return min(wait_s, self.sampled_cpu_s * k), min(wait_s, self.sampled_queued_s * k)
+        queued = min(wait_s, max(self.sampled_queued_s * k, self.queued_floor_s()))
+        return min(wait_s - queued, self.sampled_cpu_s * k), queued
+
+    def queued_floor_s(self) -> float:
+        """Seconds the thread must have been queued inside ``next()``: its queue over the
+        span from the first call to the last sampled one, less the span's time outside
+        ``next()`` (NOTE [ The sampled queue has a floor ])."""
+        if self._span_start is None or self._span_end is None:
+            return 0.0
+        (t0, q0), (t1, q1, waited) = self._span_start, self._span_end
+        outside = max(0.0, (t1 - t0) - waited)
+        return max(0.0, (q1 - q0) - outside)
 
     def other_threads_queued_s(self) -> float:
         """Queued time of this process's other live threads since the first ``next()``

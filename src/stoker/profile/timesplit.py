@@ -15,8 +15,9 @@ nanoseconds runnable on a run queue. So every split here is measured, not guesse
 - the calling thread (the training loop) in ``next()``: read from its own schedstat around
   sampled ``next()`` calls (about one call every ``SAMPLE_EVERY_S``: NOTE [ Sampled next()
   calls stay cheap ]), scaled to all of ``wait_s`` (``CallingThreadClock`` in
-  ``engine/stats.py``, on every batch's path); with ``num_workers=0`` this is where batches
-  are loaded.
+  ``engine/stats.py``, on every batch's path), with the thread's whole queue less its time
+  outside ``next()`` as a floor (NOTE [ The sampled queue has a floor ]); with
+  ``num_workers=0`` this is where batches are loaded.
 - each worker process: its fetches' wall and CPU time, its collate and pack time, and its
   main thread's queued time (``BatchReport``), per worker id; the queue is metered over all
   the worker does (waking up for a task too), so a worker's time is taken as CPU (fetch,
