@@ -37,13 +37,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "process (num_workers=0) while loading sample index 1.'), printed under its "
         "traceback; torch's has none. Masked: __notes__ is not recorded."
     ),
-    "timeout_without_workers": (
-        "timeout>0 with num_workers=0: both raise AssertionError at the first next(), torch "
-        "with '_SingleProcessDataLoaderIter requires timeout == 0' after drawing the base "
-        "seed from the loader's generator (or torch's global RNG), stoker with its own "
-        "message and without the draw (the main process's torch RNG then differs), and "
-        "before torch's pin_memory warning. Masked: timeout is 0 without workers."
-    ),
     "stop_iteration_in_map_style": (
         "StopIteration raised by a map-style dataset's __getitem__ (or a collate_fn) ends "
         "torch's epoch silently (with or without workers; with workers the StopIteration "

@@ -301,8 +301,7 @@ def loader_args(draw: Any, plan: Plan) -> tuple[tuple[str, Any], ...]:
         if rarely(draw, 9):  # the workers are then ForkProcess-N, not Process-N
             args.append(("multiprocessing_context", "fork"))
     else:
-        timeouts = (0,) if masked("timeout_without_workers") else (0, 5.0)
-        _maybe(draw, args, "timeout", st.sampled_from(timeouts))
+        _maybe(draw, args, "timeout", st.sampled_from((0, 5.0)))
         _maybe(draw, args, "worker_init_fn", st.none() | worker_inits(plan, "w0"))
     _maybe(draw, args, "generator", st.none() | st.integers(0, 3))
     if plan.in_order is not None:
@@ -371,8 +370,7 @@ def plans(draw: Any) -> Plan:
     persistent = draw(st.sampled_from((None, False, True))) if num_workers else None
     num_workers_op = None
     if in_order is None and rarely(draw, 5):
-        # timeout>0 comes with workers; taking them away would meet timeout_without_workers
-        low = 1 if num_workers and masked("timeout_without_workers") else 0
+        low = 0
         high = 0 if not num_workers and masked("num_workers_raised_later") else 2
         if low <= high:
             num_workers_op = draw(st.integers(low, high))

@@ -38,13 +38,15 @@ class InlineIterator(BaseIterator, torch_dataloader._SingleProcessDataLoaderIter
     def __init__(
         self, plan: Plan, engine: EngineState, resume: dict[str, Any] | None = None
     ) -> None:
-        if plan.timeout != 0 and plan.num_workers == 0:
-            raise AssertionError(
-                f"timeout={plan.timeout} needs worker processes: with num_workers=0 batches "
-                "are loaded in the calling thread and cannot time out. Set timeout=0, or "
-                "num_workers>0."
-            )
         super().__init__(plan, engine, resume)
+        if plan.timeout != 0 and plan.num_workers == 0:
+            # torch's check, where torch makes it: after the base seed is drawn (and the
+            # pin_memory warning given); its words, and what to change as a note
+            error = AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
+            add_note(error, f"stoker: timeout={plan.timeout} needs worker processes: with "
+                     "num_workers=0 batches are loaded in the calling thread and cannot time "
+                     "out. Set timeout=0, or num_workers>0.")
+            raise error
         if self._cursor.datapipe_seed is not None:
             seed_shufflers(self._dataset, self._cursor.datapipe_seed)
         if is_datapipe(self._dataset):
