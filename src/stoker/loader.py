@@ -212,6 +212,26 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._iterator = None
         self._stoker_inline_iter = None
 
+    def __copy__(self) -> DataLoader:
+        """``copy.copy`` makes what it makes of torch's loader: a new loader sharing every
+        attribute (stoker's engine state too), the iterator of persistent workers included:
+        both loaders then run those workers, as under torch, where a pickling copy (without
+        the iterator, ``__getstate__``) would start its own. A subclass with its own pickling
+        (``__getstate__``, ``__reduce__``...) is copied through it, as ``copy.copy`` does."""
+        cls = type(self)
+        if (cls.__getstate__, cls.__setstate__, cls.__reduce__, cls.__reduce_ex__) != (
+                DataLoader.__getstate__, DataLoader.__setstate__, object.__reduce__,
+                object.__reduce_ex__):
+            reduced: Any = self.__reduce_ex__(4)
+            rebuild, args, state = reduced[0], reduced[1], reduced[2] if len(reduced) > 2 else None
+            copied = rebuild(*args)
+            if state is not None:
+                copied.__setstate__(state)
+            return copied  # type: ignore[no-any-return]
+        copied = cls.__new__(cls)
+        copied.__dict__.update(self.__dict__)  # not setattr: torch freezes some attributes
+        return copied
+
     # -- iteration ---------------------------------------------------------------------------
 
     def __iter__(self) -> BaseIterator:  # type: ignore[override]

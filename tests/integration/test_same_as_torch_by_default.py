@@ -7,6 +7,7 @@ Under ``STOKER_TEST_LOADER=torch`` both sides are torch's: the expectations are 
 
 from __future__ import annotations
 
+import copy
 import gc
 import random
 from typing import Any
@@ -811,5 +812,32 @@ def test_a_deleted_loader_lets_go_of_the_programs_objects_in_torchs_order(
             del _batch
         del loader
         return gone
+
+    _both(Loader, TorchLoader, script)
+
+
+# found by a sweep: copy.copy made a pickling copy (no iterator), which started workers of its
+# own where torch's copy runs the persistent workers it shares, with their copy of the dataset
+def test_a_shallow_copy_runs_the_persistent_workers_it_shares(Loader, TorchLoader):
+    def script(cls: type) -> list:
+        ds = Arrays()
+        loader = cls(ds, batch_size=16, num_workers=1, persistent_workers=True, timeout=60)
+        first = [_plain(b) for b in loader]
+        copied = copy.copy(loader)
+        ds.x[:] = -1.0  # seen only by workers started after this
+        return [first, [_plain(b) for b in copied], [_plain(b) for b in loader]]
+
+    _both(Loader, TorchLoader, script)
+
+
+# found by a sweep: stoker refused before drawing the base seed, so a program that caught the
+# error drew other numbers afterwards
+def test_a_timeout_without_workers_fails_as_torchs_after_torchs_draw(Loader, TorchLoader):
+    def script(cls: type) -> list:
+        torch.manual_seed(0)
+        loader = cls(list(range(4)), batch_size=2, timeout=5)
+        with pytest.raises(AssertionError) as raised:
+            iter(loader)
+        return [str(raised.value), torch.rand(2).tolist()]
 
     _both(Loader, TorchLoader, script)
