@@ -133,3 +133,20 @@ def test_importing_obstore_after_stoker_registers_the_fork_hook() -> None:
         out = ["stoker.storage.obstore_files" in sys.modules]
     """)
     assert out == [True]
+
+
+def test_a_watched_module_found_but_not_imported_still_runs_its_hook_when_imported() -> None:
+    """``importlib.util.find_spec(name)`` (a check that a package is installed) finds a spec
+    that no import runs: the watch keeps its hooks until the module's body does run."""
+    out = _fresh("""
+        import importlib.util
+        from stoker._core.import_watch import when_imported
+        ran = []
+        def seen(module):
+            ran.append(module)
+        when_imported("json.tool", "__main__:seen")
+        out = [importlib.util.find_spec("json.tool") is not None]
+        import json.tool
+        out += [len(ran), ran[0].__name__ if ran else None]
+    """)
+    assert out == [True, 1, "json.tool"]

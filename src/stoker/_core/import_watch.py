@@ -41,11 +41,13 @@ class _Watch(importlib.abc.MetaPathFinder):
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
-        hooks = self.hooks.pop(fullname)
-        if not self.hooks and self in sys.meta_path:
-            sys.meta_path.remove(self)
 
         def exec_and_run(module: ModuleType) -> None:
+            # Forgotten here, not when the spec is found: ``importlib.util.find_spec(name)``
+            # (a check that a package is installed) finds a spec that no import may run.
+            hooks = self.hooks.pop(fullname, [])
+            if not self.hooks and self in sys.meta_path:
+                sys.meta_path.remove(self)
             exec_module(module)
             for hook in hooks:
                 _run(hook, module)
