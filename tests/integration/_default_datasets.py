@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -110,3 +111,38 @@ class WhoLoads(Dataset):
                 x += sum(range(1000))
         info = get_worker_info()
         return i, -1 if info is None else info.id
+
+
+class CountingSampler(torch.utils.data.Sampler):
+    """Counts its passes in ``__iter__``, a plain function: ``iter()`` runs it at once."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.passes = n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):  # noqa: ANN204
+        self.passes += 1
+        return iter(range(self.n))
+
+
+class CountingBatchSampler(CountingSampler):
+    """Batches of two, passes counted in a plain ``__iter__``."""
+
+    def __iter__(self):  # noqa: ANN204
+        self.passes += 1
+        return iter([[i, i + 1] for i in range(0, self.n, 2)])
+
+
+class ReadsSampler(torch.utils.data.Dataset):
+    """Each sample: its index, the sampler's pass count and a draw from numpy's global RNG."""
+
+    def __init__(self, sampler: Any, n: int = 4) -> None:
+        self.sampler, self.n = sampler, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple:
+        return i, getattr(self.sampler, "passes", -1), float(np.random.rand())

@@ -17,8 +17,11 @@ import pytest
 import torch
 from _default_datasets import (
     Arrays,
+    CountingBatchSampler,
+    CountingSampler,
     Noisy,
     Paths,
+    ReadsSampler,
     Seeds,
     ShuffledShards,
     WhoLoads,
@@ -841,3 +844,24 @@ def test_a_timeout_without_workers_fails_as_torchs_after_torchs_draw(Loader, Tor
         return [str(raised.value), torch.rand(2).tolist()]
 
     _both(Loader, TorchLoader, script)
+
+
+# found by a sweep: torch calls iter() on the sampler a second time only once its workers run
+# (its first _reset); stoker called it before starting them, so what a sampler's __iter__
+# changes (a count, the length it asked of the dataset) reached the workers
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_workers_start_from_the_state_before_the_samplers_second_pass(
+        Loader, TorchLoader, context, batched):
+    def script(cls: type) -> list:
+        np.random.seed(0)
+        torch.manual_seed(0)
+        sampler = CountingBatchSampler(4) if batched else CountingSampler(4)
+        sampling: dict[str, Any] = ({"batch_sampler": sampler} if batched
+                                    else {"batch_size": None, "sampler": sampler})
+        loader = cls(ReadsSampler(sampler), num_workers=1, timeout=60,
+                     multiprocessing_context=context, **sampling)
+        return [_plain(b) for b in loader] + [sampler.passes]
+
+    _both(Loader, TorchLoader, script)
+

@@ -132,6 +132,11 @@ class BaseIterator(torch_dataloader._BaseDataLoaderIter):
     def __iter__(self) -> BaseIterator:
         return self
 
+    def _reiter_later(self, plan: Plan) -> bool:
+        """Whether the second ``iter(sampler)`` waits for ``cursor.reiter`` (NOTE [ The
+        sampler's second pass ] in ``engine.cursor``)."""
+        return False
+
     def __len__(self) -> int:
         return len(self._index_sampler)
 
@@ -156,7 +161,8 @@ class BaseIterator(torch_dataloader._BaseDataLoaderIter):
         self._len_reported = plan.len_reported
         progress = self._cursor.open(
             plan, resume, first, self._reiter_after_seed,
-            functools.partial(self._checked_before_reiter, plan), self._fresh_worker_batches())
+            functools.partial(self._checked_before_reiter, plan), self._fresh_worker_batches(),
+            self._reiter_later(plan))
         self._steps_target = self._pad_steps() if self._pad_steps is not None else None
         self._skips = SkipLedger(
             plan.skip_budget, functools.partial(_epoch_samples, self._index_sampler),

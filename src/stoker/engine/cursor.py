@@ -213,10 +213,14 @@ class EpochCursor:
     def open(
         self, plan: Plan, resume: dict[str, Any] | None, first: bool, reiter_after_seed: bool,
         check_before_reiter: Callable[[], None], worker_batches: list[int] | None,
+        reiter_later: bool = False,
     ) -> EpochProgress:
         """Start an epoch; ``plan`` is the new pass's: only its epoch facts are read (NOTE
         [ One plan ]). Worker iterators call ``iter(sampler)`` a second time after the seed
-        draw (``reiter_after_seed``), with torch's argument check between the two."""
+        draw (``reiter_after_seed``), with torch's argument check between the two; with
+        ``reiter_later`` that second call waits for ``reiter`` (NOTE [ The sampler's second
+        pass ])."""
+        self._reiter_pending = False
         self._held = None
         # iterable resume: positions fetched and dropped, not delivered
         self._drop_below = 0
@@ -245,10 +249,13 @@ class EpochCursor:
                 self.base_seed = resume["base_seed"]
             if first and reiter_after_seed:
                 check_before_reiter()
-                if loaded is not None:  # a sampler whose iter() takes the position at once
-                    self._stateful.load_state_dict(loaded)
-                self._sampler_iter = self._iter_sampler()
-            if datapipe and (reiter_after_seed or not first):
+                if reiter_later and resume is None:
+                    self._reiter_pending = True  # NOTE [ The sampler's second pass ]
+                else:
+                    if loaded is not None:  # a sampler whose iter() takes the position at once
+                        self._stateful.load_state_dict(loaded)
+                    self._sampler_iter = self._iter_sampler()
+            if datapipe and not self._reiter_pending and (reiter_after_seed or not first):
                 # torch's worker iterators draw one more at their first reset (their workers
                 # keep the first); a later epoch's seed goes to the workers.
                 seed = draw_shared_seed(self._generator, self._seed_group)
@@ -275,6 +282,25 @@ class EpochCursor:
             sampler_started=self._sampler_started,
         )
         return self.progress
+
+    # NOTE [ The sampler's second pass ]
+    # torch's worker iterator calls iter(sampler) in its constructor, starts its workers, then
+    # calls it again in its first _reset (and draws a datapipe's second seed there). A
+    # sampler whose __iter__ runs at once (a plain function: a pass count, a shuffle drawn
+    # from numpy's global RNG, len(dataset)) so changes the state the workers start from only
+    # once, with the second call after every fork and every pickling for spawn. ``reiter``
+    # makes that second call where the process iterator has started its workers. Only where
+    # workers get a task as soon as they are forked (NOTE [ Tasks before the next fork ]:
+    # torch's own batch samplers, whose iter() runs no code) is it made before them.
+
+    def reiter(self) -> None:
+        """The second ``iter(sampler)`` of a worker iterator's first epoch, if it waits."""
+        if not self._reiter_pending:
+            return
+        self._reiter_pending = False
+        self._sampler_iter = self._iter_sampler()
+        if self._iter_datapipe:
+            draw_shared_seed(self._generator, self._seed_group)
 
     def _iter_sampler(self) -> Any:
         return fast_iter(self._index_sampler) or iter(self._index_sampler)

@@ -51,6 +51,7 @@ from stoker.engine.worker_start import start_workers, worker_specs
 from stoker.engine.worker_streams import WorkerStreams, is_lightning_init_fn, resume_entries
 from stoker.fastpaths.switch import tell_not_per_sample
 from stoker.fetch.fetchers import EmptyBatch
+from stoker.sampling.fast_batches import draws_unseen_by_workers
 from stoker.transport.torch_way import Unpickled
 from stoker.workers import protocol as msg
 from stoker.workers.launch import WorkerProcess, default_context
@@ -150,10 +151,15 @@ class ProcessIterator(Dispatch, torch_dataloader._MultiProcessingDataLoaderIter)
         finally:
             self._group.feeders.all_started()
         self._worker_pids = tuple(p for p in self._group.pids if p is not None)  # all started
+        cursor.reiter()  # NOTE [ The sampler's second pass ]: torch's first _reset
         self._memory_watch = self._engine.memory_watch
         # Its first reads cost ~10 ms each: keep them out of the time to the first batch.
         self._watch_from = time.monotonic() + _WATCH_DELAY_S
         self._fill()
+
+    def _reiter_later(self, plan: Plan) -> bool:
+        # NOTE [ The sampler's second pass ]: before the forks only where they are primed
+        return not draws_unseen_by_workers(plan.index_sampler)
 
     def _check_before_reiter(self, plan: Plan) -> None:
         if not plan.prefetch_factor > 0:  # type: ignore[operator]  # torch's check and message, where torch makes it
