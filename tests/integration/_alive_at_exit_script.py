@@ -5,11 +5,12 @@ dataset prints into a block-buffered stdout (a pipe, as a log file is). Run as::
     STOKER_PROBE_LOADER=torch|stoker python _alive_at_exit_script.py persistent|iterator
 
 What reaches stdout must be the same under torch's DataLoader and stoker's (NOTE [ Workers at
-interpreter exit ]).
+interpreter exit ]), the number of exit hooks the loader registered included.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 
@@ -33,6 +34,7 @@ def main(mode: str) -> None:
     else:
         loader_cls = tud.DataLoader
     global kept  # the loader (or the iterator) lives until exit, as a module global would
+    hooks_before = atexit._ncallbacks()  # a program that checks it leaks no exit hooks
     if mode == "persistent":
         kept = loader_cls(Chatty(), batch_size=2, num_workers=1, persistent_workers=True,
                           timeout=120)
@@ -42,6 +44,7 @@ def main(mode: str) -> None:
     else:
         kept = iter(loader_cls(Chatty(), batch_size=2, num_workers=1, timeout=120))
         next(kept)
+    print("exit hooks added:", atexit._ncallbacks() - hooks_before)
     print("training done", flush=True)
 
 
