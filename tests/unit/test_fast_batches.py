@@ -132,3 +132,26 @@ def test_a_patched_property_or_randperm_is_not_taken(monkeypatch):
         patch.setattr(torch.Tensor, "tolist", _wrapped(torch.Tensor.tolist), raising=False)
         assert fast_iter(sampler()) is None
     assert fast_iter(sampler()) is not None
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("at", [0, 1, 3, 6])
+@pytest.mark.parametrize("new_size", [1, 4, 7, 40, 0])
+def test_a_batch_size_changed_mid_epoch_is_read_as_torch_reads_it(drop_last, at, new_size):
+    """torch's loop reads ``batch_size`` for every batch without drop_last (the new size from
+    the next batch on; 0 ends the epoch), and once at the first batch with it (found by a
+    sweep: the fast path kept the first size)."""
+    runs = []
+    for fast in (False, True):
+        generator = torch.Generator().manual_seed(7)
+        sampler = BatchSampler(RandomSampler(range(10), num_samples=23, generator=generator),
+                               3, drop_last)
+        it = fast_iter(sampler) if fast else iter(sampler)
+        assert it is not None
+        seen = []
+        for step, batch in enumerate(it):
+            seen.append((batch, generator.get_state().tolist()))
+            if step == at:
+                sampler.batch_size = new_size
+        runs.append(seen)
+    assert runs[1] == runs[0]

@@ -43,6 +43,9 @@ def _randperm_stock() -> bool:
     return torch_function_own("randperm") and tensor_methods_own(("tolist",))
 
 
+Chunk = np.ndarray | list[int] | range
+
+
 def _random_chunks(sampler: RandomSampler) -> Iterator[np.ndarray | list[int]]:
     n = len(sampler.data_source)  # type: ignore[arg-type]
     generator = sampler.generator
@@ -72,21 +75,22 @@ def _as_list(part: np.ndarray | range | list[int]) -> list[int]:
     return part.tolist() if type(part) is np.ndarray else list(part)
 
 
-def _batches(
-    chunks: Iterator[np.ndarray | list[int]] | Iterator[range], size: int, drop_last: bool
-) -> Iterator[list[int]]:
+def _batches(chunks: Iterator[Chunk], sampler: BatchSampler) -> Iterator[list[int]]:
     # Chunks stay arrays (or ranges) and only each batch becomes a list: a whole epoch as
     # Python ints would be ~36 bytes per sample in the main process (72 MiB for 2M samples).
-    # Within a chunk the batches come from C iterators (slices mapped to lists): no Python
-    # frame runs per batch, only once per chunk (usually once an epoch), where a batch that
-    # spans two chunks is joined. Chunks are drawn at the same moments as before: the next
-    # one when the last batch of this one has been taken.
-    return itertools.chain.from_iterable(_per_chunk(chunks, size, drop_last))
+    # Chunks are drawn at the same moments as torch's: the next one when an index past this
+    # one is asked for. drop_last and batch_size are read at the first next(), as torch's
+    # generator reads them.
+    if sampler.drop_last:
+        # torch's zip(*[it] * batch_size) fixes the size for the epoch; within a chunk the
+        # batches come from C iterators (slices mapped to lists): no Python loop per batch.
+        yield from itertools.chain.from_iterable(_per_chunk(chunks, sampler.batch_size))
+    else:
+        yield from _resizable(chunks, sampler)
 
 
-def _per_chunk(
-    chunks: Iterator[np.ndarray | list[int]] | Iterator[range], size: int, drop_last: bool
-) -> Iterator[Iterator[list[int]]]:
+def _per_chunk(chunks: Iterator[Chunk], size: int) -> Iterator[Iterator[list[int]]]:
+    """drop_last=True: full batches only."""
     carry: list[int] = []
     for chunk in chunks:
         if carry:
@@ -103,8 +107,43 @@ def _per_chunk(
         yield map(to_list, map(chunk.__getitem__,
                                map(slice, range(0, full, size), range(size, full + 1, size))))
         carry = _as_list(chunk[full:])
-    if carry and not drop_last:
-        yield iter((carry,))
+
+
+def _resizable(chunks: Iterator[Chunk], sampler: BatchSampler) -> Iterator[list[int]]:
+    """drop_last=False: torch's loop reads ``batch_size`` again for every batch, so a program
+    that changes it mid-epoch gets batches of the new size from the next one on. Each batch
+    is still one slice of a chunk; once the size changed, the rest is torch's own loop
+    (``islice`` of the remaining indices), whatever size the program set."""
+    size = sampler.batch_size
+    carry: list[int] = []
+    for chunk in chunks:
+        to_list: Any = np.ndarray.tolist if type(chunk) is np.ndarray else list
+        pos, end = 0, len(chunk)
+        while True:
+            if sampler.batch_size != size:
+                rest = itertools.chain(carry, _as_list(chunk[pos:]),
+                                       itertools.chain.from_iterable(map(_as_list, chunks)))
+                batch = [*itertools.islice(rest, sampler.batch_size)]
+                while batch:
+                    yield batch
+                    batch = [*itertools.islice(rest, sampler.batch_size)]
+                return
+            if carry:  # a batch across two chunks
+                take = min(size - len(carry), end - pos)
+                carry.extend(_as_list(chunk[pos:pos + take]))
+                pos += take
+                if len(carry) < size:
+                    break
+                batch, carry = carry, []
+                yield batch
+            elif pos + size <= end:
+                yield to_list(chunk[pos:pos + size])
+                pos += size
+            else:
+                carry = _as_list(chunk[pos:])
+                break
+    if carry:
+        yield carry
 
 
 def draws_unseen_by_workers(index_sampler: Any) -> bool:
@@ -128,7 +167,7 @@ def fast_iter(index_sampler: Any) -> Iterator[list[int]] | None:
     if type(index_sampler) is not BatchSampler or not _stock(BatchSampler):
         return None
     inner = index_sampler.sampler
-    chunks: Iterator[np.ndarray | list[int]] | Iterator[range]
+    chunks: Iterator[Chunk]
     if (type(inner) is RandomSampler and not inner.replacement and _stock(RandomSampler)
             and _randperm_stock()):
         chunks = _random_chunks(inner)
@@ -136,4 +175,4 @@ def fast_iter(index_sampler: Any) -> Iterator[list[int]] | None:
         chunks = _sequential_chunks(inner)
     else:
         return None
-    return _batches(chunks, index_sampler.batch_size, index_sampler.drop_last)
+    return _batches(chunks, index_sampler)
