@@ -44,12 +44,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "RuntimeError('StopIteration raised by the map-style dataset (or collate_fn) ...'). "
         "Masked: no StopIteration from map-style datasets and their collate_fn."
     ),
-    "num_workers_raised_later": (
-        "loader = DataLoader(ds); loader.num_workers = 1; next(iter(loader)) (prefetch_factor "
-        "left None by the constructor): both raise TypeError, torch \"'<=' not supported "
-        "between instances of 'NoneType' and 'int'\", stoker \"'>' not supported ...\". "
-        "Masked: num_workers is not raised from 0 between epochs."
-    ),
 }
 
 

@@ -370,10 +370,7 @@ def plans(draw: Any) -> Plan:
     persistent = draw(st.sampled_from((None, False, True))) if num_workers else None
     num_workers_op = None
     if in_order is None and rarely(draw, 5):
-        low = 0
-        high = 0 if not num_workers and masked("num_workers_raised_later") else 2
-        if low <= high:
-            num_workers_op = draw(st.integers(low, high))
+        num_workers_op = draw(st.integers(0, 2))
     how = "plain"
     if style != "iter":
         how = draw(st.sampled_from(("plain", "plain", "sampler", "batch_sampler")))

@@ -162,7 +162,9 @@ class ProcessIterator(Dispatch, torch_dataloader._MultiProcessingDataLoaderIter)
         return not draws_unseen_by_workers(plan.index_sampler)
 
     def _check_before_reiter(self, plan: Plan) -> None:
-        if not plan.prefetch_factor > 0:  # type: ignore[operator]  # torch's check and message, where torch makes it
+        # torch's check, its comparison (None, left by a constructor without workers, fails
+        # with torch's TypeError) and its message, where torch makes it
+        if plan.prefetch_factor <= 0:  # type: ignore[operator]
             raise AssertionError(
                 "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
 
