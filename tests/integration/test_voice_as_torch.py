@@ -312,3 +312,14 @@ def test_an_iterator_that_failed_half_built_says_what_torchs_says(loader_name, m
     address = re.compile(r"0x[0-9a-f]+")
     assert (got.stdout, address.sub("0x", got.stderr)) == (
         expected.stdout, address.sub("0x", expected.stderr))
+
+
+def test_a_loop_in_a_daemon_thread_still_waiting_at_exit_says_nothing(loader_name):
+    """The main thread ends while a daemon thread's loop waits for a batch: torch's thread never
+    wakes before the process is gone, so nothing is printed and the exit code is 0 (found by a
+    sweep: stoker's woke as its worker was ended and printed its WorkerDiedError; NOTE [ A
+    daemon thread's loader at exit ])."""
+    expected = run_probe("torch", "_daemon_thread_at_exit_script.py")
+    assert expected.stdout == "main done\n", expected.stdout
+    got = run_probe(loader_name, "_daemon_thread_at_exit_script.py")
+    assert (got.stdout, got.stderr) == (expected.stdout, expected.stderr)

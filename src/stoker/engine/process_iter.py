@@ -24,6 +24,7 @@ worker's ``set_epoch`` with every new epoch (``Reset``). Others are left as torc
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from typing import Any
@@ -38,6 +39,7 @@ from stoker._core.dataset_hooks import (
     provided,
 )
 from stoker._core.plan import Plan
+from stoker._core.process_exit import at_exit
 from stoker._core.torch_modes import unseen
 from stoker.engine.cuda_safety import safe_context
 from stoker.engine.dispatch import Dispatch
@@ -229,7 +231,21 @@ class ProcessIterator(Dispatch, torch_dataloader._MultiProcessingDataLoaderIter)
             if not self._book.outstanding():
                 self._end_epoch()
                 raise StopIteration
-            self._receive()
+            try:
+                self._receive()
+            except Exception:
+                if at_exit():  # NOTE [ A daemon thread's loader at exit ]
+                    threading.Event().wait()
+                raise
+
+    # NOTE [ A daemon thread's loader at exit ]
+    # A loop in a daemon thread may still wait for a batch when the program's last line has
+    # run. At exit the workers are ended (NOTE [ Workers at interpreter exit ]), and torch's
+    # thread, blocked on its queue, never wakes before the process is gone: nothing printed,
+    # exit code 0. stoker's would wake at once, its worker's socket closed, and raise (a
+    # WorkerDiedError, a closed handle) into threading's excepthook, which prints it. So an
+    # error while waiting, once the interpreter is at exit (only a daemon thread still runs
+    # Python then), parks the thread instead, as torch's is parked.
 
     def _send_large_releases(self) -> None:
         """NOTE [ Slabs come back before the next task ] in ``engine.worker_group``."""
