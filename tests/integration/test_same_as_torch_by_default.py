@@ -798,17 +798,21 @@ class FinalisedSampler(Finalised, torch.utils.data.Sampler):
         return 4
 
 
-# found by a sweep: stoker's engine state held the dataset past the loader's own attribute, so
-# the program's objects went in another order (NOTE [ What the loader lets go of first ])
+# found by sweeps: stoker's engine state held the dataset past the loader's own attribute, so
+# the program's objects went in another order (NOTE [ What the loader lets go of first ]); a
+# persistent iterator, the last to hold them, let go of them in the reverse of torch's order
+# (NOTE [ What the iterator lets go of ])
+@pytest.mark.parametrize("workers", [{}, {"num_workers": 1, "persistent_workers": True}],
+                         ids=["no_workers", "persistent"])
 @pytest.mark.parametrize("iterated", [False, True])
 def test_a_deleted_loader_lets_go_of_the_programs_objects_in_torchs_order(
-        Loader, TorchLoader, iterated):
+        Loader, TorchLoader, iterated, workers):
     def script(cls: type) -> list:
         gone: list[str] = []
         loader = cls(FinalisedDataset("dataset", gone), batch_size=2,
                      collate_fn=FinalisedCollate("collate_fn", gone),
                      sampler=FinalisedSampler("sampler", gone),
-                     worker_init_fn=FinalisedInit("worker_init_fn", gone))
+                     worker_init_fn=FinalisedInit("worker_init_fn", gone), **workers)
         if iterated:
             for _batch in loader:
                 pass

@@ -132,6 +132,23 @@ class BaseIterator(torch_dataloader._BaseDataLoaderIter):
     def __iter__(self) -> BaseIterator:
         return self
 
+    # NOTE [ What the iterator lets go of ]
+    # An iterator that dies (a persistent loader deleted: the loader lets go of its objects
+    # first, its iterator holds them last) frees the program's objects in the order torch's
+    # iterator holds them in its attributes: the dataset, the index sampler, collate_fn, the
+    # sampler's iterator, worker_init_fn. A finalizer (``__del__``, ``weakref.finalize``) of
+    # the program's then runs in torch's order. stoker's iterator holds them through its own
+    # parts (the plan, the fetch spec, the cursor, the engine state), in another order: so it
+    # keeps them aside, drops its parts, then lets go of them one by one.
+
+    def _let_go_in_order(self, *held: Any) -> None:
+        """Drop every attribute, then ``held`` from first to last (NOTE [ What the iterator
+        lets go of ]). Only from ``__del__``: the iterator is unusable afterwards."""
+        keep = list(held)
+        self.__dict__.clear()
+        while keep:
+            del keep[0]
+
     def _reiter_later(self, plan: Plan) -> bool:
         """Whether the second ``iter(sampler)`` waits for ``cursor.reiter`` (NOTE [ The
         sampler's second pass ] in ``engine.cursor``)."""

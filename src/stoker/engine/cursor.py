@@ -293,6 +293,11 @@ class EpochCursor:
     # workers get a task as soon as they are forked (NOTE [ Tasks before the next fork ]:
     # torch's own batch samplers, whose iter() runs no code) is it made before them.
 
+    @property
+    def sampler_iter(self) -> Any:
+        """The epoch's iterator over the index sampler (torch's ``_sampler_iter``)."""
+        return self.__dict__.get("_sampler_iter")
+
     def reiter(self) -> None:
         """The second ``iter(sampler)`` of a worker iterator's first epoch, if it waits."""
         if not self._reiter_pending:

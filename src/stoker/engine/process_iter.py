@@ -464,6 +464,14 @@ class ProcessIterator(Dispatch, torch_dataloader._MultiProcessingDataLoaderIter)
         # not torch's: the finalizer stops the workers, also when __init__ failed
         if self.__dict__.get("_half_built"):
             object.__new__(torch_dataloader._MultiProcessingDataLoaderIter)
+            return
+        finalizer = self.__dict__.get("_finalizer")
+        if finalizer is not None:
+            finalizer()  # the workers stop first, as torch's __del__ shuts them down first
+            plan = self._plan
+            # NOTE [ What the iterator lets go of ]: torch's attributes' order
+            self._let_go_in_order(plan.dataset, plan.index_sampler, plan.fetch.collate_fn,
+                                  self._cursor.sampler_iter, plan.worker_init_fn)
 
     @property
     def _workers(self) -> list[WorkerProcess]:  # type: ignore[override]
