@@ -3,7 +3,9 @@ differently (issue 30). Module level so that workers can unpickle them."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 from typing import Any
 
@@ -146,3 +148,16 @@ class ReadsSampler(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> tuple:
         return i, getattr(self.sampler, "passes", -1), float(np.random.rand())
+
+
+class CtrlCAtThird(torch.utils.data.Dataset):
+    """A Ctrl-C reaches the worker loading sample 2 (SIGINT to itself): it ends quietly, exit
+    code 0, after sending the batches before it."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        if i == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return i

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import multiprocessing
 import random
 from typing import Any
 
@@ -19,6 +20,7 @@ from _default_datasets import (
     Arrays,
     CountingBatchSampler,
     CountingSampler,
+    CtrlCAtThird,
     Noisy,
     Paths,
     ReadsSampler,
@@ -869,3 +871,25 @@ def test_workers_start_from_the_state_before_the_samplers_second_pass(
 
     _both(Loader, TorchLoader, script)
 
+
+
+def _as_is(batch: list) -> list:
+    return batch
+
+
+# found by a sweep: a worker that exited with code 0 (a Ctrl-C reached it) had sent a batch
+# that stoker dropped, raising as it sent the next task; torch's loop hands it out and raises
+# at the wait after it (NOTE [ A worker that exited with code 0 ])
+def test_a_batch_sent_before_a_worker_exited_with_0_is_handed_out(Loader, TorchLoader):
+    def script(cls: type) -> list:
+        it = iter(cls(CtrlCAtThird(), num_workers=1, collate_fn=_as_is))
+        got = [next(it)]  # the worker has batch 1 sent, sample 2 next
+        for worker in multiprocessing.active_children():
+            worker.join(120)  # gone (a hang guard, not a timing)
+        assert not multiprocessing.active_children()
+        with pytest.raises(RuntimeError, match="exited unexpectedly"):
+            for _ in range(3):
+                got.append(next(it))
+        return got
+
+    _both(Loader, TorchLoader, script)

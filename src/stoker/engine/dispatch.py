@@ -70,7 +70,7 @@ class Dispatch(BaseIterator):
         try:
             msg.send(w.conn, message)
         except OSError:  # EPIPE/ECONNRESET: it died since the last poll; report the death
-            self._deaths.lost(self._book, w, self._file_reply)
+            self._deaths.lost(self._book, w, self._file_reply, waiting=False)
 
     def _let_idle_workers_go(self) -> None:
         """A non-persistent worker whose iterable ended exits now, as torch tells it to (its

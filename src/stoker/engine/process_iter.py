@@ -206,6 +206,9 @@ class ProcessIterator(Dispatch, torch_dataloader._MultiProcessingDataLoaderIter)
                                               _dataset_epoch(self._dataset)))
         self._init_dispatch()
         self._fill()
+        # torch's _reset waits for every worker's answer: a dead one is raised here, at iter()
+        # (a failed send leaves it to the next wait: NOTE [ A worker that exited with code 0 ])
+        self._deaths.check(self._book, self._file_reply)
 
     # -- receiving ---------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 from stoker.engine.task_book import TaskBook
 from stoker.engine.worker_group import WorkerGroup
@@ -104,10 +104,13 @@ class DeathWatch:
         """Raise ``WorkerDiedError`` if any worker has exited unasked."""
         check_workers_alive(self, book, file_reply)
 
-    def lost(self, book: TaskBook, w: Any, file_reply: FileReply) -> NoReturn:
-        """A worker's socket broke: it died mid-reply. Wait for its exit status, report it."""
+    def lost(self, book: TaskBook, w: Any, file_reply: FileReply, waiting: bool = True) -> None:
+        """A worker's socket broke: it died mid-reply. Wait for its exit status, report it
+        (not while sending, ``waiting=False``, nor while the next batch is in, for a worker
+        that exited with 0: NOTE [ A worker that exited with code 0 ])."""
         w.process.join(1.0)
-        check_workers_alive(self, book, file_reply)
+        if check_workers_alive(self, book, file_reply, waiting):
+            return
         self.stop()
         raise WorkerDiedError(
             f"DataLoader worker {w.worker_id} (pid {w.pid}) closed its connection without "
@@ -115,15 +118,33 @@ class DeathWatch:
         )
 
 
-def check_workers_alive(watch: DeathWatch, book: TaskBook, file_reply: FileReply) -> None:
+# NOTE [ A worker that exited with code 0 ]
+# torch learns of a dead worker two ways: its SIGCHLD handler raises at once, in whatever the
+# main thread runs, for a worker killed by a signal or exited with another code than 0; a
+# worker that exited with 0 (a Ctrl-C that reached it, sys.exit() in the dataset) is only
+# found when the loop has waited for data and none came (a task put on its queue meanwhile
+# goes nowhere, silently), so the batches it sent before go out first. stoker finds a death at
+# its next wait or at a failed send; where the dead workers all exited with 0, their replies
+# are filed and, while sending or while the batch to hand out next is in, the death waits: it
+# is raised at the first wait for a batch that does not come, as torch's loop raises it.
+
+
+def check_workers_alive(watch: DeathWatch, book: TaskBook, file_reply: FileReply,
+                        waiting: bool = True) -> bool:
+    """Raise ``WorkerDiedError`` if a worker exited unasked; True (no raise) where torch's loop
+    would not raise yet: not ``waiting`` for a batch (a task being sent), or the next batch
+    in to hand out (NOTE [ A worker that exited with code 0 ])."""
     group = watch.group
     dead = [w for w in group.workers if w.process.exitcode is not None and not w.stop_sent]
     if not dead:
-        return
-    lines = []
+        return False
     for w in dead:
         for reply in group.drain(w):  # it may have replied before dying; keep those
             file_reply(w, reply)
+    if all(w.process.exitcode == 0 for w in dead) and (not waiting or book.awaited_ready()):
+        return True
+    lines = []
+    for w in dead:
         held = book.held_by_worker().get(w.worker_id, [])
         what = describe_indices([j for i in held for j in (i if isinstance(i, list) else [i])])
         line = _describe_exit(w) + (f", loading {what}." if held else ".")
