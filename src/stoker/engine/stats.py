@@ -121,20 +121,19 @@ class CallingThreadClock:
         self.tid = 0
         self.total_at_start: tuple[float, float] | None = None
         self.process_queued_at_start: float | None = None
-        # NOTE [ The sampled queue has a floor ]: the span's start (wall, queued) and, at the
-        # last sampled call, its end (wall, queued, time in next() so far).
-        self._span_start: tuple[float, float] | None = None
+        # NOTE [ The sampled queue has a floor ]: when the span starts (its queue is
+        # total_at_start's) and, at the last sampled call, its end (wall, queued, time in
+        # next() so far).
+        self._span_start_at = 0.0
         self._span_end: tuple[float, float, float] | None = None
-        self._wait_s = 0.0  # time in next() so far, this clock's own count
 
     def enter(self, now: float) -> None:
         if not self.tid:  # the first call: where the thread-mode figures start
             self.tid = threading.get_native_id()
-            at = time.perf_counter()  # before the read: a queue at its return is in the span
+            # before the read: a queue at its return is in the span
+            self._span_start_at = time.perf_counter()
             self.total_at_start = read_schedstat()
             self.process_queued_at_start = process_queued_s()
-            if self.total_at_start is not None:
-                self._span_start = (at, self.total_at_start[1])
         self._start = None
         self._calls += 1
         if self.measured and self._calls >= self._stride:
@@ -145,8 +144,9 @@ class CallingThreadClock:
             else:  # CPU from the thread clock: schedstat's lags by up to a scheduler tick
                 self._start = (at, time.thread_time(), got[1])
 
-    def leave(self, entered_at: float, now: float) -> None:
-        self._wait_s += now - entered_at
+    def leave(self, now: float, waited_s: float) -> None:
+        """The call ends at ``now``; ``waited_s``: the time in ``next()`` so far, this call's
+        included."""
         start, self._start = self._start, None
         if start is None:
             return
@@ -162,7 +162,7 @@ class CallingThreadClock:
         self.sampled_cpu_s += max(0.0, cpu - start[1])
         self.sampled_queued_s += max(0.0, got[1] - start[2])
         if threading.get_native_id() == self.tid:  # a call from another thread ends no span
-            self._span_end = (ended, got[1], self._wait_s)
+            self._span_end = (ended, got[1], waited_s)
         if self._last_sample_at:
             period = (now - self._last_sample_at) / self._calls
             self._stride = max(1, min(10_000, round(SAMPLE_EVERY_S / max(period, 1e-7))))
@@ -181,11 +181,11 @@ class CallingThreadClock:
         """Seconds the thread must have been queued inside ``next()``: its queue over the
         span from the first call to the last sampled one, less the span's time outside
         ``next()`` (NOTE [ The sampled queue has a floor ])."""
-        if self._span_start is None or self._span_end is None:
+        if self.total_at_start is None or self._span_end is None:
             return 0.0
-        (t0, q0), (t1, q1, waited) = self._span_start, self._span_end
-        outside = max(0.0, (t1 - t0) - waited)
-        return max(0.0, (q1 - q0) - outside)
+        t1, q1, waited = self._span_end
+        outside = max(0.0, (t1 - self._span_start_at) - waited)
+        return max(0.0, (q1 - self.total_at_start[1]) - outside)
 
     def other_threads_queued_s(self) -> float:
         """Queued time of this process's other live threads since the first ``next()``
@@ -270,9 +270,9 @@ class StatsAccumulator:
 
     def left_next(self, entered_at: float, data: Any) -> None:
         now = time.perf_counter()
-        self.clock.leave(entered_at, now)
-        samples = batch_samples(data)
         self.wait_s += now - entered_at
+        self.clock.leave(now, self.wait_s)
+        samples = batch_samples(data)
         self._left_next_at = now
         self.batches += 1
         self.samples += samples
