@@ -155,3 +155,21 @@ def test_a_batch_size_changed_mid_epoch_is_read_as_torch_reads_it(drop_last, at,
                 sampler.batch_size = new_size
         runs.append(seen)
     assert runs[1] == runs[0]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("size", [0, -1, 2.0])
+def test_a_batch_size_the_constructor_would_refuse_set_before_the_first_batch(drop_last, size):
+    """Set after the constructor checked it: torch's loop reads it as it is (0 ends the epoch
+    at once, -1 raises from islice or zip, a float raises), and so does the fast path."""
+    runs = []
+    for fast in (False, True):
+        sampler = BatchSampler(SequentialSampler(range(10)), 3, drop_last)
+        it = fast_iter(sampler) if fast else iter(sampler)
+        assert it is not None
+        sampler.batch_size = size
+        try:
+            runs.append(("batches", list(itertools.islice(it, 20))))
+        except Exception as exc:
+            runs.append((type(exc).__name__, str(exc)))
+    assert runs[1] == runs[0]

@@ -76,51 +76,27 @@ def _as_list(part: np.ndarray | range | list[int]) -> list[int]:
 
 
 def _batches(chunks: Iterator[Chunk], sampler: BatchSampler) -> Iterator[list[int]]:
-    # Chunks stay arrays (or ranges) and only each batch becomes a list: a whole epoch as
-    # Python ints would be ~36 bytes per sample in the main process (72 MiB for 2M samples).
-    # Chunks are drawn at the same moments as torch's: the next one when an index past this
-    # one is asked for. drop_last and batch_size are read at the first next(), as torch's
-    # generator reads them.
-    if sampler.drop_last:
-        # torch's zip(*[it] * batch_size) fixes the size for the epoch; within a chunk the
-        # batches come from C iterators (slices mapped to lists): no Python loop per batch.
-        yield from itertools.chain.from_iterable(_per_chunk(chunks, sampler.batch_size))
-    else:
-        yield from _resizable(chunks, sampler)
+    """torch's ``BatchSampler.__iter__`` over ``chunks``, each batch one slice of a chunk.
 
-
-def _per_chunk(chunks: Iterator[Chunk], size: int) -> Iterator[Iterator[list[int]]]:
-    """drop_last=True: full batches only."""
-    carry: list[int] = []
-    for chunk in chunks:
-        if carry:
-            need = size - len(carry)
-            carry.extend(_as_list(chunk[:need]))
-            chunk = chunk[need:]
-            if len(carry) < size:
-                continue
-            yield iter((carry,))
-            carry = []
-        full = len(chunk) - len(chunk) % size
-        # _as_list's choice, made once per chunk: calling it per batch is the frame avoided
-        to_list: Any = np.ndarray.tolist if type(chunk) is np.ndarray else list
-        yield map(to_list, map(chunk.__getitem__,
-                               map(slice, range(0, full, size), range(size, full + 1, size))))
-        carry = _as_list(chunk[full:])
-
-
-def _resizable(chunks: Iterator[Chunk], sampler: BatchSampler) -> Iterator[list[int]]:
-    """drop_last=False: torch's loop reads ``batch_size`` again for every batch, so a program
-    that changes it mid-epoch gets batches of the new size from the next one on. Each batch
-    is still one slice of a chunk; once the size changed, the rest is torch's own loop
-    (``islice`` of the remaining indices), whatever size the program set."""
-    size = sampler.batch_size
+    Chunks stay arrays (or ranges) and only each batch becomes a list: a whole epoch as Python
+    ints would be ~36 bytes per sample in the main process (72 MiB for 2M samples). Chunks are
+    drawn at the same moments as torch's: the next one when an index past this one is asked
+    for. ``drop_last`` and ``batch_size`` are read at the first ``next()``, as torch's
+    generator reads them. With ``drop_last`` torch's ``zip(*[it] * batch_size)`` fixes the size
+    for the epoch and drops a last short batch; without it, torch's loop reads ``batch_size``
+    again for every batch, so a program that changes it mid-epoch gets batches of the new size
+    from the next one on: once it changed, the rest is torch's own loop (``islice`` of the
+    remaining indices), whatever size the program set."""
+    drop_last, size = sampler.drop_last, sampler.batch_size
+    if type(size) is not int or size <= 0:  # set so after the constructor checked it
+        yield from BatchSampler.__iter__(sampler)  # torch's own loop reads it as it does
+        return
     carry: list[int] = []
     for chunk in chunks:
         to_list: Any = np.ndarray.tolist if type(chunk) is np.ndarray else list
         pos, end = 0, len(chunk)
         while True:
-            if sampler.batch_size != size:
+            if not drop_last and sampler.batch_size != size:
                 rest = itertools.chain(carry, _as_list(chunk[pos:]),
                                        itertools.chain.from_iterable(map(_as_list, chunks)))
                 batch = [*itertools.islice(rest, sampler.batch_size)]
@@ -142,7 +118,7 @@ def _resizable(chunks: Iterator[Chunk], sampler: BatchSampler) -> Iterator[list[
             else:
                 carry = _as_list(chunk[pos:])
                 break
-    if carry:
+    if carry and not drop_last:
         yield carry
 
 
