@@ -323,3 +323,18 @@ def test_a_loop_in_a_daemon_thread_still_waiting_at_exit_says_nothing(loader_nam
     assert expected.stdout == "main done\n", expected.stdout
     got = run_probe(loader_name, "_daemon_thread_at_exit_script.py")
     assert (got.stdout, got.stderr) == (expected.stdout, expected.stderr)
+
+
+@pytest.mark.parametrize("mode", ["ignored", "stack"])
+def test_a_stream_left_early_is_closed_in_torchs_frame(loader_name, mode):
+    """A persistent worker's new epoch closes the generator the loop left early in torch's
+    ``_worker_loop`` frame, at its line that makes the new fetcher: Python's report of a
+    generator that ignored GeneratorExit quotes that line, and a ``finally`` that reads the
+    stack sees that frame (found by a sweep: stoker's lifecycle frame; NOTE [ The old
+    fetcher goes ])."""
+    expected = run_probe("torch", "_generator_closed_script.py", mode)
+    assert "_worker_loop" in expected.stdout + expected.stderr, expected
+    got = run_probe(loader_name, "_generator_closed_script.py", mode)
+    address = re.compile(r"0x[0-9a-f]+")
+    assert (got.stdout, address.sub("0x", got.stderr)) == (
+        expected.stdout, address.sub("0x", expected.stderr))

@@ -68,12 +68,14 @@ _STOKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.s
 class TorchSite:
     """Where in torch's ``module`` (``torch/utils/data/dataloader.py`` unless named) a warning
     is attributed: the call to ``call`` (a method or function name) inside ``owner.function``
-    (``function`` alone where ``owner`` is "": a module-level function)."""
+    (``function`` alone where ``owner`` is "": a module-level function), on the
+    ``occurrence``-th line that calls it there."""
 
     owner: str
     function: str
     call: str
     module: str = "torch.utils.data.dataloader"
+    occurrence: int = 1
 
 
 # The frame torch's ``warnings.warn(..., stacklevel=2)`` lands in, for each of its sites.
@@ -87,6 +89,8 @@ NEXT_INDEX = TorchSite("_BaseDataLoaderIter", "_next_index", "next")
 _WORKER = "torch.utils.data._utils.worker"
 FETCH_IN_WORKER = TorchSite("", "_worker_loop", "fetch", _WORKER)
 INIT_IN_WORKER = TorchSite("", "_worker_loop", "init_fn", _WORKER)
+# a persistent worker's new epoch: ``fetcher = _DatasetKind.create_fetcher(`` in its loop
+RENEW_FETCHER_IN_WORKER = TorchSite("", "_worker_loop", "create_fetcher", _WORKER, occurrence=2)
 # ``at_torch_call``'s arguments for each call site, the same everywhere (one cached function)
 FETCH_IN_MAIN_CALL = (FETCH_IN_MAIN, "self, index", "data")
 NEXT_INDEX_CALL = (NEXT_INDEX, "self", "")
@@ -109,17 +113,17 @@ def _function(site: TorchSite) -> types.FunctionType:
 
 @functools.cache
 def call_line(site: TorchSite) -> int | None:
-    """The line of ``site``'s call in torch's function: the first instruction that loads the
-    name ``call`` on a line of torch's source that calls it (``call(``); None when this torch
-    has no such call there (another release) or no source. Read from the function's
-    bytecode one instruction at a time, not by parsing its file: a worker that looks its
-    sites up allocates next to nothing, so the garbage collector runs in it when it would
-    under torch."""
+    """The line of ``site``'s call in torch's function: an instruction that loads the name
+    ``call`` on a line of torch's source that calls it (``call(``), on the ``occurrence``-th
+    such line; None when this torch has no such call there (another release) or no source.
+    Read from the function's bytecode one instruction at a time, not by parsing its file: a
+    worker that looks its sites up allocates next to nothing, so the garbage collector runs in
+    it when it would under torch."""
     try:
         code = _function(site).__code__
     except AttributeError:
         return None
-    path, line = code.co_filename, None
+    path, line, found, counted = code.co_filename, None, 0, None
     for instruction in dis.get_instructions(code):
         positions = getattr(instruction, "positions", None)  # 3.11+; before, starts_line
         if positions is not None and positions.lineno is not None:
@@ -129,7 +133,10 @@ def call_line(site: TorchSite) -> int | None:
         if instruction.argval != site.call or not instruction.opname.startswith("LOAD_"):
             continue
         if line is not None and f"{site.call}(" in linecache.getline(path, line):
-            return int(line)
+            if line != counted:  # no set: nothing the collector counts is allocated
+                found, counted = found + 1, line
+            if found == site.occurrence:
+                return int(line)
     return None
 
 
@@ -192,6 +199,30 @@ def at_torch_call(site: TorchSite, params: str, result: str = "",
         compiled = compile(source, path, "exec")
     except SyntaxError:
         return None
+    code = next(c for c in compiled.co_consts if isinstance(c, types.CodeType))
+    return types.FunctionType(code, vars(_torch_module(site)), site.function)
+
+
+@functools.cache
+def at_torch_rebind(site: TorchSite, name: str) -> Callable[[list[Any]], Any] | None:
+    """A function of ``box`` (``[new, old]``) whose frame stands at ``site``, a line of
+    torch's that begins ``name = ``: it binds ``name`` to ``old``, then on torch's line (its
+    columns too) to ``new``, which it returns. So where nothing else holds ``old``, it goes at
+    torch's line in a frame of torch's function, and what it says going (a generator's
+    "Exception ignored in" report, a ``finally`` that reads the stack) reads as under torch.
+    None where this torch has no such line: the caller then binds plainly."""
+    line = call_line(site)
+    if line is None or line < 3:
+        return None
+    path = _filename(site)
+    text = linecache.getline(path, line)
+    indent = text[:len(text) - len(text.lstrip())]
+    if not text.lstrip().startswith(f"{name} = "):
+        return None
+    body = f"{indent}{name} = box.pop()\n"
+    source = ("\n" * (line - 3) + f"def {site.function}(box):\n" + body + body
+              + f"{indent}return {name}\n")
+    compiled = compile(source, path, "exec")
     code = next(c for c in compiled.co_consts if isinstance(c, types.CodeType))
     return types.FunctionType(code, vars(_torch_module(site)), site.function)
 

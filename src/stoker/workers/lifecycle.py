@@ -17,7 +17,9 @@ from stoker._core.specs import WorkerSpec
 from stoker._core.torch_voice import (
     FETCH_WITHOUT_FETCHER_CALL,
     INIT_IN_WORKER_CALL,
+    RENEW_FETCHER_IN_WORKER,
     at_torch_call,
+    at_torch_rebind,
 )
 from stoker.fastpaths.index_tensor import VectorProbe
 from stoker.fastpaths.torch_datasets import batched_for
@@ -127,11 +129,29 @@ def fetch_without_fetcher(indices: Any) -> None:
         "cannot access local variable 'fetcher' where it is not associated with a value")
 
 
+# NOTE [ The old fetcher goes ]
+# A persistent worker's new epoch replaces its fetcher, and with it the last epoch's
+# ``iter(dataset)``: a generator the loop left early is closed then, and its ``finally`` or
+# ``except GeneratorExit`` runs. torch's worker drops it at the line that makes the new fetcher
+# (``fetcher = _DatasetKind.create_fetcher(`` in ``_worker_loop``), after ``iter(dataset)`` of
+# the new one; what the generator says going (Python's "Exception ignored in" report of a
+# generator that ignored GeneratorExit, which quotes that line, a stack it reads) names torch's
+# frame. So the old fetcher is handed to a copy of that line (``at_torch_rebind``) and goes
+# there, after the new one is made, as under torch.
+
+
 def new_fetcher(st: WorkerState) -> None:
     """This epoch's fetcher (``iter(dataset)`` for an iterable); the first brings the tuner
     and the vectorised-fetch probe, which last the worker's life."""
     spec = st.spec
-    st.fetcher = make_fetcher(spec.fetch)
+    fetcher = make_fetcher(spec.fetch)
+    rebind = at_torch_rebind(RENEW_FETCHER_IN_WORKER, "fetcher")
+    if st.fetcher is None or rebind is None:
+        st.fetcher = fetcher
+    else:  # the last epoch's fetcher goes in torch's frame (NOTE [ The old fetcher goes ])
+        box = [fetcher, st.fetcher]
+        st.fetcher = None
+        st.fetcher = rebind(box)
     st.fetcher.sample_context = (spec.base_seed, st.epoch)
     if st.vector is None:
         st.vector = VectorProbe(spec.fetch.dataset, vectorisable(spec.fetch),
