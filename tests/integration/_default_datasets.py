@@ -161,3 +161,17 @@ class CtrlCAtThird(torch.utils.data.Dataset):
         if i == 2:
             os.kill(os.getpid(), signal.SIGINT)
         return i
+
+
+class BatchesByKey(torch.utils.data.Dataset):
+    """Whole batches by key: the batch sampler yields one key per batch (a shard id, not a
+    list of indices), which torch hands to ``__getitems__`` as it is; records its type."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        raise AssertionError("batches are read whole")
+
+    def __getitems__(self, key: Any) -> list:
+        return [type(key).__name__, repr(key)]

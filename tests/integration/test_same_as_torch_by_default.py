@@ -18,6 +18,7 @@ import pytest
 import torch
 from _default_datasets import (
     Arrays,
+    BatchesByKey,
     CountingBatchSampler,
     CountingSampler,
     CtrlCAtThird,
@@ -891,5 +892,40 @@ def test_a_batch_sent_before_a_worker_exited_with_0_is_handed_out(Loader, TorchL
             for _ in range(3):
                 got.append(next(it))
         return got
+
+    _both(Loader, TorchLoader, script)
+
+
+# found by a sweep: stoker read a batch's indices before calling __getitems__ (a tuple of them,
+# for stoker.sample_rng), so a batch sampler that yields one key per batch failed; the key is
+# torch's to hand over as it is, in the main process and in a worker
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_getitems_gets_the_batch_samplers_own_key(Loader, TorchLoader, num_workers):
+    def script(cls: type) -> list:
+        keys = [1, 3, np.int64(2), (0, 1), torch.tensor(2)]
+        if num_workers:  # a tensor key sent to a worker starts multiprocessing's resource
+            keys.pop()   # sharer thread, for the process's life: a leak to the leak check
+        loader = cls(BatchesByKey(), batch_sampler=keys, num_workers=num_workers,
+                     timeout=60 if num_workers else 0, collate_fn=_as_is)
+        return list(loader)
+
+    _both(Loader, TorchLoader, script)
+
+
+# found by a sweep: a batch sampler yielding ints for a plain dataset (a sampler passed as
+# batch_sampler) killed stoker's worker as it split the batch into samples; torch's fetcher
+# raises its TypeError, in the main process as in a worker
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("dataset", ["plain", "tensors"])
+def test_a_batch_that_is_not_iterable_fails_as_under_torch(
+        Loader, TorchLoader, num_workers, dataset):
+    def script(cls: type) -> list:
+        data = (list(range(8)) if dataset == "plain"
+                else torch.utils.data.TensorDataset(torch.arange(8.0)))
+        loader = cls(data, batch_sampler=[2, 3], num_workers=num_workers,
+                     timeout=60 if num_workers else 0)
+        with pytest.raises(TypeError) as raised:
+            next(iter(loader))
+        return [str(raised.value).splitlines()[-1].endswith("'int' object is not iterable")]
 
     _both(Loader, TorchLoader, script)

@@ -247,7 +247,7 @@ class MapFetcher:
     def samples(self, index: list[Any]) -> list[Any]:
         fetch = self._torch_fetch  # NOTE [ torch's fetchers call the dataset ]
         if self._getitems is not None:
-            self._mark(tuple(index))
+            self._mark(index, batch=True)
             return fetch(index)
         iterator = iter(index)
         try:  # NOTE [ The sample that raised ]
@@ -271,9 +271,16 @@ class MapFetcher:
         ctx.base, ctx.epoch = self.sample_context  # type: ignore[misc]
         return ctx
 
-    def _mark(self, index: Any) -> None:
-        if self.sample_context is not None:
-            self._publish().index = index
+    def _mark(self, index: Any, batch: bool = False) -> None:
+        """Publish the index of what is fetched now; a batch handed whole to ``__getitems__``
+        as a tuple of its indices, where reading them consumes nothing: the dataset gets the
+        very object the batch sampler yielded, as torch's fetcher gives it (a key of the
+        dataset's own, an iterator)."""
+        if self.sample_context is None:
+            return
+        if batch and isinstance(index, (list, tuple)):
+            index = tuple(index)
+        self._publish().index = index
 
     # NOTE [ Batches announced ]
     # A dataset defining stoker_prepare_batch(indices) sees each batch's indices before its

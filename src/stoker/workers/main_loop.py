@@ -215,7 +215,11 @@ class Worker:
         tuner, vector = st.tuner, st.vector
         assert tuner is not None and vector is not None
         st.fetcher.sample_context = (st.spec.base_seed, st.epoch)
-        if vector.adopted and self._run_batched(task_id, indices):
+        # A batch sampler's own batch object (a tensor, a key of the dataset's, a generator)
+        # goes whole to torch's fetcher, which reads it as torch's worker does; only lists and
+        # tuples are gathered at once or split into samples.
+        own_paths = type(indices) is list or type(indices) is tuple
+        if own_paths and vector.adopted and self._run_batched(task_id, indices):
             return  # no user code ran: nothing to seed
         if st.seed_per_batch:
             if st.spec.fetch.kind == "iterable":
@@ -228,11 +232,11 @@ class Worker:
             reseed(st.dataset_rngs, seed)
         # A call with a whole batch only pays for cheap CPU-bound samples: probe it once the
         # tuner has settled at one fetch at a time (an I/O-bound dataset is never called so).
-        if vector.probing and vector.wants_probe(
+        if own_paths and vector.probing and vector.wants_probe(
                 not tuner.exploring and tuner.concurrency == 1):  # settled at one
             self._run_probe(task_id, list(indices))
             return
-        if st.fetcher.splittable and (tuner.concurrency > 1 or tuner.exploring):
+        if own_paths and st.fetcher.splittable and (tuner.concurrency > 1 or tuner.exploring):
             try:  # sample by sample, not through gather: the dataset sees the batch here
                 st.fetcher.prepare_batch(indices)
             except Exception as exc:
