@@ -605,6 +605,38 @@ def test_warnings_from_the_sampler_and_worker_init_fn_are_attributed_as_torchs(
     _both(Loader, TorchLoader, script)
 
 
+class BatchesWarnAtIter(torch.utils.data.Sampler):
+    """A batch sampler whose ``__iter__`` is a plain function: it runs at ``iter()``, so a
+    warning one level up is attributed to the line of torch's loader that calls ``iter``."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[str]] = []
+
+    def __iter__(self):
+        self.seen.append(_warned_at(2))
+        return iter([[0, 1], [2, 3]])
+
+    def __len__(self) -> int:
+        return 2
+
+
+# found by a blind sweep: stoker called iter(batch_sampler) from its cursor, so such a warning
+# named stoker's file, and the once-per-location filter hid the second call's (torch makes it
+# from another line, its _reset's)
+@pytest.mark.parametrize("workers", ["none", "two", "persistent"])
+def test_a_warning_from_the_samplers_iter_is_attributed_as_torchs(Loader, TorchLoader, workers):
+    def script(cls: type) -> list:
+        sampler = BatchesWarnAtIter()
+        num_workers = 0 if workers == "none" else 2
+        loader = cls(InitWarnings(), batch_sampler=sampler, num_workers=num_workers,
+                     persistent_workers=workers == "persistent", collate_fn=_no_collate,
+                     timeout=60 if num_workers else 0)
+        epochs = [[batch for batch in loader] for _ in range(2)]
+        return [epochs, sampler.seen]
+
+    _both(Loader, TorchLoader, script)
+
+
 class HoldsALock(torch.utils.data.Dataset):
     def __init__(self) -> None:
         import threading

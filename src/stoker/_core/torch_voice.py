@@ -86,6 +86,9 @@ PICKLE_ERROR_AT_START = TorchSite("DataLoader", "_get_iterator", "_MultiProcessi
 # torch's calls into the program's code (NOTE [ torch's fetchers call the dataset ])
 FETCH_IN_MAIN = TorchSite("_SingleProcessDataLoaderIter", "_next_data", "fetch")
 NEXT_INDEX = TorchSite("_BaseDataLoaderIter", "_next_index", "next")
+# ``self._sampler_iter = iter(self._index_sampler)``: a new iterator's, then each ``_reset``'s
+SAMPLER_ITER_AT_INIT = TorchSite("_BaseDataLoaderIter", "__init__", "iter")
+SAMPLER_ITER_AT_RESET = TorchSite("_BaseDataLoaderIter", "_reset", "iter")
 _WORKER = "torch.utils.data._utils.worker"
 FETCH_IN_WORKER = TorchSite("", "_worker_loop", "fetch", _WORKER)
 INIT_IN_WORKER = TorchSite("", "_worker_loop", "init_fn", _WORKER)
@@ -94,6 +97,8 @@ RENEW_FETCHER_IN_WORKER = TorchSite("", "_worker_loop", "create_fetcher", _WORKE
 # ``at_torch_call``'s arguments for each call site, the same everywhere (one cached function)
 FETCH_IN_MAIN_CALL = (FETCH_IN_MAIN, "self, index", "data")
 NEXT_INDEX_CALL = (NEXT_INDEX, "self", "")
+SAMPLER_ITER_AT_INIT_CALL = (SAMPLER_ITER_AT_INIT, "self", "self._sampler_iter")
+SAMPLER_ITER_AT_RESET_CALL = (SAMPLER_ITER_AT_RESET, "self", "self._sampler_iter")
 FETCH_IN_WORKER_CALL = (FETCH_IN_WORKER, "fetcher, index", "data")
 INIT_IN_WORKER_CALL = (INIT_IN_WORKER, "init_fn, worker_id", "")
 # torch's fetch line in a worker whose worker_init_fn raised: ``fetcher`` was never bound, and
@@ -178,12 +183,12 @@ def at_torch_call(site: TorchSite, params: str, result: str = "",
                   unbound: str = "") -> Callable[..., Any] | None:
     """A function of ``params`` whose body is torch's own line at ``site``, copied from
     torch's source (its columns too, so a traceback's carets fall where they do under torch),
-    returning ``result`` (a name the line binds) if given: a frame of it is the frame torch's
-    call runs in (file, line, function name, torch's module globals), to ``warnings`` and to
-    tracebacks (NOTE [ torch's fetchers call the dataset ]). ``unbound`` names a local the
-    line reads that is never bound (its read raises UnboundLocalError, as in torch's function
-    where the name was not assigned). None where this torch has no such line: the caller then
-    calls plainly."""
+    returning ``result`` (what the line binds: a name, ``self.<attribute>``) if given: a
+    frame of it is the frame torch's call runs in (file, line, function name, torch's module
+    globals), to ``warnings`` and to tracebacks (NOTE [ torch's fetchers call the dataset ]).
+    ``unbound`` names a local the line reads that is never bound (its read raises
+    UnboundLocalError, as in torch's function where the name was not assigned). None where
+    this torch has no such line: the caller then calls plainly."""
     line = call_line(site)
     if line is None or line < 2:
         return None

@@ -36,7 +36,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stoker._core.plan import Plan
-from stoker._core.torch_voice import NEXT_INDEX_CALL, at_torch_call
+from stoker._core.torch_voice import (
+    NEXT_INDEX_CALL,
+    SAMPLER_ITER_AT_INIT_CALL,
+    SAMPLER_ITER_AT_RESET_CALL,
+    at_torch_call,
+)
 from stoker.sampling.datapipes import draw_shared_seed, is_iter_datapipe, seed_group
 from stoker.sampling.fast_batches import fast_iter
 from stoker.sampling.rng_state import RngSnapshot
@@ -242,7 +247,8 @@ class EpochCursor:
                 self._stateful.load_state_dict(loaded)
             if datapipe and first:
                 self.datapipe_seed = draw_shared_seed(self._generator, self._seed_group)
-            self._sampler_iter = self._iter_sampler()
+            self._sampler_iter = self._iter_sampler(SAMPLER_ITER_AT_INIT_CALL if first
+                                                    else SAMPLER_ITER_AT_RESET_CALL)
             if drew:
                 self.base_seed = draw_base_seed(self._generator)
             elif resume:
@@ -254,7 +260,7 @@ class EpochCursor:
                 else:
                     if loaded is not None:  # a sampler whose iter() takes the position at once
                         self._stateful.load_state_dict(loaded)
-                    self._sampler_iter = self._iter_sampler()
+                    self._sampler_iter = self._iter_sampler(SAMPLER_ITER_AT_RESET_CALL)
             if datapipe and not self._reiter_pending and (reiter_after_seed or not first):
                 # torch's worker iterators draw one more at their first reset (their workers
                 # keep the first); a later epoch's seed goes to the workers.
@@ -303,12 +309,21 @@ class EpochCursor:
         if not self._reiter_pending:
             return
         self._reiter_pending = False
-        self._sampler_iter = self._iter_sampler()
+        self._sampler_iter = self._iter_sampler(SAMPLER_ITER_AT_RESET_CALL)
         if self._iter_datapipe:
             draw_shared_seed(self._generator, self._seed_group)
 
-    def _iter_sampler(self) -> Any:
-        return fast_iter(self._index_sampler) or iter(self._index_sampler)
+    def _iter_sampler(self, torch_call: tuple) -> Any:
+        """``iter(sampler)``, from a copy of torch's line that makes it (``torch_call``: in a
+        new iterator's ``__init__`` or in ``_reset``), so a sampler's ``__iter__`` that warns
+        with ``stacklevel=2`` or raises names torch's line, as under torch (NOTE [ torch's
+        fetchers call the dataset ] in fetch.fetchers); torch's own samplers run no code
+        there and get stoker's faster iterator."""
+        fast = fast_iter(self._index_sampler)
+        if fast:
+            return fast
+        at_torch = at_torch_call(*torch_call)
+        return iter(self._index_sampler) if at_torch is None else at_torch(self)
 
     def _skip_delivered(self, resume: dict[str, Any]) -> None:
         """Move past what was delivered before the save, without fetching (map-style)."""
