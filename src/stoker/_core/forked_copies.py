@@ -40,3 +40,38 @@ def in_this_process(fn: Callable[..., Any]) -> Callable[..., Any]:
 def finalize_here(obj: object, fn: Callable[..., Any], *args: Any) -> weakref.finalize:
     """``weakref.finalize(obj, fn, *args)`` that does nothing when run in a forked child."""
     return weakref.finalize(obj, in_this_process(fn), *args)
+
+
+# NOTE [ A forked copy of a live iterator says what torch's says ]
+# A worker iterator that is cyclic garbage while its workers still run (a trainer object that
+# refers to itself, holding an iterator mid-epoch) is copied into each process forked before
+# the collector frees it: a later loader's workers, a program's own fork. Where the collector
+# frees that copy, torch's ``__del__`` shuts its workers down from a process that is not their
+# parent: ``multiprocessing`` asserts ("can only test a child process") and the interpreter
+# prints "Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ ...>" and
+# that AssertionError on the copy's stderr. stoker's copy leaves the parent's workers alone
+# (above), so ``say_as_torchs_copy`` makes an object of torch's class holding the copy's
+# process objects, and none of the queues or events whose shutdown would reach the parent's
+# workers, and drops it: torch's own ``__del__`` runs, asserts in torch's frames and is
+# reported at that moment, as it would be under torch. An iterator whose workers had already
+# stopped when the process forked (its epoch ended, its loader deleted) says nothing, under
+# torch too.
+
+
+def say_as_torchs_copy(processes: list[Any]) -> None:
+    """What torch's worker iterator says when a forked copy of it, its workers still running
+    in the parent, is freed (NOTE [ A forked copy of a live iterator says what torch's
+    says ]); ``processes``: the copy's ``multiprocessing`` process objects of its workers."""
+    import threading
+
+    from torch.utils.data import dataloader
+
+    copy = object.__new__(dataloader._MultiProcessingDataLoaderIter)
+    copy._shutdown = False
+    copy._persistent_workers = False
+    copy._workers_status = [False] * len(processes)  # nothing sent to the parent's workers
+    copy._workers_done_event = threading.Event()  # type: ignore[assignment]  # not the parent's
+    copy._workers = processes
+    copy._index_queues = []
+    copy._worker_pids_set = False
+    del copy  # torch's __del__, now

@@ -38,6 +38,7 @@ from stoker._core.dataset_hooks import (
     SupportsFetchForStream,
     provided,
 )
+from stoker._core.forked_copies import say_as_torchs_copy
 from stoker._core.plan import Plan
 from stoker._core.process_exit import at_exit
 from stoker._core.torch_modes import unseen
@@ -470,6 +471,10 @@ class ProcessIterator(Dispatch, torch_dataloader._MultiProcessingDataLoaderIter)
             return
         finalizer = self.__dict__.get("_finalizer")
         if finalizer is not None:
+            group = self._group
+            if group.running_when_copied:
+                # NOTE [ A forked copy of a live iterator says what torch's says ]
+                say_as_torchs_copy([w.process for w in group.workers])
             finalizer()  # the workers stop first, as torch's __del__ shuts them down first
             plan = self._plan
             # NOTE [ What the iterator lets go of ]: torch's attributes' order

@@ -75,6 +75,8 @@ class WorkerGroup:
         self.crash_stacks: set[int] = set()  # worker ids whose crash writes to that log
         self.stopped = False
         self._made_in = os.getpid()  # NOTE [ A forked child leaves its parent's things alone ]
+        self._getpid = os.getpid  # still there when module globals are gone at interpreter exit
+        self._stopped_as_copy = False
         self._poller: tuple[select.poll, dict[int, tuple[WorkerHandle, bool]]] | None = None
         # Where idle slabs go when the workers stop (fork only): NOTE [ Slabs outlive workers ]
         self.bank: SlabBank | None = None
@@ -137,11 +139,25 @@ class WorkerGroup:
                 poller.unregister(fd)
                 del by_fd[fd]
 
+    @property
+    def copied_by_fork(self) -> bool:
+        """This is a forked child's copy (NOTE [ A forked child leaves its parent's things
+        alone ])."""
+        return self._getpid() != self._made_in
+
+    @property
+    def running_when_copied(self) -> bool:
+        """A forked child's copy of a group whose workers ran in the parent at the fork (the
+        copy's own ``stop``, its finalizer's, may have run since: a collection runs weakref
+        callbacks before ``__del__``)."""
+        return self.copied_by_fork and (not self.stopped or self._stopped_as_copy)
+
     def stop(self) -> None:
         if self.stopped:
             return
         self.stopped = True
-        if os.getpid() != self._made_in:  # a forked copy: the parent stops its own workers
+        if self.copied_by_fork:  # the parent stops its own workers
+            self._stopped_as_copy = True
             return
         try:
             stop_workers(self.workers, drain=self.file_control)
