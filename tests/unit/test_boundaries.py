@@ -40,6 +40,9 @@ THIRD_PARTY = {
     ("engine/base_iter.py", "_BaseDataLoaderIter"): "NOTE [ torch's iterator classes ]",
     ("engine/inline_iter.py", "_SingleProcessDataLoaderIter"): "the same",
     ("engine/process_iter.py", "_MultiProcessingDataLoaderIter"): "the same",
+    ("_core/forked_copies.py", "_MultiProcessingDataLoaderIter"): "NOTE [ A forked copy of a "
+                                                                 "live iterator says what "
+                                                                 "torch's says ]",
     ("_core/torch_modes.py", "_autograd"): "torch.profiler's enabled check "
                                            "(torch._C._autograd)",
     ("sampling/global_rngs.py", "_rand"): "numpy's global RandomState",
