@@ -637,6 +637,35 @@ def test_a_warning_from_the_samplers_iter_is_attributed_as_torchs(Loader, TorchL
     _both(Loader, TorchLoader, script)
 
 
+class LenWarns(torch.utils.data.Dataset):
+    """``__len__`` records where a warning one level up is attributed: the line of torch's
+    sampler that asks the length (``SequentialSampler.__iter__``, ``RandomSampler.__iter__``)."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[str]] = []
+
+    def __len__(self) -> int:
+        self.seen.append(_warned_at(2))
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+# found by a blind sweep: stoker's fast batch sampler called len(dataset) itself, so a warning
+# from __len__ named stoker's file where torch's names its sampler's line
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_warning_from_the_datasets_len_is_attributed_as_torchs(Loader, TorchLoader, shuffle):
+    def script(cls: type) -> list:
+        dataset = LenWarns()
+        loader = cls(dataset, batch_size=2, shuffle=shuffle,
+                     generator=torch.Generator().manual_seed(0))
+        epochs = [[batch.tolist() for batch in loader] for _ in range(2)]
+        return [epochs, dataset.seen]
+
+    _both(Loader, TorchLoader, script)
+
+
 class HoldsALock(torch.utils.data.Dataset):
     def __init__(self) -> None:
         import threading

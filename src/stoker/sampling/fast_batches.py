@@ -13,6 +13,7 @@ the program has it.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,14 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from stoker._core.torch_modes import modes_active, watched
 from stoker._core.torch_own import c_method, methods_own, tensor_methods_own, torch_function_own
+from stoker._core.torch_voice import TorchSite, at_torch_call
+
+# ``len(self.data_source)`` is called from copies of torch's lines that call it, so a dataset's
+# ``__len__`` that warns with ``stacklevel=2`` (or raises) names torch's line, as under torch
+# (NOTE [ torch's fetchers call the dataset ] in fetch.fetchers).
+_SAMPLER = "torch.utils.data.sampler"
+_SEQUENTIAL_ITER = (TorchSite("SequentialSampler", "__iter__", "len", _SAMPLER), "self")
+_RANDOM_LEN = (TorchSite("RandomSampler", "__iter__", "len", _SAMPLER), "self", "n")
 
 # What torch's path reads of each class (``len(loader)`` reads ``__len__``; ``num_samples`` is a
 # property) and what this module replaces.
@@ -47,7 +56,8 @@ Chunk = np.ndarray | list[int] | range
 
 
 def _random_chunks(sampler: RandomSampler) -> Iterator[np.ndarray | list[int]]:
-    n = len(sampler.data_source)  # type: ignore[arg-type]
+    at_torch = at_torch_call(*_RANDOM_LEN)  # n = len(self.data_source)
+    n = len(sampler.data_source) if at_torch is None else at_torch(sampler)  # type: ignore[arg-type]
     generator = sampler.generator
     if generator is None:
         seed = int(torch.empty((), dtype=torch.int64).random_().item())
@@ -68,7 +78,11 @@ def _ints(perm: torch.Tensor) -> np.ndarray | list[int]:
 
 
 def _sequential_chunks(sampler: SequentialSampler) -> Iterator[range]:
-    yield range(len(sampler.data_source))  # type: ignore[arg-type]
+    at_torch = at_torch_call(*_SEQUENTIAL_ITER)  # return iter(range(len(self.data_source)))
+    if at_torch is None:
+        yield range(len(sampler.data_source))  # type: ignore[arg-type]
+    else:  # a fresh range iterator's length hint is the range's length
+        yield range(operator.length_hint(at_torch(sampler)))
 
 
 def _as_list(part: np.ndarray | range | list[int]) -> list[int]:
