@@ -175,3 +175,21 @@ class BatchesByKey(torch.utils.data.Dataset):
 
     def __getitems__(self, key: Any) -> list:
         return [type(key).__name__, repr(key)]
+
+
+class DrawsWhenPickled(torch.utils.data.Dataset):
+    """Gives each spawned worker's copy a seed of its own, drawn from the global torch RNG as
+    it is pickled (in the main process, one draw per worker started)."""
+
+    def __init__(self) -> None:
+        self.seed = -1
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> list[int]:
+        return [i, self.seed]
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.seed = int(torch.randint(0, 2**31, (1,)))
+        return self.__dict__

@@ -22,6 +22,7 @@ from _default_datasets import (
     CountingBatchSampler,
     CountingSampler,
     CtrlCAtThird,
+    DrawsWhenPickled,
     Noisy,
     Paths,
     ReadsSampler,
@@ -988,5 +989,19 @@ def test_a_batch_that_is_not_iterable_fails_as_under_torch(
         with pytest.raises(TypeError) as raised:
             next(iter(loader))
         return [str(raised.value).splitlines()[-1].endswith("'int' object is not iterable")]
+
+    _both(Loader, TorchLoader, script)
+
+
+# found by a sweep: a spawned worker's first task was drawn before the next worker was pickled,
+# so a __getstate__ that draws from the global RNG drew after RandomSampler's seed (another
+# shuffle, other seeds); torch pickles every worker before the first draw
+def test_a_dataset_that_draws_as_it_is_pickled_shuffles_as_under_torch(Loader, TorchLoader):
+    def script(cls: type) -> list:
+        torch.manual_seed(0)
+        dataset = DrawsWhenPickled()
+        loader = cls(dataset, batch_size=2, shuffle=True, num_workers=2, timeout=120,
+                     multiprocessing_context="spawn", collate_fn=_as_is)
+        return [list(loader), dataset.seed, torch.rand(1).item()]
 
     _both(Loader, TorchLoader, script)

@@ -7,8 +7,11 @@ for the forks after it, at the start of every epoch. So each worker of a map-sty
 dataset gets its first task as soon as it is forked (``prime``) if the round-robin cycle is at
 it and drawing it from the sampler changes nothing a later worker could read (torch forks
 every worker before its first draw: ``fast_batches.draws_unseen_by_workers``, torch's own
-samplers without a generator of the program's); the rest follow after the last fork, in the
-same order as before, so which worker loads
+samplers without a generator of the program's), and only where workers are forked: a
+spawned or forkserver worker is pickled in the main process, running the program's
+``__getstate__``/``__reduce__``, which may draw from the global RNG the sampler's first task
+draws its seed from (torch pickles every worker before that draw). The rest follow after the
+last start, in the same order as before, so which worker loads
 which batch does not change: at an epoch's start task k goes to worker k mod n, and a resumed
 epoch starts the cycle where the saved run stopped (``TaskBook.start_turn_at``: position p to
 worker p mod n, the first at ``batches`` mod n; NOTE [ Worker streams resume ]), so a worker
@@ -112,7 +115,7 @@ def start_workers(group: WorkerGroup, ctx: BaseContext, specs: list[WorkerSpec],
             if method == "fork" or len(specs) == 1 or "pickle_once" not in beyond:
                 for spec in specs:
                     group.workers.append(start_worker(ctx, spec))
-                    if failed is None:
+                    if failed is None and method == "fork":  # spawn pickles the next one
                         try:
                             prime(spec.worker_id)  # NOTE [ Tasks before the next fork ]
                         except BaseException as exc:
