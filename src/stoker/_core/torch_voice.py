@@ -192,20 +192,17 @@ def at_torch_call(site: TorchSite, params: str, result: str = "",
     line = call_line(site)
     if line is None or line < 2:
         return None
-    path = _filename(site)
-    text = linecache.getline(path, line).rstrip("\n")
+    text = linecache.getline(_filename(site), line).rstrip("\n")
     indent = text[:len(text) - len(text.lstrip())]
-    source = "\n" * (line - 2) + f"def {site.function}({params}):\n{text}\n"
+    body = f"{text}\n"
     if result:
-        source += f"{indent}return {result}\n"
+        body += f"{indent}return {result}\n"
     if unbound:  # after the return: a local of the function, never assigned
-        source += f"{indent}{unbound} = None\n"
+        body += f"{indent}{unbound} = None\n"
     try:
-        compiled = compile(source, path, "exec")
+        return _defined_at(site, line - 1, params, body)
     except SyntaxError:
         return None
-    code = next(c for c in compiled.co_consts if isinstance(c, types.CodeType))
-    return types.FunctionType(code, vars(_torch_module(site)), site.function)
 
 
 @functools.cache
@@ -219,15 +216,19 @@ def at_torch_rebind(site: TorchSite, name: str) -> Callable[[list[Any]], Any] | 
     line = call_line(site)
     if line is None or line < 3:
         return None
-    path = _filename(site)
-    text = linecache.getline(path, line)
+    text = linecache.getline(_filename(site), line)
     indent = text[:len(text) - len(text.lstrip())]
     if not text.lstrip().startswith(f"{name} = "):
         return None
-    body = f"{indent}{name} = box.pop()\n"
-    source = ("\n" * (line - 3) + f"def {site.function}(box):\n" + body + body
-              + f"{indent}return {name}\n")
-    compiled = compile(source, path, "exec")
+    bind = f"{indent}{name} = box.pop()\n"  # old, then on torch's line new
+    return _defined_at(site, line - 2, "box", bind + bind + f"{indent}return {name}\n")
+
+
+def _defined_at(site: TorchSite, def_line: int, params: str, body: str) -> types.FunctionType:
+    """``def <site's function>(params): body``, compiled as if written at ``def_line`` of
+    torch's file, with torch's module globals."""
+    source = "\n" * (def_line - 1) + f"def {site.function}({params}):\n{body}"
+    compiled = compile(source, _filename(site), "exec")
     code = next(c for c in compiled.co_consts if isinstance(c, types.CodeType))
     return types.FunctionType(code, vars(_torch_module(site)), site.function)
 
